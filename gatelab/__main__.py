@@ -1,0 +1,3 @@
+from gatelab.cli import main
+
+main()

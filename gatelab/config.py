@@ -1,0 +1,324 @@
+"""The typed config tree of one experiment, read from YAML and validated before anything runs.
+
+Every component choice is a `Literal` string so a config stays YAML-serialisable and a typo is answered with the valid
+values. Unknown keys are errors with a "did you mean". Errors name the file and the dotted key path.
+"""
+
+from __future__ import annotations
+
+import difflib
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError, model_validator
+
+from gatelab.errors import GatelabError
+
+GatePosition = Literal["g1", "g2", "g3", "g4", "g5"]
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class GateConfig(StrictModel):
+    """One gate (or one parameter-free non-linearity) in every attention layer.
+
+    `kind: gate` is the paper's Eq. 5, Y' = Y * act(X W_theta) (or Y + act(X W_theta) when additive), with X the pre-norm
+    hidden state of the token Y belongs to: the query token for G1/G4/G5, the key/value token for G2/G3.
+    `kind: rmsnorm` and `kind: silu` are Table 3's parameter-free ablations on the SDPA output (G1 only).
+    """
+
+    position: GatePosition
+    kind: Literal["gate", "rmsnorm", "silu"] = "gate"
+    granularity: Literal["elementwise", "headwise"] = "elementwise"
+    heads: Literal["specific", "shared"] = "specific"
+    # The paper's 201M/25M counts for the shared rows imply the full per-head projection is kept and the scores are
+    # averaged over heads (PAPER.md section 14.4); `single_projection` is the cheaper reading of "W_theta ... shared".
+    shared_scores: Literal["mean_of_scores", "single_projection"] = "mean_of_scores"
+    form: Literal["multiplicative", "additive"] = "multiplicative"
+    activation: Literal["sigmoid", "silu", "ns_sigmoid", "identity"] = "sigmoid"
+    input_dependent: bool = True
+    # G3/G4 only: gate the raw projection before QK-norm and RoPE (Eq. 1 reading), or after QK-norm.
+    before_qk_norm: bool = True
+
+    @model_validator(mode="after")
+    def _check(self) -> GateConfig:
+        if self.kind != "gate" and self.position != "g1":
+            raise ValueError(f"kind '{self.kind}' acts on the SDPA output and needs position 'g1', not '{self.position}'")
+        return self
+
+
+class MoEConfig(StrictModel):
+    """Fine-grained top-k routed experts (softmax router, renormalised top-k weights, as Qwen-MoE)."""
+
+    n_experts: PositiveInt
+    top_k: PositiveInt
+    expert_hidden: PositiveInt
+    normalize_top_k: bool = True
+    load_balance_coef: float = Field(0.01, ge=0)
+    z_loss_coef: float = Field(0.001, ge=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> MoEConfig:
+        if self.top_k > self.n_experts:
+            raise ValueError(
+                f"top_k ({self.top_k}) is larger than n_experts ({self.n_experts}): valid top_k is 1..{self.n_experts}"
+            )
+        return self
+
+
+class SwitchHeadConfig(StrictModel):
+    """Per-KV-head mixture-of-experts value (and key) projections, after Csordas et al.'s SwitchHead (Table 6)."""
+
+    projections: Literal["v", "kv"]
+    n_experts: PositiveInt
+    top_k: PositiveInt
+
+    @model_validator(mode="after")
+    def _check(self) -> SwitchHeadConfig:
+        if self.top_k > self.n_experts:
+            raise ValueError(
+                f"top_k ({self.top_k}) is larger than n_experts ({self.n_experts}): valid top_k is 1..{self.n_experts}"
+            )
+        return self
+
+
+class ModelConfig(StrictModel):
+    """A pre-norm decoder-only transformer: RMSNorm, RoPE, SwiGLU, GQA, QK-norm; dense or MoE FFN."""
+
+    vocab_size: PositiveInt
+    n_layers: PositiveInt
+    d_model: PositiveInt
+    n_heads: PositiveInt  # query heads, q
+    n_kv_heads: PositiveInt  # key/value heads, k
+    head_dim: PositiveInt  # d_k
+    ffn: Literal["dense", "moe"] = "dense"
+    ffn_hidden: PositiveInt | None = None  # dense SwiGLU width; MoE experts use moe.expert_hidden
+    moe: MoEConfig | None = None
+    tie_embeddings: bool = True
+    qk_norm: bool = True
+    sandwich_norm: bool = False  # an extra RMSNorm on each sublayer's output before the residual add (Table 2)
+    norm_eps: PositiveFloat = 1e-6
+    rope_base: PositiveFloat = 10_000.0
+    init_std: PositiveFloat = 0.02  # N(0, 0.02) for every weight, gates included, as the official code
+    gates: list[GateConfig] = []
+    switch_head: SwitchHeadConfig | None = None
+    # Dense rows of the paper keep the parameter count by narrowing the FFN; off by default (MoE rows are not matched).
+    match_params: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelConfig:
+        if self.n_heads % self.n_kv_heads:
+            valid = [k for k in range(1, self.n_heads + 1) if self.n_heads % k == 0]
+            raise ValueError(
+                f"n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.n_kv_heads}): "
+                f"valid n_kv_heads are {', '.join(map(str, valid))}"
+            )
+        if self.ffn == "moe" and self.moe is None:
+            raise ValueError("ffn is 'moe' but the moe block is missing (n_experts, top_k, expert_hidden)")
+        if self.ffn == "dense" and self.ffn_hidden is None:
+            raise ValueError("ffn is 'dense' but ffn_hidden is missing")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim ({self.head_dim}) must be even for RoPE")
+        return self
+
+
+class DataConfig(StrictModel):
+    """Which text a run trains and evaluates on."""
+
+    domains: list[str] = ["speeches", "fiction", "nonfiction", "scripture", "code"]
+    data_dir: str | None = None  # default: $GATELAB_DATA_DIR, else ~/.cache/gatelab/data
+    user_files: dict[str, list[str]] = {}  # extra domains from the user's own text files: {domain: [paths]}
+    seq_len: PositiveInt = 256
+
+
+class TrainConfig(StrictModel):
+    """Optimisation and Lightning Trainer settings."""
+
+    max_steps: PositiveInt = 1000
+    batch_size: PositiveInt = 16
+    lr: PositiveFloat = 2e-3
+    min_lr: float = Field(3e-5, ge=0)
+    warmup_steps: int = Field(100, ge=0)
+    weight_decay: float = Field(0.1, ge=0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float = Field(1.0, ge=0)
+    precision: Literal["32-true", "bf16-mixed", "16-mixed", "auto"] = "auto"
+    accelerator: Literal["auto", "cpu", "gpu", "cuda", "mps"] = "auto"
+    devices: int | Literal["auto"] = 1
+    num_nodes: PositiveInt = 1
+    strategy: Literal["auto", "ddp", "fsdp", "ddp_spawn"] = "auto"
+    checkpoint_every: PositiveInt = 100
+    log_every: PositiveInt = 10
+    spike_margin: PositiveFloat = 0.15  # a spike: loss above its EMA by this many nats after warmup
+    spike_ema: float = Field(0.98, gt=0, lt=1)
+    divergence_factor: PositiveFloat = 3.0  # loss above this multiple of its EMA (or non-finite): the run diverged
+    threads: PositiveInt | None = None
+
+
+class EvalConfig(StrictModel):
+    """End-of-run (and optionally periodic) evaluation."""
+
+    every_n_steps: PositiveInt | None = None
+    batch_size: PositiveInt = 16
+    max_windows_per_domain: PositiveInt = 64
+    long_context_multipliers: list[PositiveInt] = [1, 2, 4, 8]
+    blimp_path: str | None = None
+    blimp_per_paradigm: PositiveInt = 20
+    in_context_examples: PositiveInt = 64
+    probe_batches: PositiveInt = 2
+
+
+class TrackingConfig(StrictModel):
+    """Where MLflow records runs; default: a SQLite store and artifacts under runs/."""
+
+    uri: str | None = None
+    experiment: str | None = None  # MLflow experiment name; default: the experiment's name
+
+
+class ExperimentConfig(StrictModel):
+    """One run: a base model, a variant from the registry, data, training, evaluation and tracking."""
+
+    name: str
+    variant: str = "baseline"  # a registry id; '+' composes several, e.g. g1_elem_sig+g2_elem_sig
+    seed: int = 0
+    model: ModelConfig
+    data: DataConfig = DataConfig()
+    train: TrainConfig = TrainConfig()
+    eval: EvalConfig = EvalConfig()
+    tracking: TrackingConfig = TrackingConfig()
+
+
+# --- loading, overriding and error messages -------------------------------------------------------------------------
+
+
+def _submodel(annotation: Any) -> type[BaseModel] | None:
+    """The BaseModel class inside an annotation such as `MoEConfig | None` or `list[GateConfig]`."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _submodel(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _model_at(root: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    current: type[BaseModel] | None = root
+    for part in loc:
+        if current is None:
+            return None
+        if isinstance(part, int) or part not in current.model_fields:
+            continue  # list indices and union tags
+        current = _submodel(current.model_fields[part].annotation)
+    return current
+
+
+def _describe(error: dict[str, Any], root: type[BaseModel]) -> str:
+    loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and p[:1].isupper()))  # drop union tags
+    path = ".".join(str(p) for p in loc) or "(top level)"
+    if error["type"] == "extra_forbidden":
+        parent = _model_at(root, loc[:-1])
+        valid = sorted(parent.model_fields) if parent else []
+        close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        return f"{path}: unknown key{hint} (valid keys: {', '.join(valid)})"
+    message = error["msg"].removeprefix("Value error, ")
+    if error["type"] not in ("value_error", "missing") and "input" in error:
+        message += f" (got {error['input']!r})"
+    return f"{path}: {message}"
+
+
+def format_validation_error(error: ValidationError, source: str, root: type[BaseModel] = ExperimentConfig) -> str:
+    lines = [f"{source}: invalid configuration"]
+    lines += [f"  {_describe(e, root)}" for e in error.errors()]
+    return "\n".join(lines)
+
+
+def parse_assignment(assignment: str) -> tuple[str, Any]:
+    """`train.lr=1e-3` -> ("train.lr", 0.001); the value is read as YAML so types come out right."""
+    key, sep, raw = assignment.partition("=")
+    if not sep or not key.strip():
+        raise GatelabError(f"--set {assignment!r}: expected KEY.PATH=VALUE, for example train.lr=1e-3")
+    return key.strip(), yaml.safe_load(raw)
+
+
+def set_dotted(tree: dict[str, Any], dotted: str, value: Any, root: type[BaseModel] = ExperimentConfig) -> None:
+    """Set `a.b.c` in a nested dict, refusing paths the config tree does not have (with a hint)."""
+    parts = dotted.split(".")
+    model: type[BaseModel] | None = root
+    node = tree
+    for depth, part in enumerate(parts):
+        if model is not None and part not in model.model_fields:
+            valid = sorted(model.model_fields)
+            close = difflib.get_close_matches(part, valid, n=1)
+            hint = f"; did you mean '{'.'.join(parts[:depth] + [close[0]])}'?" if close else ""
+            raise GatelabError(f"{dotted}: unknown key '{part}'{hint} (valid keys here: {', '.join(valid)})")
+        if depth == len(parts) - 1:
+            node[part] = value
+            return
+        model = _submodel(model.model_fields[part].annotation) if model is not None else None
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise GatelabError(f"{path}: no such file")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise GatelabError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise GatelabError(f"{path}: expected a mapping of keys at the top level, got {type(data).__name__}")
+    return data
+
+
+def experiment_from_dict(data: dict[str, Any], source: str) -> ExperimentConfig:
+    try:
+        return ExperimentConfig.model_validate(data)
+    except ValidationError as exc:
+        raise GatelabError(format_validation_error(exc, source)) from None
+
+
+def load_experiment(path: str | Path, overrides: typing.Sequence[str] = ()) -> ExperimentConfig:
+    """Read an experiment preset and apply `key.path=value` overrides; errors name the file and key."""
+    data = read_yaml(path)
+    for assignment in overrides:
+        key, value = parse_assignment(assignment)
+        try:
+            set_dotted(data, key, value)
+        except GatelabError as exc:
+            raise GatelabError(f"{path}: --set {exc}") from None
+    return experiment_from_dict(data, str(path))
+
+
+def to_yaml(config: BaseModel) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+
+
+def flatten(config: BaseModel | dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """`{"model": {"n_layers": 4}}` -> `{"model.n_layers": 4}`, for MLflow params and tables."""
+    tree = config.model_dump(mode="json") if isinstance(config, BaseModel) else config
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+__all__ = [
+    "DataConfig", "EvalConfig", "ExperimentConfig", "GateConfig", "GatePosition", "ModelConfig", "MoEConfig",
+    "SwitchHeadConfig", "TrackingConfig", "TrainConfig", "experiment_from_dict", "flatten", "format_validation_error",
+    "load_experiment", "parse_assignment", "read_yaml", "set_dotted", "to_yaml",
+]

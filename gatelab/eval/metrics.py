@@ -1,0 +1,195 @@
+"""Language-model metrics: perplexity (overall, per domain, at 1x-8x the training length) and loss spikes.
+
+The model contract is the whole package's: `logits_BTV = model(input_ids_BT)` gives next-token logits. Every metric runs
+batched under `torch.no_grad()` in eval mode on the device of the model's parameters, and accumulates negative
+log-likelihoods in float64 on the CPU so that averages over millions of tokens do not drift.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+IGNORE_INDEX = -100
+
+# A window tensor (N, T+1), or (input_ids, targets) pairs each of shape (T,) or (B, T).
+Windows = Tensor | Iterable[tuple[Tensor, Tensor]]
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """The device of the model's first parameter (or buffer); CPU for a module that has neither."""
+    for tensor in (*model.parameters(), *model.buffers()):
+        return tensor.device
+    return torch.device("cpu")
+
+
+@contextmanager
+def evaluation_mode(model: nn.Module) -> Iterator[None]:
+    """`no_grad` plus `model.eval()`, then every submodule's own previous mode back, so evaluating mid-training is
+    safe (also for a submodule deliberately kept in eval mode while the rest trains)."""
+    was_training = {module: module.training for module in model.modules()}
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        for module, training in was_training.items():
+            module.training = training
+
+
+def token_nll(model: nn.Module, input_ids_BT: Tensor, targets_BT: Tensor, ignore_index: int = IGNORE_INDEX) -> Tensor:
+    """Per-position negative log-likelihood (B, T), float64 on the CPU, 0 where the target is `ignore_index`.
+
+    Logits are upcast to float32 before the softmax: bf16 log-probabilities lose about two digits.
+    """
+    device = model_device(model)
+    with evaluation_mode(model):
+        logits_BTV = model(input_ids_BT.to(device))
+    if logits_BTV.shape[:2] != input_ids_BT.shape:
+        raise ValueError(
+            f"model returned logits of shape {tuple(logits_BTV.shape)} for input of shape {tuple(input_ids_BT.shape)}; "
+            "expected (B, T, V)"
+        )
+    nll_BT = F.cross_entropy(
+        logits_BTV.float().transpose(1, 2), targets_BT.to(device), ignore_index=ignore_index, reduction="none"
+    )
+    return nll_BT.cpu().double()
+
+
+def sequence_nll(
+    model: nn.Module, input_ids_BT: Tensor, targets_BT: Tensor, ignore_index: int = IGNORE_INDEX
+) -> tuple[float, int]:
+    """Summed NLL (nats) over the targets that are not `ignore_index`, and how many there were."""
+    nll_BT = token_nll(model, input_ids_BT, targets_BT, ignore_index)
+    return nll_BT.sum().item(), int((targets_BT != ignore_index).sum())
+
+
+def _batches(windows: Windows, batch_size: int) -> Iterator[tuple[Tensor, Tensor]]:
+    """(input_ids_BT, targets_BT) batches of at most `batch_size` rows from either accepted window format."""
+    if isinstance(windows, Tensor):
+        if windows.dim() != 2 or windows.size(1) < 2:
+            raise ValueError(f"a window tensor must be (N, T+1) with T >= 1, got shape {tuple(windows.shape)}")
+        for windows_BT1 in windows.split(batch_size):
+            yield windows_BT1[:, :-1], windows_BT1[:, 1:]
+        return
+    for input_ids, targets in windows:
+        input_ids_BT = input_ids.unsqueeze(0) if input_ids.dim() == 1 else input_ids
+        targets_BT = targets.unsqueeze(0) if targets.dim() == 1 else targets
+        yield from zip(input_ids_BT.split(batch_size), targets_BT.split(batch_size))
+
+
+def perplexity(model: nn.Module, windows: Windows, batch_size: int = 16) -> float:
+    """exp(mean NLL per scored token) over all windows.
+
+    `windows` is either a tensor (N, T+1) of token windows (inputs are the first T tokens, targets the last T) or an
+    iterable of (input_ids, targets) pairs, each (T,) or (B, T), with `ignore_index` (-100) targets skipped.
+    `batch_size` caps the rows of one forward pass; larger pre-made batches are split.
+    """
+    total_nll, n_tokens = 0.0, 0
+    for input_ids_BT, targets_BT in _batches(windows, batch_size):
+        batch_nll, batch_tokens = sequence_nll(model, input_ids_BT, targets_BT)
+        total_nll += batch_nll
+        n_tokens += batch_tokens
+    if n_tokens == 0:
+        raise ValueError("perplexity: the windows contain no token to score")
+    return math.exp(total_nll / n_tokens)
+
+
+def domain_perplexities(
+    model: nn.Module, windows_by_domain: Mapping[str, Tensor], batch_size: int = 16
+) -> dict[str, float]:
+    """Perplexity per held-out domain plus "avg", the arithmetic mean of the domain PPLs.
+
+    The paper's "Avg PPL" is the mean over its held-out sets (English, Chinese, Code, Math, Law, Literature), not the
+    PPL of the pooled tokens, so a small domain weighs as much as a large one.
+    """
+    if not windows_by_domain:
+        raise ValueError("domain_perplexities: no domain given")
+    if "avg" in windows_by_domain:
+        raise ValueError('domain_perplexities: "avg" is reserved for the mean over domains; rename that domain')
+    ppl_by_domain = {domain: perplexity(model, windows, batch_size) for domain, windows in windows_by_domain.items()}
+    ppl_by_domain["avg"] = sum(ppl_by_domain.values()) / len(ppl_by_domain)
+    return ppl_by_domain
+
+
+def long_context_perplexity(
+    model: nn.Module,
+    documents: Sequence[Tensor],
+    train_seq_len: int,
+    multipliers: Sequence[int] = (1, 2, 4, 8),
+    batch_size: int = 1,
+) -> dict[int, dict[str, float | None] | None]:
+    """Perplexity on windows of m x the training length, to see how a model extrapolates past what it was trained on.
+
+    For each multiplier m, every document (1-D token tensor) is cut into non-overlapping windows of
+    m * train_seq_len + 1 tokens from its start (a trailing remainder, and a document shorter than one window, is
+    skipped).
+    Per m it reports
+      - "ppl": the plain exp(mean NLL) over ALL m * train_seq_len predicted positions of every window;
+      - "ppl_beyond_train_len": the same restricted to input positions >= train_seq_len, the extrapolation region
+        (None for m = 1, which has none).
+    A multiplier for which no document is long enough maps to None rather than failing the whole evaluation.
+    """
+    results: dict[int, dict[str, float | None] | None] = {}
+    for multiplier in multipliers:
+        if multiplier < 1:
+            raise ValueError(f"long_context_perplexity: multipliers must be >= 1, got {multiplier}")
+        window_len = multiplier * train_seq_len + 1
+        windows = [
+            doc[: (len(doc) // window_len) * window_len].reshape(-1, window_len)
+            for doc in documents
+            if len(doc) >= window_len
+        ]
+        if not windows:
+            results[multiplier] = None
+            continue
+        windows_NL = torch.cat(windows)
+        total_nll, beyond_nll = 0.0, 0.0
+        for windows_BL in windows_NL.split(batch_size):
+            nll_BT = token_nll(model, windows_BL[:, :-1], windows_BL[:, 1:])
+            total_nll += nll_BT.sum().item()
+            beyond_nll += nll_BT[:, train_seq_len:].sum().item()
+        n_windows = windows_NL.size(0)
+        n_beyond = n_windows * (multiplier - 1) * train_seq_len
+        results[multiplier] = {
+            "ppl": math.exp(total_nll / (n_windows * multiplier * train_seq_len)),
+            "ppl_beyond_train_len": math.exp(beyond_nll / n_beyond) if n_beyond else None,
+        }
+    return results
+
+
+def loss_spikes(
+    losses: Sequence[float],
+    warmup_steps: int,
+    ema_beta: float = 0.98,
+    margin: float = 0.15,
+    steps: Sequence[int] | None = None,
+) -> list[int]:
+    """Steps whose training loss exceeds its running EMA by more than `margin` nats, after warmup.
+
+    Definition (the one used on the paper's released 1.7B loss curves: "loss > EMA0.98 + 0.15 after step 5k"):
+    ema_0 = loss_0 and ema_i = beta * ema_{i-1} + (1 - beta) * loss_i. Step i is a spike when step i >= warmup_steps
+    and loss_i > ema_{i-1} + margin, the EMA taken BEFORE step i is folded in, so a spike cannot mask itself. The EMA
+    runs through warmup so it is settled when counting starts. A non-finite loss is always a spike (after warmup) and is
+    kept out of the EMA, which would otherwise stay NaN for the rest of the curve.
+
+    `steps` gives the training step of each logged loss when the curve is subsampled (the released curves log every
+    ~36th step); warmup is compared with, and the result reports, those steps. Without it, step i is the i-th loss.
+    """
+    if steps is not None and len(steps) != len(losses):
+        raise ValueError(f"loss_spikes: {len(steps)} steps for {len(losses)} losses")
+    step_of = list(steps) if steps is not None else list(range(len(losses)))
+    spikes: list[int] = []
+    ema: float | None = None
+    for step, loss in zip(step_of, losses):
+        finite = math.isfinite(loss)
+        if step >= warmup_steps and (not finite or (ema is not None and loss > ema + margin)):
+            spikes.append(step)
+        if finite:
+            ema = loss if ema is None else ema_beta * ema + (1 - ema_beta) * loss
+    return spikes

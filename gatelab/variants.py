@@ -1,0 +1,198 @@
+"""The variant registry: every gating variant of the paper, by stable id, as data.
+
+A variant is the baseline plus named changes: gates to add to every attention layer, and model fields to change
+(`Scale`/`Add` are relative to the experiment's base model, so `ref_kv8` doubles the KV heads of any preset, as 4 -> 8
+does at the paper's scale). Nothing else in gatelab branches on a variant id; everything reads this table.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from gatelab.config import GateConfig, ModelConfig, SwitchHeadConfig, format_validation_error
+from gatelab.errors import GatelabError
+
+
+@dataclass(frozen=True)
+class Scale:
+    """Multiply a model field by `factor` (rounded to an integer)."""
+
+    factor: float
+
+    def apply(self, value: int) -> int:
+        return max(1, round(value * self.factor))
+
+    def __str__(self) -> str:
+        return f"x{self.factor:g}"
+
+
+@dataclass(frozen=True)
+class Add:
+    """Add `amount` to a model field."""
+
+    amount: int
+
+    def apply(self, value: int) -> int:
+        return value + self.amount
+
+    def __str__(self) -> str:
+        return f"+{self.amount}"
+
+
+@dataclass(frozen=True)
+class PaperRow:
+    table: str  # "table1" .. "table6", as the CSV files under results/paper/
+    row: str  # the paper's row label, e.g. "(5)"
+
+
+@dataclass(frozen=True)
+class Variant:
+    id: str
+    summary: str
+    formula: str
+    paper_rows: tuple[PaperRow, ...] = ()
+    gates: tuple[GateConfig, ...] = ()
+    model_changes: dict[str, Any] = field(default_factory=dict)  # dotted ModelConfig path -> value, Scale or Add
+    note: str = ""
+
+    def axes(self) -> dict[str, str]:
+        """The paper's design axes, for listings and tables."""
+        if not self.gates:
+            return {"position": "-", "granularity": "-", "heads": "-", "form": "-", "activation": "-", "input": "-"}
+        gate = self.gates[0]
+        if gate.kind != "gate":
+            return {"position": gate.position, "granularity": "elementwise", "heads": "-", "form": "-",
+                    "activation": gate.kind, "input": "none"}
+        return {
+            "position": "+".join(g.position for g in self.gates),
+            "granularity": gate.granularity,
+            "heads": gate.heads,
+            "form": gate.form,
+            "activation": gate.activation,
+            "input": "hidden state" if gate.input_dependent else "none",
+        }
+
+
+def _gate(position: str, **fields: Any) -> GateConfig:
+    return GateConfig(position=position, **fields)
+
+
+def _t(table: int, *rows: int) -> tuple[PaperRow, ...]:
+    return tuple(PaperRow(f"table{table}", f"({r})") for r in rows)
+
+
+_Y = "Y'_{t,i}"
+VARIANTS: dict[str, Variant] = {
+    v.id: v
+    for v in [
+        Variant("baseline", "no gate", "O = concat(Y) W_O",
+                _t(1, 1) + _t(3, 1) + _t(4, 1) + _t(6, 1) + _t(2, 1, 3, 5, 6, 11, 12)),
+        Variant("ref_kv8", "parameter reference: twice the KV heads (4 -> 8 at paper scale)", "k -> 2k",
+                _t(1, 2), model_changes={"n_kv_heads": Scale(2)}),
+        Variant("ref_q48", "parameter reference: 1.5x the query heads (32 -> 48 at paper scale)", "q -> 1.5q",
+                _t(1, 3), model_changes={"n_heads": Scale(1.5)}),
+        Variant("ref_add4experts", "parameter reference: 4 more routed experts, one more activated",
+                "E -> E+4, top-k -> top-k+1", _t(1, 4),
+                model_changes={"moe.n_experts": Add(4), "moe.top_k": Add(1)},
+                note="The paper's 400M is not reproducible from its description: 4 experts of 3*d*768 weights in 24 "
+                     "layers are 453M. gatelab adds 4 routed experts (453M at paper scale) and raises top-k by one so "
+                     "that 'the activated number of experts' grows too, as the paper says; MoE presets only."),
+        Variant("g1_elem_sig", "G1 (after SDPA), elementwise, sigmoid", f"{_Y} = Y_{{t,i}} * sigmoid(X_t W^i)",
+                _t(1, 5) + _t(3, 2) + _t(4, 2) + _t(2, 2, 4, 8, 10, 13, 14), (_gate("g1"),)),
+        Variant("g2_elem_sig", "G2 (after V proj), elementwise, sigmoid", "V'_{j,g} = V_{j,g} * sigmoid(X_j W^g)",
+                _t(1, 6) + _t(3, 3) + _t(4, 5), (_gate("g2"),)),
+        Variant("g3_elem_sig", "G3 (after K proj), elementwise, sigmoid", "K'_{j,g} = K_{j,g} * sigmoid(X_j W^g)",
+                _t(1, 7), (_gate("g3"),)),
+        Variant("g4_elem_sig", "G4 (after Q proj), elementwise, sigmoid", "Q'_{t,i} = Q_{t,i} * sigmoid(X_t W^i)",
+                _t(1, 8), (_gate("g4"),)),
+        Variant("g5_elem_sig", "G5 (after W_O), elementwise, sigmoid", "O'_t = O_t * sigmoid(X_t W), W in R^{d x d}",
+                _t(1, 9), (_gate("g5"),)),
+        Variant("g1_head_sig", "G1, headwise (one scalar per head), sigmoid", f"{_Y} = Y_{{t,i}} * sigmoid(X_t w^i)",
+                _t(1, 10) + _t(4, 3) + _t(2, 9), (_gate("g1", granularity="headwise"),)),
+        Variant("g2_head_sig", "G2, headwise, sigmoid (= Switch v 1top1)", "V'_{j,g} = V_{j,g} * sigmoid(X_j w^g)",
+                _t(1, 11), (_gate("g2", granularity="headwise"),)),
+        Variant("g1_elem_sig_shared", "G1, elementwise, head-shared scores", "s_t = mean_i sigmoid(X_t W^i); "
+                f"{_Y} = Y_{{t,i}} * s_t", _t(1, 12) + _t(4, 4), (_gate("g1", heads="shared"),)),
+        Variant("g2_elem_sig_shared", "G2, elementwise, head-shared scores", "s_j = mean_g sigmoid(X_j W^g); "
+                "V'_{j,g} = V_{j,g} * s_j", _t(1, 13), (_gate("g2", heads="shared"),)),
+        Variant("g1_elem_silu_add", "G1, elementwise, additive SiLU", f"{_Y} = Y_{{t,i}} + SiLU(X_t W^i)",
+                _t(1, 14) + _t(3, 4), (_gate("g1", form="additive", activation="silu"),)),
+        Variant("g1_elem_silu", "G1, elementwise, multiplicative SiLU", f"{_Y} = Y_{{t,i}} * SiLU(X_t W^i)",
+                _t(1, 15), (_gate("g1", activation="silu"),)),
+        Variant("g1_rmsnorm", "RMSNorm of each head's SDPA output (d_k scale shared by heads)",
+                f"{_Y} = RMSNorm_dk(Y_{{t,i}})", _t(3, 5), (_gate("g1", kind="rmsnorm"),),
+                note="The paper does not give the scale's size; gatelab learns one d_k vector per layer."),
+        Variant("g1_silu_noparam", "SiLU of the SDPA output, no parameters", f"{_Y} = SiLU(Y_{{t,i}})",
+                _t(3, 6), (_gate("g1", kind="silu"),)),
+        Variant("g1_elem_id_add", "G1, elementwise, additive identity", f"{_Y} = Y_{{t,i}} + X_t W^i",
+                _t(3, 7), (_gate("g1", form="additive", activation="identity"),)),
+        Variant("g1_inputindep_sig", "G1, elementwise, input-independent (zero-initialised q x d_k logits)",
+                f"{_Y} = Y_{{t,i}} * sigmoid(b^i)", _t(4, 6), (_gate("g1", input_dependent=False),)),
+        Variant("g1_elem_nssig", "G1, elementwise, NS-sigmoid (0.5 + 0.5 sigmoid)",
+                f"{_Y} = Y_{{t,i}} * (0.5 + 0.5 sigmoid(X_t W^i))", _t(4, 7), (_gate("g1", activation="ns_sigmoid"),)),
+        Variant("sandwich_norm", "no gate; an RMSNorm on each sublayer output before the residual add",
+                "h = h + Norm(Attn(Norm(h)))", _t(2, 7), model_changes={"sandwich_norm": True}),
+    ]
+    + [
+        Variant(f"switch_{proj}_{e}top{k}", f"Switch-Head: {e} experts per KV head for {proj.upper()}, top-{k}",
+                f"{proj.upper()}'_{{j,g}} = sum_(e in top{k}) sigmoid(X_j r^g_e) X_j W^(g,e)", _t(6, row),
+                model_changes={"switch_head": SwitchHeadConfig(projections=proj, n_experts=e, top_k=k)},
+                note="Experts replace the KV head's projection (E copies) with a sigmoid router per KV head; the "
+                     "paper's Table 6 parameter counts are not reproducible from its description.")
+        for proj, e, k, row in [("kv", 8, 8, 2), ("kv", 4, 4, 3), ("v", 4, 4, 4), ("v", 8, 2, 5), ("v", 1, 1, 6)]
+    ]
+}
+
+
+def get_variant(variant_id: str) -> Variant:
+    if variant_id in VARIANTS:
+        return VARIANTS[variant_id]
+    close = difflib.get_close_matches(variant_id, VARIANTS, n=3)
+    hint = f"did you mean {', '.join(close)}? " if close else ""
+    raise GatelabError(f"unknown variant '{variant_id}': {hint}valid variants are {', '.join(VARIANTS)}")
+
+
+def variant_ids(spec: str) -> list[str]:
+    """'g1_elem_sig+g2_elem_sig' -> both ids, each checked; 'baseline' composes with anything as a no-op."""
+    ids = [part.strip() for part in spec.split("+") if part.strip()]
+    if not ids:
+        raise GatelabError(f"empty variant '{spec}': valid variants are {', '.join(VARIANTS)}")
+    for variant_id in ids:
+        get_variant(variant_id)
+    return ids
+
+
+def apply_variant(base: ModelConfig, spec: str) -> ModelConfig:
+    """The base model with the variant's gates appended and its model changes applied."""
+    tree = base.model_dump()
+    changed: dict[str, str] = {}
+    for variant_id in variant_ids(spec):
+        variant = VARIANTS[variant_id]
+        tree["gates"] = tree["gates"] + [g.model_dump() for g in variant.gates]
+        for dotted, change in variant.model_changes.items():
+            if dotted in changed:
+                raise GatelabError(f"variant '{spec}': {changed[dotted]} and {variant_id} both change model.{dotted}")
+            changed[dotted] = variant_id
+            *parents, leaf = dotted.split(".")
+            node = tree
+            for part in parents:
+                if node.get(part) is None:
+                    raise GatelabError(
+                        f"variant '{variant_id}' changes model.{dotted}, but this experiment's model has no "
+                        f"'{part}' block (it needs an MoE preset such as experiments/tiny-moe.yaml)"
+                    )
+                node = node[part]
+            if isinstance(change, Scale | Add):
+                node[leaf] = change.apply(node[leaf])
+            elif hasattr(change, "model_dump"):
+                node[leaf] = change.model_dump()
+            else:
+                node[leaf] = change
+    try:
+        return ModelConfig.model_validate(tree)
+    except ValidationError as exc:
+        raise GatelabError(format_validation_error(exc, f"variant '{spec}'", ModelConfig)) from None

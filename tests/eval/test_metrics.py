@@ -1,0 +1,176 @@
+"""Perplexity and loss-spike metrics on models whose answers are known in closed form."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from gatelab.eval.metrics import (
+    domain_perplexities,
+    long_context_perplexity,
+    loss_spikes,
+    perplexity,
+    sequence_nll,
+)
+
+V = 37
+
+
+class ZeroLogits(nn.Module):
+    """Uniform over the vocabulary: every token costs log V nats, so the perplexity is exactly V."""
+
+    def forward(self, input_ids_BT: Tensor) -> Tensor:
+        return torch.zeros(*input_ids_BT.shape, V)
+
+
+class Successor(nn.Module):
+    """Puts logit `boost` on (x + 1) % V and 0 elsewhere: p(successor) = e^boost / (e^boost + V - 1)."""
+
+    def __init__(self, boost: float) -> None:
+        super().__init__()
+        self.boost = boost
+
+    def forward(self, input_ids_BT: Tensor) -> Tensor:
+        return self.boost * F.one_hot((input_ids_BT + 1) % V, V).float()
+
+
+class SuccessorBeyond(nn.Module):
+    """Uniform at positions < `from_position`, a near-certain successor predictor from there on."""
+
+    def __init__(self, from_position: int) -> None:
+        super().__init__()
+        self.from_position = from_position
+
+    def forward(self, input_ids_BT: Tensor) -> Tensor:
+        logits_BTV = 1e4 * F.one_hot((input_ids_BT + 1) % V, V).float()
+        logits_BTV[:, : self.from_position] = 0.0
+        return logits_BTV
+
+
+def counting_windows(n: int, length: int, step: int = 1) -> Tensor:
+    """(n, length) windows of x_{t+1} = x_t + step (mod V), each from its own offset."""
+    return (torch.arange(n)[:, None] + step * torch.arange(length)[None, :]) % V
+
+
+def p_successor(boost: float) -> float:
+    return math.exp(boost) / (math.exp(boost) + V - 1)
+
+
+def test_uniform_model_perplexity_is_vocab_size_in_every_window_format():
+    windows_NT1 = torch.randint(V, (10, 17), generator=torch.Generator().manual_seed(0))
+    pairs_1d = [(w[:-1], w[1:]) for w in windows_NT1]
+    pairs_2d = [(windows_NT1[:6, :-1], windows_NT1[:6, 1:]), (windows_NT1[6:, :-1], windows_NT1[6:, 1:])]
+    for windows in (windows_NT1, pairs_1d, pairs_2d):
+        for batch_size in (1, 4, 100):
+            assert perplexity(ZeroLogits(), windows, batch_size) == pytest.approx(V, rel=1e-4)
+
+
+def test_known_probability_gives_known_perplexity():
+    boost = 2.0
+    assert perplexity(Successor(boost), counting_windows(8, 33), 3) == pytest.approx(1 / p_successor(boost), rel=1e-5)
+    assert perplexity(Successor(1e4), counting_windows(8, 33), 3) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_sequence_nll_skips_ignored_targets():
+    windows_NT1 = torch.randint(V, (3, 9), generator=torch.Generator().manual_seed(1))
+    targets_BT = windows_NT1[:, 1:].clone()
+    targets_BT[0, :5] = -100
+    targets_BT[2, -1] = -100
+    total_nll, n_tokens = sequence_nll(ZeroLogits(), windows_NT1[:, :-1], targets_BT)
+    assert n_tokens == 3 * 8 - 6
+    assert total_nll == pytest.approx(n_tokens * math.log(V), rel=1e-6)
+
+
+def test_domain_perplexities_average_the_domain_ppls_not_the_tokens():
+    boost = 3.0
+    by_domain = {
+        "counting": counting_windows(4, 17, step=1),  # every target is the favoured successor
+        "skipping": counting_windows(12, 17, step=2),  # no target is
+    }
+    ppl = domain_perplexities(Successor(boost), by_domain, batch_size=5)
+    ppl_counting = 1 / p_successor(boost)
+    ppl_skipping = math.exp(boost) + V - 1
+    assert ppl["counting"] == pytest.approx(ppl_counting, rel=1e-5)
+    assert ppl["skipping"] == pytest.approx(ppl_skipping, rel=1e-5)
+    assert ppl["avg"] == pytest.approx((ppl_counting + ppl_skipping) / 2, rel=1e-5)
+
+    uniform = domain_perplexities(ZeroLogits(), by_domain, batch_size=5)
+    assert uniform == pytest.approx({"counting": V, "skipping": V, "avg": V}, rel=1e-4)
+
+
+def test_domain_named_avg_is_refused():
+    with pytest.raises(ValueError, match="avg"):
+        domain_perplexities(ZeroLogits(), {"avg": counting_windows(2, 5)})
+
+
+def test_long_context_uniform_model_and_missing_lengths():
+    train_len = 8
+    documents = [torch.randint(V, (n,)) for n in (20, 40, 60)]  # 4x windows (33 tokens) fit, 8x ones (65) do not
+    result = long_context_perplexity(ZeroLogits(), documents, train_len, multipliers=(1, 2, 4, 8), batch_size=2)
+    assert result[8] is None
+    assert result[1]["ppl"] == pytest.approx(V, rel=1e-4)
+    assert result[1]["ppl_beyond_train_len"] is None
+    for multiplier in (2, 4):
+        assert result[multiplier]["ppl"] == pytest.approx(V, rel=1e-4)
+        assert result[multiplier]["ppl_beyond_train_len"] == pytest.approx(V, rel=1e-4)
+
+
+def test_long_context_separates_the_extrapolation_region():
+    """Uniform inside the training length, perfect beyond it: all-position PPL = V^(1/m), beyond-train PPL = 1."""
+    train_len = 8
+    documents = [counting_windows(1, 100)[0], counting_windows(1, 300)[0]]
+    result = long_context_perplexity(SuccessorBeyond(train_len), documents, train_len, multipliers=(1, 2, 4))
+    assert result[1]["ppl"] == pytest.approx(V, rel=1e-4)
+    for multiplier in (2, 4):
+        assert result[multiplier]["ppl"] == pytest.approx(V ** (1 / multiplier), rel=1e-4)
+        assert result[multiplier]["ppl_beyond_train_len"] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_long_context_windows_do_not_overlap():
+    class Recorder(ZeroLogits):
+        def __init__(self) -> None:
+            super().__init__()
+            self.first_tokens: list[int] = []
+
+        def forward(self, input_ids_BT: Tensor) -> Tensor:
+            self.first_tokens += input_ids_BT[:, 0].tolist()
+            return super().forward(input_ids_BT)
+
+    recorder = Recorder()
+    document = torch.arange(30) % V
+    long_context_perplexity(recorder, [document], train_seq_len=4, multipliers=(2,), batch_size=1)
+    assert recorder.first_tokens == [0, 9, 18]  # windows of 2 * 4 + 1 tokens; the last 3 tokens are left over
+
+
+def test_evaluation_runs_without_grad_in_eval_mode_and_restores_training_mode():
+    class Probe(ZeroLogits):
+        def forward(self, input_ids_BT: Tensor) -> Tensor:
+            assert not torch.is_grad_enabled() and not self.training
+            return super().forward(input_ids_BT)
+
+    model = Probe().train()
+    model.frozen = nn.Linear(1, 1).eval()
+    perplexity(model, counting_windows(2, 5))
+    assert model.training and not model.frozen.training
+
+
+def test_loss_spikes_on_a_hand_made_curve():
+    losses = [2.0] * 100
+    losses[5] = 4.0  # inside warmup: not counted
+    losses[30] = 2.5  # spike
+    losses[31] = 2.0  # back to normal right after: the EMA moved by only 0.01
+    losses[45] = 2.1  # a bump below the margin
+    losses[60] = 3.0  # spike
+    losses[61] = 3.0  # still far above the EMA (about 2.02): spike
+    losses[80] = float("nan")  # non-finite: spike, and kept out of the EMA
+    assert loss_spikes(losses, warmup_steps=10) == [30, 60, 61, 80]
+    assert loss_spikes(losses, warmup_steps=0) == [5, 30, 60, 61, 80]
+    assert loss_spikes(losses, warmup_steps=10, margin=0.05) == [30, 45, 60, 61, 80]
+
+
+def test_loss_spikes_report_logged_steps_of_a_subsampled_curve():
+    losses = [2.0, 2.0, 2.0, 3.0, 2.0, 3.0]
+    steps = [0, 100, 200, 300, 400, 500]
+    assert loss_spikes(losses, warmup_steps=350, steps=steps) == [500]

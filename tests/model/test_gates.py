@@ -1,0 +1,121 @@
+"""The gate formulas, checked against explicit computations from the same weights."""
+
+from __future__ import annotations
+
+import torch
+
+from gatelab.model import build_model
+from gatelab.model.attention import Attention
+from gatelab.variants import apply_variant
+from tests.conftest import Capture, micro_config
+
+B, T, D, H, DK = 2, 7, 32, 4, 8
+
+
+def _attention(variant: str, seed: int = 0) -> Attention:
+    return build_model(apply_variant(micro_config(), variant), seed=seed).blocks[0].attn.eval()
+
+
+def _x() -> torch.Tensor:
+    return torch.randn(B, T, D, generator=torch.Generator().manual_seed(1))
+
+
+def _run(attn: Attention, x: torch.Tensor) -> tuple[torch.Tensor, Capture]:
+    probe = Capture()
+    with torch.no_grad():
+        out = attn(x, build_model(micro_config()).rotary, probe)
+    return out, probe
+
+
+def test_fused_g1_equals_explicit_gate_from_the_same_weights():
+    attn, x = _attention("g1_elem_sig"), _x()
+    out, probe = _run(attn, x)
+    w_theta = attn.in_proj.weight[attn.row_blocks()["gate0_g1"]]  # (H*Dk, D)
+    y = probe.tensors[(0, "sdpa_output")].reshape(B, T, H * DK)
+    expected = attn.o_proj(y * torch.sigmoid(x @ w_theta.T))
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-6)
+
+
+def test_gate_rows_do_not_change_the_attention_itself():
+    """The gated model's Y equals the baseline's Y: same seed, so q, k, v rows are the same values (common init)."""
+    x = _x()
+    _, gated = _run(_attention("g1_elem_sig"), x)
+    _, plain = _run(_attention("baseline"), x)
+    torch.testing.assert_close(gated.tensors[(0, "sdpa_output")], plain.tensors[(0, "sdpa_output")])
+
+
+def test_input_independent_gate_halves_the_baseline_output_at_init():
+    x = _x()
+    gated, _ = _run(_attention("g1_inputindep_sig"), x)
+    plain, _ = _run(_attention("baseline"), x)
+    torch.testing.assert_close(gated, 0.5 * plain, rtol=0, atol=1e-6)
+
+
+def _gate_ratio(variant: str) -> torch.Tensor:
+    _, probe = _run(_attention(variant), _x())
+    return probe.tensors[(0, "sdpa_gated_output")] / probe.tensors[(0, "sdpa_output")]  # (B, T, H, Dk)
+
+
+def test_headwise_gate_is_constant_across_head_dim():
+    ratio = _gate_ratio("g1_head_sig")
+    torch.testing.assert_close(ratio, ratio[..., :1].expand_as(ratio), rtol=1e-5, atol=1e-6)
+    assert ratio[..., 0].std() > 1e-4  # but it differs between heads and tokens
+
+
+def test_head_shared_gate_is_equal_across_heads():
+    ratio = _gate_ratio("g1_elem_sig_shared")
+    torch.testing.assert_close(ratio, ratio[:, :, :1].expand_as(ratio), rtol=1e-5, atol=1e-6)
+    assert ratio[:, :, 0].std() > 1e-4
+
+
+def test_head_shared_score_is_the_mean_of_per_head_scores():
+    attn, x = _attention("g1_elem_sig_shared"), _x()
+    _, probe = _run(attn, x)
+    logits = (x @ attn.in_proj.weight[attn.row_blocks()["gate0_g1"]].T).view(B, T, H, DK)
+    expected = torch.sigmoid(logits).mean(dim=2, keepdim=True)
+    torch.testing.assert_close(probe.tensors[(0, "gate_score.g1")], expected)
+
+
+def test_elementwise_g2_gates_each_kv_head_from_its_value_token():
+    attn, x = _attention("g2_elem_sig"), _x()
+    _, probe = _run(attn, x)
+    scores = probe.tensors[(0, "gate_score.g2")]
+    assert scores.shape == (B, T, 2, DK)  # one gate per KV head, before the KV heads are repeated
+    w_theta = attn.in_proj.weight[attn.row_blocks()["gate0_g2"]]
+    torch.testing.assert_close(scores, torch.sigmoid(x @ w_theta.T).view(B, T, 2, DK))
+
+
+def test_additive_silu_and_ns_sigmoid_formulas():
+    x = _x()
+    for variant, activation, additive in [
+        ("g1_elem_silu_add", torch.nn.functional.silu, True),
+        ("g1_elem_nssig", lambda z: 0.5 + 0.5 * torch.sigmoid(z), False),
+        ("g1_elem_id_add", lambda z: z, True),
+    ]:
+        attn = _attention(variant)
+        _, probe = _run(attn, x)
+        y = probe.tensors[(0, "sdpa_output")]
+        score = activation(x @ attn.in_proj.weight[attn.row_blocks()["gate0_g1"]].T).view(B, T, H, DK)
+        expected = y + score if additive else y * score
+        torch.testing.assert_close(probe.tensors[(0, "sdpa_gated_output")], expected, msg=variant)
+
+
+def test_switch_v_1top1_equals_g2_head_sig():
+    """The paper: 'Switch v 1top1 is equivalent to v Headwise Gate (Table 1 row 11)'."""
+    switch = build_model(apply_variant(micro_config(), "switch_v_1top1"), seed=0).eval()
+    gate = build_model(apply_variant(micro_config(), "g2_head_sig"), seed=3).eval()
+    gate.load_state_dict(switch.state_dict())  # same shapes: router rows take the gate rows' place
+    ids = torch.randint(0, 61, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(switch(ids), gate(ids))
+
+
+def test_common_random_numbers_share_every_common_parameter():
+    plain = build_model(apply_variant(micro_config(), "baseline"), seed=5)
+    gated = build_model(apply_variant(micro_config(), "g1_elem_sig"), seed=5)
+    for name, value in plain.state_dict().items():
+        other = gated.state_dict()[name]
+        if name.endswith("in_proj.weight"):
+            other = other[: value.shape[0]]  # q | k | v come first; the gate rows follow
+        torch.testing.assert_close(value, other, rtol=0, atol=0, msg=name)
+    assert not torch.equal(build_model(micro_config(), seed=6).embed.weight, plain.embed.weight)

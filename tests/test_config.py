@@ -1,0 +1,92 @@
+"""The config tree: every shipped YAML loads; bad keys, values and shapes give one message naming key and choices."""
+
+from __future__ import annotations
+
+import pytest
+
+from gatelab.config import ExperimentConfig, load_experiment, to_yaml, flatten
+from gatelab.errors import GatelabError
+from gatelab.model import build_model, resolve_model
+from tests.conftest import REPO
+
+PRESETS = sorted((REPO / "experiments").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.name)
+def test_every_shipped_experiment_loads_and_round_trips(path):
+    experiment = load_experiment(path)
+    assert isinstance(experiment, ExperimentConfig)
+    assert ExperimentConfig.model_validate(__import__("yaml").safe_load(to_yaml(experiment))) == experiment
+    assert resolve_model(experiment).n_layers == experiment.model.n_layers
+
+
+def test_tiny_presets_build_real_models():
+    for name in ("tiny.yaml", "tiny-moe.yaml"):
+        model = build_model(resolve_model(load_experiment(REPO / "experiments" / name)))
+        assert sum(p.numel() for p in model.parameters()) < 20e6
+
+
+def _write(tmp_path, text: str):
+    path = tmp_path / "exp.yaml"
+    path.write_text(text)
+    return path
+
+
+BASE = """
+name: t
+model: {vocab_size: 32, n_layers: 1, d_model: 16, n_heads: 4, n_kv_heads: 2, head_dim: 4, ffn_hidden: 8}
+"""
+
+
+def test_unknown_key_suggests_the_right_one(tmp_path):
+    path = _write(tmp_path, BASE + "train: {lerning_rate: 0.1}\n")
+    with pytest.raises(GatelabError) as error:
+        load_experiment(path)
+    assert str(path) in str(error.value)
+    assert "train.lerning_rate: unknown key" in str(error.value)
+    assert "valid keys:" in str(error.value) and "lr" in str(error.value)
+
+
+def test_wrong_literal_names_the_valid_choices(tmp_path):
+    path = _write(tmp_path, BASE.replace("ffn_hidden: 8}", "ffn_hidden: 8, gates: [{position: g6}]}"))
+    with pytest.raises(GatelabError, match=r"model.gates.0.position: Input should be 'g1', 'g2', 'g3', 'g4' or 'g5'"):
+        load_experiment(path)
+
+
+def test_heads_not_divisible_names_valid_kv_heads(tmp_path):
+    path = _write(tmp_path, BASE.replace("n_heads: 4, n_kv_heads: 2", "n_heads: 6, n_kv_heads: 4"))
+    with pytest.raises(GatelabError, match=r"model: n_heads \(6\) must be divisible by n_kv_heads \(4\): "
+                                           r"valid n_kv_heads are 1, 2, 3, 6"):
+        load_experiment(path)
+
+
+def test_top_k_larger_than_experts(tmp_path):
+    moe = BASE.replace("ffn_hidden: 8}", "ffn: moe, moe: {n_experts: 4, top_k: 6, expert_hidden: 8}}")
+    with pytest.raises(GatelabError, match=r"model.moe: top_k \(6\) is larger than n_experts \(4\): valid top_k is 1..4"):
+        load_experiment(_write(tmp_path, moe))
+
+
+def test_set_overrides_are_typed_and_checked(tmp_path):
+    path = _write(tmp_path, BASE)
+    experiment = load_experiment(path, ["train.lr=1e-3", "model.sandwich_norm=true", "variant=g1_head_sig"])
+    assert experiment.train.lr == 1e-3 and experiment.model.sandwich_norm and experiment.variant == "g1_head_sig"
+    with pytest.raises(GatelabError, match=r"did you mean 'train.lr'"):
+        load_experiment(path, ["train.lrr=1"])
+    with pytest.raises(GatelabError, match=r"train.max_steps: Input should be a valid integer"):
+        load_experiment(path, ["train.max_steps=many"])
+    with pytest.raises(GatelabError, match="expected KEY.PATH=VALUE"):
+        load_experiment(path, ["train.lr"])
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(GatelabError, match="no such file"):
+        load_experiment(tmp_path / "absent.yaml")
+    with pytest.raises(GatelabError, match="not valid YAML"):
+        load_experiment(_write(tmp_path, "name: [unclosed\n"))
+    with pytest.raises(GatelabError, match="expected a mapping"):
+        load_experiment(_write(tmp_path, "- a list\n"))
+
+
+def test_flatten_gives_dotted_params():
+    flat = flatten(load_experiment(REPO / "experiments" / "tiny.yaml"))
+    assert flat["model.n_layers"] == 4 and flat["train.lr"] == 2e-3
