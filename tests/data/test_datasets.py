@@ -1,0 +1,157 @@
+"""Token datasets: document framing, caching, seed-fixed window order, evaluation windows, unigram baseline."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from gatelab.data import datasets as dsmod
+from gatelab.data.corpora import CorpusManifest, DataError, domains_from_files
+from gatelab.data.datasets import (
+    PackedDataset,
+    TokenCorpus,
+    heldout_windows,
+    long_context_windows,
+    tokenize_corpus,
+    train_dataset,
+    unigram_perplexity,
+)
+from gatelab.data.tokenizer import load_or_train_tokenizer
+
+SEQ = 16
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> tuple[CorpusManifest, TokenCorpus]:
+    rng = random.Random(0)
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+    files: dict[str, list[Path]] = {}
+    for domain in ("left", "right"):
+        for i in range(24):
+            path = tmp_path / "in" / domain / f"{i:02d}.txt"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # Every few documents is long, so long-context windows exist at 8 x SEQ tokens.
+            n_words = 400 if i % 3 == 0 else 40
+            text = " ".join(rng.choice(words) for _ in range(n_words))
+            path.write_text(f"{domain} {i}: {text} <|eos|> literal", encoding="utf-8")
+            files.setdefault(domain, []).append(path)
+    manifest = domains_from_files(files, tmp_path / "data", log=lambda _: None)
+    tok = load_or_train_tokenizer(manifest, 300, log=lambda _: None)
+    return manifest, tokenize_corpus(manifest, tok, log=lambda _: None)
+
+
+def test_documents_are_framed_and_decode_back(setup: tuple[CorpusManifest, TokenCorpus]) -> None:
+    manifest, corpus = setup
+    tok = load_or_train_tokenizer(manifest, 300, log=lambda _: None)
+    for domain in ("left", "right"):
+        for split in ("train", "heldout"):
+            part = corpus.get(domain, split)
+            docs = list(manifest.documents(domain, split))
+            assert part.tokens.dtype == np.uint16
+            assert list(part.doc_ids) == [d.id for d in docs]
+            assert int((part.tokens == corpus.bos_id).sum()) == len(docs)
+            assert int((part.tokens == corpus.eos_id).sum()) == len(docs)
+            for i, doc in enumerate(docs):
+                ids = part.document(i)
+                assert ids[0] == corpus.bos_id and ids[-1] == corpus.eos_id
+                # "<|eos|>" written inside a document stays text, never a boundary.
+                assert tok.decode(ids[1:-1].tolist()) == doc.text
+
+
+def test_tokens_are_cached(setup: tuple[CorpusManifest, TokenCorpus], monkeypatch: pytest.MonkeyPatch) -> None:
+    manifest, corpus = setup
+    tok = load_or_train_tokenizer(manifest, 300, log=lambda _: None)
+
+    def no_encoding(*_: object) -> None:
+        raise AssertionError("cached token files should have been memory-mapped, not re-encoded")
+
+    monkeypatch.setattr(dsmod, "_encode_split", no_encoding)
+    again = tokenize_corpus(manifest, tok, log=lambda _: None)
+    assert isinstance(again.tokens("left", "train"), np.memmap)
+    assert np.array_equal(again.tokens("left", "train"), corpus.tokens("left", "train"))
+
+
+def _items(dataset: PackedDataset) -> list[tuple[list[int], list[int]]]:
+    return [(x.tolist(), y.tolist()) for x, y in (dataset[i] for i in range(len(dataset)))]
+
+
+def test_windows_follow_the_seed_only(setup: tuple[CorpusManifest, TokenCorpus]) -> None:
+    _, corpus = setup
+    torch.manual_seed(1)
+    np.random.seed(1)
+    a = _items(train_dataset(corpus, SEQ, seed=7))
+    torch.manual_seed(2)
+    np.random.seed(2)
+    reordered = {d: corpus.tokens(d, "train") for d in ("right", "left")}
+    b = _items(PackedDataset(reordered, SEQ, seed=7))
+    c = _items(train_dataset(corpus, SEQ, seed=8))
+    assert a == b
+    assert a != c and sorted(a) == sorted(c)  # same windows, another order
+    for x, y in a:
+        assert len(x) == len(y) == SEQ and x[1:] == y[:-1]
+
+
+def test_batches_and_epochs(setup: tuple[CorpusManifest, TokenCorpus]) -> None:
+    _, corpus = setup
+    one = train_dataset(corpus, SEQ, seed=3)
+    batches = [x for x, _ in DataLoader(one, batch_size=4, shuffle=False)]
+    again = [x for x, _ in DataLoader(train_dataset(corpus, SEQ, seed=3), batch_size=4, shuffle=False)]
+    assert all(torch.equal(p, q) for p, q in zip(batches, again, strict=True))
+    assert batches[0].dtype == torch.int64 and batches[0].shape == (4, SEQ)
+
+    two = train_dataset(corpus, SEQ, seed=3, epochs=2)
+    assert len(two) == 2 * len(one)
+    first, second = _items(two)[: len(one)], _items(two)[len(one) :]
+    assert first == _items(one) and sorted(first) == sorted(second) and first != second
+    left = corpus.tokens("left", "train")
+    n_left = (len(left) - 1) // SEQ
+    assert sum(one.domain_of(i) == "left" for i in range(len(one))) == n_left
+
+
+def test_heldout_windows(setup: tuple[CorpusManifest, TokenCorpus]) -> None:
+    _, corpus = setup
+    held = corpus.tokens("left", "heldout")
+    all_windows = heldout_windows(corpus, "left", SEQ, max_windows=10**6)
+    assert all_windows.shape == (len(held) // (SEQ + 1), SEQ + 1)
+    assert np.array_equal(all_windows.reshape(-1), held[: all_windows.size])  # contiguous, non-overlapping
+    capped = heldout_windows(corpus, "left", SEQ, max_windows=3)
+    assert capped.shape == (3, SEQ + 1) and capped.dtype == np.int64
+    assert np.array_equal(capped[0], all_windows[0]) and np.array_equal(capped[-1], all_windows[-1])
+    with pytest.raises(DataError, match="no window"):
+        heldout_windows(corpus, "left", 10**7, max_windows=3)
+
+
+def test_long_context_windows(setup: tuple[CorpusManifest, TokenCorpus]) -> None:
+    _, corpus = setup
+    windows = long_context_windows(corpus, "left", SEQ, max_docs=4)
+    assert sorted(windows) == [1, 2, 4, 8]
+    n_docs = len(windows[1])
+    assert n_docs >= 1
+    for m, arr in windows.items():
+        assert arr.shape == (n_docs, m * SEQ + 1)
+        assert np.all(arr[:, 0] == corpus.bos_id)
+        assert np.array_equal(arr, windows[8][:, : m * SEQ + 1])  # the same documents at every length
+    with pytest.raises(DataError, match="no held-out document"):
+        long_context_windows(corpus, "left", 10**5)
+
+
+def test_unigram_perplexity() -> None:
+    rng = np.random.default_rng(0)
+    vocab = 500
+    uniform = unigram_perplexity(rng.integers(0, vocab, 500_000), rng.integers(0, vocab, 50_000), vocab)
+    assert uniform == pytest.approx(vocab, rel=0.02)
+    skewed_train = rng.zipf(1.5, 200_000) % vocab
+    skewed_held = rng.zipf(1.5, 20_000) % vocab
+    assert unigram_perplexity(skewed_train, skewed_held, vocab) < vocab / 4
+    with pytest.raises(DataError, match="beyond vocab_size"):
+        unigram_perplexity(np.array([0, 1]), np.array([vocab]), vocab)
+
+
+def test_no_window_fits_is_a_clean_error() -> None:
+    with pytest.raises(DataError, match="no window of 9 tokens"):
+        PackedDataset({"tiny": np.arange(5, dtype=np.uint16)}, seq_len=8, seed=0)
