@@ -7,6 +7,8 @@ values. Unknown keys are errors with a "did you mean". Errors name the file and 
 from __future__ import annotations
 
 import difflib
+import hashlib
+import json
 import typing
 from pathlib import Path
 from typing import Any, Literal
@@ -304,6 +306,12 @@ def to_yaml(config: BaseModel) -> str:
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
 
 
+def spec_hash(experiment: ExperimentConfig) -> str:
+    """A content hash of everything that decides a run's result (not where it is tracked): the run's identity."""
+    payload = experiment.model_dump(mode="json", exclude={"tracking"})
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def flatten(config: BaseModel | dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """`{"model": {"n_layers": 4}}` -> `{"model.n_layers": 4}`, for MLflow params and tables."""
     tree = config.model_dump(mode="json") if isinstance(config, BaseModel) else config
@@ -320,5 +328,5 @@ def flatten(config: BaseModel | dict[str, Any], prefix: str = "") -> dict[str, A
 __all__ = [
     "DataConfig", "EvalConfig", "ExperimentConfig", "GateConfig", "GatePosition", "ModelConfig", "MoEConfig",
     "SwitchHeadConfig", "TrackingConfig", "TrainConfig", "experiment_from_dict", "flatten", "format_validation_error",
-    "load_experiment", "parse_assignment", "read_yaml", "set_dotted", "to_yaml",
+    "load_experiment", "parse_assignment", "read_yaml", "set_dotted", "spec_hash", "to_yaml",
 ]

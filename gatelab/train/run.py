@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,13 +13,13 @@ from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.loggers import MLFlowLogger
 
 from gatelab import tracking
-from gatelab.config import ExperimentConfig, flatten, to_yaml
+from gatelab.config import ExperimentConfig, flatten, spec_hash, to_yaml
 from gatelab.data.corpora import prepare_corpora
-from gatelab.data.datasets import tokenize_corpus, train_dataset
+from gatelab.data.datasets import heldout_windows, tokenize_corpus, train_dataset
 from gatelab.data.tokenizer import load_or_train_tokenizer
 from gatelab.errors import GatelabError
 from gatelab.model import count_parameters, resolve_model
-from gatelab.train.module import GatedLM, StabilityMonitor, TextData, resolve_precision
+from gatelab.train.module import GatedLM, PeriodicEvaluation, StabilityMonitor, TextData, resolve_precision
 
 
 @dataclass
@@ -31,12 +29,6 @@ class RunResult:
     spec_hash: str
     metrics: dict[str, float] = field(default_factory=dict)
     diverged_step: int | None = None
-
-
-def spec_hash(experiment: ExperimentConfig) -> str:
-    """A content hash of everything that decides the result (not where it is tracked)."""
-    payload = experiment.model_dump(mode="json", exclude={"tracking"})
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def load_data(experiment: ExperimentConfig, log=print):
@@ -78,6 +70,9 @@ def run(experiment: ExperimentConfig, tracking_uri: str | None = None, runs_dir:
     run_id = tracking.find_run(client, experiment_id, digest) if checkpoint.exists() else None
     tags = {tracking.SPEC_HASH_TAG: digest, tracking.STATUS_TAG: "running", "variant": experiment.variant,
             "seed": str(experiment.seed), "experiment": experiment.name, **tracking.code_version(),
+            "gatelab.spike_definition": f"loss > EMA(beta={train.spike_ema}) of earlier losses + {train.spike_margin} "
+                                        f"nats, after {train.warmup_steps} warmup steps",
+            "gatelab.divergence_definition": f"non-finite loss, or loss > {train.divergence_factor} x EMA after warmup",
             **tracking.package_versions(), "mlflow.runName": f"{experiment.variant}-s{experiment.seed}"}
     logger = MLFlowLogger(experiment_name=experiment_name, tracking_uri=uri, run_id=run_id, tags=tags,
                           run_name=tags["mlflow.runName"])
@@ -95,13 +90,19 @@ def run(experiment: ExperimentConfig, tracking_uri: str | None = None, runs_dir:
     L.seed_everything(experiment.seed, workers=True, verbose=False)
     module = GatedLM(experiment, model_config)
     stability = StabilityMonitor(train.warmup_steps, train.spike_ema, train.spike_margin, train.divergence_factor)
+    callbacks = [stability]
+    if experiment.eval.every_n_steps:
+        windows_by_domain = {d: torch.from_numpy(heldout_windows(corpus, d, experiment.data.seq_len,
+                                                                 experiment.eval.max_windows_per_domain))
+                             for d in domains}
+        callbacks.append(PeriodicEvaluation(experiment.eval.every_n_steps, windows_by_domain, experiment.eval.batch_size))
     checkpoints = ModelCheckpoint(dirpath=run_dir / "checkpoints", every_n_train_steps=train.checkpoint_every,
                                   save_last=True, save_top_k=0)
     trainer = L.Trainer(
         max_steps=train.max_steps, accelerator=train.accelerator, devices=train.devices, num_nodes=train.num_nodes,
         strategy=train.strategy, precision=resolve_precision(train.precision, train.accelerator),
         gradient_clip_val=train.grad_clip or None, logger=logger, log_every_n_steps=train.log_every,
-        callbacks=[stability, checkpoints] + ([] if quiet else [TQDMProgressBar(refresh_rate=10)]),
+        callbacks=callbacks + [checkpoints] + ([] if quiet else [TQDMProgressBar(refresh_rate=10)]),
         enable_progress_bar=not quiet, enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
         default_root_dir=run_dir, deterministic=False,
     )

