@@ -140,6 +140,160 @@ def data_prepare(
         typer.echo(f"missing domains: {', '.join(manifest.missing)} (see the messages above for how to get them)")
 
 
+sweep_app = typer.Typer(help="Sweeps: plan, run, join from another machine, follow.")
+app.add_typer(sweep_app, name="sweep")
+RunsDir = Annotated[Path, typer.Option(help="checkpoints, the ledger and the default MLflow store")]
+ExperimentOption = Annotated[Optional[Path], typer.Option(help="a preset that replaces the sweep's experiment")]
+
+
+@sweep_app.command("plan")
+def sweep_plan(
+    sweep: Annotated[Path, typer.Argument(help="a sweep file, e.g. sweeps/quickstart.yaml")],
+    experiment: ExperimentOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
+    flops_per_second: Annotated[Optional[float], typer.Option(help="throughput for the time estimate")] = None,
+) -> None:
+    """One row per run: variant, seed, overrides, parameters, tokens and estimated time; rejects bad cells."""
+    from gatelab.sweep.plan import cli_plan
+
+    try:
+        cli_plan(sweep, experiment, as_json, flops_per_second)
+    except GatelabError as error:
+        _fail(error)
+
+
+@sweep_app.command("run")
+def sweep_run(
+    sweep: Annotated[Path, typer.Argument(help="a sweep file, e.g. sweeps/quickstart.yaml")],
+    experiment: ExperimentOption = None,
+    workers: Annotated[int, typer.Option(min=1, help="worker processes (one GPU each, or a share of the cores)")] = 1,
+    executor: Annotated[str, typer.Option(help="local, slurm (a submitit job array) or submitit-local")] = "local",
+    storage: Annotated[Optional[str], typer.Option(help="ledger: a journal file or an RDB URL (postgresql://...)")] = None,
+    tracking_uri: Annotated[Optional[str], typer.Option(help="MLflow tracking URI (default: sqlite under runs/)")] = None,
+    runs_dir: RunsDir = Path("runs"),
+    heartbeat: Annotated[float, typer.Option(help="seconds between a worker's heartbeats")] = 10.0,
+    grace: Annotated[float, typer.Option(help="seconds without a heartbeat before a run is taken over")] = 60.0,
+    slurm_partition: Annotated[Optional[str], typer.Option(help="Slurm partition")] = None,
+    slurm_gpus: Annotated[int, typer.Option(help="GPUs per Slurm worker")] = 1,
+    slurm_time_min: Annotated[int, typer.Option(help="Slurm time limit per worker, minutes")] = 24 * 60,
+) -> None:
+    """Run every unfinished run of a sweep; safe to re-run, and to run from several processes or machines at once."""
+    from gatelab.sweep.queue import default_storage
+    from gatelab.sweep.spec import expand, load_sweep
+    from gatelab.tracking import redact
+
+    try:
+        plan = load_sweep(sweep, experiment)
+        specs = expand(plan)  # every cell is validated before any ledger, MLflow or training work
+        storage = storage or default_storage(runs_dir, plan.name)
+        typer.echo(f"sweep {plan.name}: {len(specs)} runs; ledger {redact(storage)}")
+        if plan.search is not None:
+            from gatelab.sweep.search import run_search
+
+            run_search(plan, specs, storage=storage, tracking_uri=tracking_uri, runs_dir=runs_dir)
+        elif executor == "local" and workers == 1:
+            from gatelab.sweep.worker import work
+
+            work(sweep, experiment, storage, tracking_uri, runs_dir, heartbeat_s=heartbeat, grace_s=grace)
+        else:
+            worker_args = dict(sweep=sweep, experiment=experiment, storage=storage, tracking_uri=tracking_uri,
+                               runs_dir=runs_dir, heartbeat_s=heartbeat, grace_s=grace)
+            if executor == "local":
+                from gatelab.sweep.executor import run_local_workers
+
+                run_local_workers(workers, **worker_args)
+            elif executor in ("slurm", "submitit-local"):
+                from gatelab.sweep.executor import submit_workers
+
+                cluster = "slurm" if executor == "slurm" else "local"
+                slurm = {"partition": slurm_partition, "gpus": slurm_gpus, "time_min": slurm_time_min}
+                jobs = submit_workers(workers, cluster, runs_dir / plan.name / "submitit", slurm,
+                                      wait=cluster == "local", **worker_args)
+                typer.echo(f"submitted workers {', '.join(jobs)}")
+                if cluster == "slurm":
+                    typer.echo(f"follow them with: gatelab sweep status {sweep}")
+                    return
+            else:
+                raise GatelabError(f"--executor {executor!r}: valid executors are local, slurm, submitit-local")
+    except GatelabError as error:
+        _fail(error)
+    _print_status(sweep, experiment, storage, runs_dir, as_json=False)
+
+
+@sweep_app.command("worker")
+def sweep_worker(
+    sweep: Annotated[Path, typer.Argument(help="the sweep file (the same on every machine)")],
+    storage: Annotated[str, typer.Option(help="the shared ledger, e.g. postgresql://user@host/db")],
+    experiment: ExperimentOption = None,
+    tracking_uri: Annotated[Optional[str], typer.Option(help="MLflow tracking URI, e.g. http://host:5000")] = None,
+    runs_dir: RunsDir = Path("runs"),
+    threads: Annotated[Optional[int], typer.Option(help="torch threads for this worker")] = None,
+    heartbeat: Annotated[float, typer.Option(help="seconds between heartbeats")] = 10.0,
+    grace: Annotated[float, typer.Option(help="seconds without a heartbeat before a run is taken over")] = 60.0,
+) -> None:
+    """Join a sweep whose ledger lives in shared storage, from any machine; work until no run is left."""
+    from gatelab.sweep.worker import work
+
+    try:
+        report = work(sweep, experiment, storage, tracking_uri, runs_dir, threads, heartbeat, grace)
+    except GatelabError as error:
+        _fail(error)
+    except KeyboardInterrupt:
+        raise typer.Exit(code=130)
+    typer.echo(f"worker done: {len(report.finished)} finished, {len(report.diverged)} diverged, "
+               f"{len(report.failed)} failed")
+
+
+@sweep_app.command("status")
+def sweep_status(
+    sweep: Annotated[Path, typer.Argument(help="the sweep file")],
+    experiment: ExperimentOption = None,
+    storage: Annotated[Optional[str], typer.Option(help="the ledger (default: the journal under runs/)")] = None,
+    runs_dir: RunsDir = Path("runs"),
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
+) -> None:
+    """Counts and one row per run: pending, running (where, since when), finished, diverged, failed."""
+    try:
+        _print_status(sweep, experiment, storage, runs_dir, as_json)
+    except GatelabError as error:
+        _fail(error)
+
+
+def _print_status(sweep: Path, experiment: Path | None, storage: str | None, runs_dir: Path, as_json: bool) -> None:
+    import time
+    from collections import Counter
+    from dataclasses import asdict
+
+    from gatelab.sweep.queue import ledger_states
+    from gatelab.sweep.spec import expand, load_sweep
+
+    plan = load_sweep(sweep, experiment)
+    specs = expand(plan)
+    states = ledger_states(storage, runs_dir, plan.name, specs)
+    counts = Counter(state.status for state in states)
+    if as_json:
+        typer.echo(json.dumps({"sweep": plan.name, "counts": dict(counts), "runs": [asdict(s) for s in states]},
+                              indent=2))
+        return
+    table = Table(box=None, title=f"sweep {plan.name}: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+    for column in ("#", "run", "status", "detail", "attempts", "MLflow run"):
+        table.add_column(column)
+    for state in states:
+        if state.status == "running":
+            detail = f"on {state.worker} for {time.time() - (state.since or time.time()):.0f} s"
+        elif state.status == "diverged":
+            detail = f"at step {state.diverged_step}"
+        elif state.status == "failed":
+            detail = state.error or ""
+        elif state.status == "finished" and state.value is not None:
+            detail = f"ppl/avg {state.value:.3f}"
+        else:
+            detail = ""
+        table.add_row(str(state.index), state.label, state.status, detail, str(state.attempts),
+                      state.mlflow_run_id or "")
+    console.print(table)
+
+
 def main() -> None:
     try:
         app()

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import lightning as L
+import optuna
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
@@ -19,12 +20,12 @@ from gatelab.data.datasets import heldout_windows, tokenize_corpus, train_datase
 from gatelab.data.tokenizer import load_or_train_tokenizer
 from gatelab.errors import GatelabError
 from gatelab.model import count_parameters, resolve_model
-from gatelab.train.module import GatedLM, PeriodicEvaluation, StabilityMonitor, TextData, resolve_precision
+from gatelab.train.module import GatedLM, StabilityMonitor, TextData, resolve_precision
 
 
 @dataclass
 class RunResult:
-    status: str  # finished / diverged
+    status: str  # finished / diverged / pruned
     run_id: str
     spec_hash: str
     metrics: dict[str, float] = field(default_factory=dict)
@@ -51,7 +52,7 @@ def load_data(experiment: ExperimentConfig, log=print):
 
 
 def run(experiment: ExperimentConfig, tracking_uri: str | None = None, runs_dir: Path = Path("runs"),
-        quiet: bool = False, log=print) -> RunResult:
+        quiet: bool = False, log=print, extra_callbacks: tuple = (), extra_tags: dict | None = None) -> RunResult:
     train = experiment.train
     if train.threads:
         torch.set_num_threads(train.threads)
@@ -67,7 +68,14 @@ def run(experiment: ExperimentConfig, tracking_uri: str | None = None, runs_dir:
     experiment_name = experiment.tracking.experiment or experiment.name
     experiment_id = tracking.experiment_id(client, experiment_name, runs_dir)
     checkpoint = run_dir / "checkpoints" / "last.ckpt"
-    run_id = tracking.find_run(client, experiment_id, digest) if checkpoint.exists() else None
+    run_id = tracking.find_run(client, experiment_id, digest)
+    if run_id is not None and not checkpoint.exists():
+        # The run started elsewhere (another machine's checkpoint folder) or lost its checkpoint: it starts again
+        # from step 0 in a new MLflow run, and an old one that was cut off is closed as KILLED, not left RUNNING.
+        if client.get_run(run_id).info.status == "RUNNING":
+            client.set_tag(run_id, tracking.STATUS_TAG, "superseded")
+            client.set_terminated(run_id, "KILLED")
+        run_id = None
     tags = {tracking.SPEC_HASH_TAG: digest, tracking.STATUS_TAG: "running", "variant": experiment.variant,
             "seed": str(experiment.seed), "experiment": experiment.name, **tracking.code_version(),
             "gatelab.spike_definition": f"loss > EMA(beta={train.spike_ema}) of earlier losses + {train.spike_margin} "
@@ -90,12 +98,13 @@ def run(experiment: ExperimentConfig, tracking_uri: str | None = None, runs_dir:
     L.seed_everything(experiment.seed, workers=True, verbose=False)
     module = GatedLM(experiment, model_config)
     stability = StabilityMonitor(train.warmup_steps, train.spike_ema, train.spike_margin, train.divergence_factor)
-    callbacks = [stability]
-    if experiment.eval.every_n_steps:
-        windows_by_domain = {d: torch.from_numpy(heldout_windows(corpus, d, experiment.data.seq_len,
+    callbacks = [stability, *extra_callbacks]
+    every = experiment.eval.every_n_steps
+    validation = None
+    if every:
+        validation = torch.cat([torch.from_numpy(heldout_windows(corpus, d, experiment.data.seq_len,
                                                                  experiment.eval.max_windows_per_domain))
-                             for d in domains}
-        callbacks.append(PeriodicEvaluation(experiment.eval.every_n_steps, windows_by_domain, experiment.eval.batch_size))
+                                for d in domains])
     checkpoints = ModelCheckpoint(dirpath=run_dir / "checkpoints", every_n_train_steps=train.checkpoint_every,
                                   save_last=True, save_top_k=0)
     trainer = L.Trainer(
@@ -103,12 +112,20 @@ def run(experiment: ExperimentConfig, tracking_uri: str | None = None, runs_dir:
         strategy=train.strategy, precision=resolve_precision(train.precision, train.accelerator),
         gradient_clip_val=train.grad_clip or None, logger=logger, log_every_n_steps=train.log_every,
         callbacks=callbacks + [checkpoints] + ([] if quiet else [TQDMProgressBar(refresh_rate=10)]),
-        enable_progress_bar=not quiet, enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
+        enable_progress_bar=not quiet, enable_model_summary=False, num_sanity_val_steps=0,
+        limit_val_batches=1.0 if every else 0, check_val_every_n_epoch=1,
         default_root_dir=run_dir, deterministic=False,
     )
     windows = train_dataset(corpus, experiment.data.seq_len, experiment.seed, domains)
-    trainer.fit(module, datamodule=TextData(windows, train.batch_size),
-                ckpt_path=str(checkpoint) if checkpoint.exists() else None)
+    data = TextData(windows, train.batch_size, every or train.max_steps, validation)
+    try:
+        trainer.fit(module, datamodule=data, ckpt_path=str(checkpoint) if checkpoint.exists() else None)
+    except optuna.TrialPruned as pruned:  # an Optuna search stopped this run early: a result, not a crash
+        client.set_tag(run_id, tracking.STATUS_TAG, "pruned")
+        client.log_metric(run_id, "pruned_step", trainer.global_step)
+        logger.finalize("success")
+        log(f"run pruned at step {trainer.global_step}: {pruned}")
+        return RunResult("pruned", run_id, digest)
 
     if stability.diverged_step is not None:
         client.log_metric(run_id, "diverged_step", stability.diverged_step)

@@ -1,0 +1,75 @@
+"""Optuna searches inside a sweep: one study per grid cell (e.g. the best learning rate per variant).
+
+Each trial is a real gatelab run (its own MLflow run, tagged with the study and trial), pruned through
+optuna-integration's Lightning callback on `val/loss` at each validation. A pruned trial ends as a finished MLflow run
+tagged `gatelab.status=pruned`, never as a crash; a diverged one scores +inf, so "the largest stable learning rate"
+reads off the study directly. Studies live in the sweep's ledger storage and resume where they stopped.
+"""
+
+from __future__ import annotations
+
+import math
+import traceback
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+
+from gatelab.sweep.queue import open_storage
+from gatelab.sweep.spec import with_values
+
+PRUNERS = {
+    "none": lambda: optuna.pruners.NopPruner(),
+    "median": lambda: optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0),
+    "hyperband": lambda: optuna.pruners.HyperbandPruner(),
+}
+
+
+def study_name(sweep_name: str, spec) -> str:
+    return f"{sweep_name}.search.{spec.index}.{spec.hash}"
+
+
+def run_search(sweep, specs, storage: str, tracking_uri: str | None, runs_dir: Path, log=print) -> dict[str, dict]:
+    """Run (or finish) the search of every cell; returns each cell's best parameters and value."""
+    from optuna_integration import PyTorchLightningPruningCallback
+
+    from gatelab.train.run import run
+
+    search = sweep.search
+    best: dict[str, dict] = {}
+    for spec in specs:
+        study = optuna.create_study(
+            study_name=study_name(sweep.name, spec), storage=open_storage(storage), load_if_exists=True,
+            direction=search.direction, pruner=PRUNERS[search.pruner](),
+            sampler=optuna.samplers.TPESampler(seed=spec.experiment.seed),
+        )
+        for stale in study.get_trials(states=(TrialState.RUNNING,)):  # left by a killed search: start it again
+            study._storage.set_trial_state_values(stale._trial_id, TrialState.FAIL)
+        counted = (TrialState.COMPLETE, TrialState.PRUNED)
+        while len(study.get_trials(states=counted)) < search.n_trials:
+            trial = study.ask()
+            experiment = with_values(spec, search.suggest(trial)).experiment
+            log(f"cell {spec.index} ({spec.label()}) trial {trial.number}: {trial.params}")
+            pruning = PyTorchLightningPruningCallback(trial, monitor="val/loss")
+            tags = {"optuna.study": study.study_name, "optuna.trial": str(trial.number), "gatelab.search_cell": spec.hash}
+            try:
+                result = run(experiment, tracking_uri=tracking_uri, runs_dir=runs_dir, quiet=True, log=log,
+                             extra_callbacks=(pruning,), extra_tags=tags)
+            except Exception:  # a crashed trial is recorded as failed and the search goes on
+                trial.set_user_attr("gatelab.error", traceback.format_exc()[-2000:])
+                study.tell(trial, state=TrialState.FAIL)
+                continue
+            trial.set_user_attr("gatelab.mlflow_run_id", result.run_id)
+            trial.set_user_attr("gatelab.status", result.status)
+            if result.status == "pruned":
+                study.tell(trial, state=TrialState.PRUNED)
+            else:
+                value = result.metrics.get(search.metric, math.inf) if result.status == "finished" else math.inf
+                study.tell(trial, value if math.isfinite(value) else math.inf)
+        finished = [t for t in study.get_trials(states=(TrialState.COMPLETE,)) if math.isfinite(t.value)]
+        if finished:
+            top = min(finished, key=lambda t: t.value) if search.direction == "minimize" else \
+                max(finished, key=lambda t: t.value)
+            best[spec.hash] = {"label": spec.label(), "params": top.params, "value": top.value}
+            log(f"cell {spec.index} ({spec.label()}): best {search.metric} {top.value:.4f} at {top.params}")
+    return best
