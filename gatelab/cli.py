@@ -196,6 +196,10 @@ def sweep_run(
 
             work(sweep, experiment, storage, tracking_uri, runs_dir, heartbeat_s=heartbeat, grace_s=grace)
         else:
+            from gatelab.tracking import default_tracking_uri, prepare_store
+
+            tracking_uri = tracking_uri or default_tracking_uri(runs_dir)
+            prepare_store(tracking_uri)
             worker_args = dict(sweep=sweep, experiment=experiment, storage=storage, tracking_uri=tracking_uri,
                                runs_dir=runs_dir, heartbeat_s=heartbeat, grace_s=grace)
             if executor == "local":

@@ -19,8 +19,15 @@ STATUS_TAG = "gatelab.status"  # running / finished / diverged / failed
 
 
 def default_tracking_uri(runs_dir: Path) -> str:
+    """SQLite under runs/, waiting up to a minute for a lock: several local workers write to it at once."""
     runs_dir.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{(runs_dir / 'mlflow.db').resolve()}"
+    return f"sqlite:///{(runs_dir / 'mlflow.db').resolve()}?timeout=60"
+
+
+def prepare_store(uri: str) -> None:
+    """Create (and migrate) the tracking store once, before several workers open it: concurrent first opens of one
+    SQLite file race in MLflow's schema migrations."""
+    MlflowClient(uri).search_experiments(max_results=1)
 
 
 def redact(uri: str) -> str:
@@ -69,5 +76,5 @@ def package_versions() -> dict[str, str]:
     return versions
 
 
-__all__ = ["MlflowClient", "mlflow", "default_tracking_uri", "redact", "experiment_id", "find_run", "code_version",
+__all__ = ["MlflowClient", "mlflow", "default_tracking_uri", "prepare_store", "redact", "experiment_id", "find_run", "code_version",
            "package_versions", "SPEC_HASH_TAG", "STATUS_TAG"]

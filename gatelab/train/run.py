@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import lightning as L
-import optuna
 import numpy as np
+import optuna
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.loggers import MLFlowLogger
@@ -32,8 +32,11 @@ class RunResult:
     diverged_step: int | None = None
 
 
-def load_data(experiment: ExperimentConfig, log=print):
-    """Corpora, tokenizer and token streams, each prepared once and cached under the data directory."""
+def load_data(experiment: ExperimentConfig, log=print, warn=print):
+    """Corpora, tokenizer and token streams, each prepared once and cached under the data directory.
+
+    `warn` reports what changes the result (a missing domain) even when `log` is silenced.
+    """
     data = experiment.data
     manifest = prepare_corpora(data.data_dir, [d for d in data.domains if d not in data.user_files], log=log)
     if data.user_files:
@@ -43,7 +46,7 @@ def load_data(experiment: ExperimentConfig, log=print):
     present = [d for d in data.domains if d in manifest.available_domains]
     missing = [d for d in data.domains if d not in present]
     if missing:
-        log(f"domains missing, carrying on without them: {', '.join(missing)} (run `gatelab data prepare` to see why)")
+        warn(f"domains missing, carrying on without them: {', '.join(missing)} (run `gatelab data prepare` to see why)")
     if not present:
         raise GatelabError(f"data.domains: none of {', '.join(data.domains)} could be prepared")
     tokenizer = load_or_train_tokenizer(manifest, experiment.model.vocab_size, domains=present, log=log)
@@ -61,7 +64,7 @@ def run(experiment: ExperimentConfig, tracking_uri: str | None = None, runs_dir:
     run_dir = runs_dir / experiment.name / f"{experiment.variant}-s{experiment.seed}-{digest}"
     run_dir.mkdir(parents=True, exist_ok=True)
 
-    tokenizer, corpus, domains = load_data(experiment, log=log if not quiet else (lambda *_: None))
+    tokenizer, corpus, domains = load_data(experiment, log=log if not quiet else (lambda *_: None), warn=log)
 
     uri = tracking_uri or experiment.tracking.uri or tracking.default_tracking_uri(runs_dir)
     client = tracking.MlflowClient(uri)

@@ -1,0 +1,486 @@
+"""A sweep file -> validated, hashed RunSpecs: the grid is checked cell by cell before anything runs.
+
+A sweep is an experiment preset plus axes (see `SweepFile` for the keys). Expansion order, which fixes each cell's
+`index`: the `grid` product (axes in file order, the first axis outermost), each grid cell multiplied by the rows of
+`zip` (zip innermost), minus the cells `exclude` matches, then the `include` cells in file order. With no grid and no
+zip the product is one empty cell (the preset itself) unless `include` is given, in which case the includes are the
+runs. `exclude` acts on the product only: an include is always run.
+
+Each cell resolves as: preset, then `overrides`, then the cell's own values (so a cell wins over an override), then
+`name` := the sweep's name. Two cells that resolve to the same config (same `spec_hash`) are one run: the first is
+kept, the others are listed in `Sweep.duplicates`; indices are not renumbered, so `cell 7` means the same cell in an
+error message, the plan and the ledger.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import itertools
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, PositiveInt, ValidationError, field_validator, model_validator
+
+from gatelab.config import (
+    ExperimentConfig,
+    StrictModel,
+    experiment_from_dict,
+    format_validation_error,
+    read_yaml,
+    set_dotted,
+    spec_hash,
+)
+from gatelab.errors import GatelabError
+
+PaperTable = Literal["table1", "table2", "table3", "table4", "table6", "table3-4"]
+MAX_LISTED_LINES = 20  # an error listing longer than this ends in "and N more"
+_RESERVED = {"name": "the run's name is the sweep's name; rename the sweep instead"}
+
+
+# --- the file's schema ----------------------------------------------------------------------------------------------
+
+
+class SearchParam(StrictModel):
+    """One searched key: a float or int range (log-uniform with `log: true`) or a list of `choices`."""
+
+    type: Literal["float", "int", "categorical"]
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    choices: list[Any] | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> SearchParam:
+        if self.type == "categorical":
+            if not self.choices:
+                raise ValueError("a categorical parameter needs a non-empty 'choices' list")
+            if self.low is not None or self.high is not None or self.log:
+                raise ValueError("'low', 'high' and 'log' are for float and int ranges; categorical takes 'choices'")
+            odd = [c for c in self.choices if not (c is None or isinstance(c, bool | int | float | str))]
+            if odd:
+                raise ValueError(f"choices must be null, booleans, numbers or strings (Optuna's rule), not {odd[0]!r}")
+            return self
+        if self.choices is not None:
+            raise ValueError(f"'choices' is for categorical parameters; a {self.type} parameter takes 'low' and 'high'")
+        if self.low is None or self.high is None:
+            raise ValueError(f"a {self.type} parameter needs 'low' and 'high'")
+        if not self.low < self.high:
+            raise ValueError(f"low ({self.low:g}) must be below high ({self.high:g})")
+        if self.log and self.low <= 0:
+            raise ValueError(f"a log-scale range needs low > 0, got {self.low:g}")
+        if self.type == "int" and not (float(self.low).is_integer() and float(self.high).is_integer()):
+            raise ValueError(f"an int parameter needs whole low and high, got {self.low:g} and {self.high:g}")
+        return self
+
+    def extremes(self) -> list[Any]:
+        """The values checked against every cell before a search starts: both ends of a range, or every choice."""
+        if self.type == "categorical":
+            return list(self.choices or [])
+        if self.type == "int":
+            return [int(self.low), int(self.high)]
+        return [self.low, self.high]
+
+    def suggest(self, trial: Any, name: str) -> Any:
+        """Ask an Optuna trial for a value of this parameter."""
+        if self.type == "float":
+            return trial.suggest_float(name, self.low, self.high, log=self.log)
+        if self.type == "int":
+            return trial.suggest_int(name, int(self.low), int(self.high), log=self.log)
+        return trial.suggest_categorical(name, self.choices)
+
+
+class SearchSpace(StrictModel):
+    """An Optuna search run once per cell: `n_trials` trials over `params`, scored by a final metric."""
+
+    params: dict[str, SearchParam]  # dotted ExperimentConfig path -> range
+    n_trials: PositiveInt
+    metric: str = "ppl/avg"  # a final metric of gatelab.train.run, e.g. ppl/avg
+    direction: Literal["minimize", "maximize"] = "minimize"
+    pruner: Literal["none", "median", "hyperband"] = "median"
+
+    @model_validator(mode="after")
+    def _check(self) -> SearchSpace:
+        if not self.params:
+            raise ValueError("params is empty: name at least one dotted key to search, e.g. train.lr")
+        return self
+
+    def suggest(self, trial: Any) -> dict[str, Any]:
+        return {key: param.suggest(trial, key) for key, param in self.params.items()}
+
+
+class SweepFile(StrictModel):
+    """The keys of a sweep YAML file."""
+
+    name: str  # names folders (runs/<name>/...) and every run's experiment.name
+    experiment: str | None = None  # a preset, relative to the sweep file's folder; --experiment overrides it
+    description: str | None = None
+    grid: dict[str, list[Any]] = {}  # axis -> values; the runs are the product of the axes
+    zip: dict[str, list[Any]] = {}  # axis -> values, all the same length, moving together; multiplied with grid
+    include: list[dict[str, Any]] = []  # extra cells, run as given
+    exclude: list[dict[str, Any]] = []  # partial cells: a product cell matching every key given is dropped
+    overrides: dict[str, Any] = {}  # dotted path -> value, applied to every run before the cell's own values
+    paper: PaperTable | None = None  # the paper table a report compares against
+    search: SearchSpace | None = None
+    retries: int = Field(2, ge=0)  # how many times a failed run is retried
+
+    @field_validator("name")
+    @classmethod
+    def _folder_name(cls, name: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or set(name) == {"."}:
+            raise ValueError(f"'{name}' names folders: use letters, digits, '_', '.' and '-' only")
+        return name
+
+
+# --- what a sweep expands to ----------------------------------------------------------------------------------------
+
+
+def format_value(value: Any) -> str:
+    """A cell value as a user would write it: 0.004, 1e-05, true, null, [1,2]."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, float):
+        return repr(value)  # the shortest text that reads back as the same float
+    if isinstance(value, list | tuple | dict):
+        return json.dumps(value, separators=(",", ":"))
+    return str(value)
+
+
+def format_cell(cell: dict[str, Any]) -> str:
+    return "{" + ", ".join(f"{key}: {format_value(value)}" for key, value in cell.items()) + "}"
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run of a sweep: its cell and the fully resolved experiment (preset + overrides + cell)."""
+
+    sweep: str  # the sweep's name
+    index: int  # cell number in expansion order; stable for a given sweep file
+    cell: dict[str, Any]  # the cell's axis values, canonicalised by the config ("1e-3" -> 0.001)
+    experiment: ExperimentConfig  # experiment.name is the sweep's name
+    hash: str  # spec_hash(experiment): the run's identity
+
+    def settings(self) -> dict[str, Any]:
+        """The cell without `variant` and `seed`."""
+        return {key: value for key, value in self.cell.items() if key not in ("variant", "seed")}
+
+    def label(self) -> str:
+        """'g1_elem_sig s1 train.lr=0.004': the variant and seed always, then the cell's other values."""
+        parts = [self.experiment.variant, f"s{self.experiment.seed}"]
+        return " ".join(parts + [f"{key}={format_value(value)}" for key, value in self.settings().items()])
+
+
+@dataclass(frozen=True)
+class Duplicate:
+    """A cell dropped because it resolves to the same config as an earlier one."""
+
+    index: int
+    cell: dict[str, Any]
+    same_as: int
+
+    def __str__(self) -> str:
+        return f"cell {self.index} {format_cell(self.cell)} is the same run as cell {self.same_as}: run once"
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A loaded, fully validated sweep file."""
+
+    path: Path
+    name: str
+    experiment_path: Path  # the preset used (the file's `experiment`, or --experiment)
+    file: SweepFile
+    runs: tuple[RunSpec, ...]
+    duplicates: tuple[Duplicate, ...] = field(default=())
+
+    @property
+    def retries(self) -> int:
+        return self.file.retries
+
+    @property
+    def paper(self) -> str | None:
+        return self.file.paper
+
+    @property
+    def search(self) -> SearchSpace | None:
+        return self.file.search
+
+    @property
+    def description(self) -> str | None:
+        return self.file.description
+
+
+def search_space(sweep: Sweep) -> SearchSpace | None:
+    """The sweep's Optuna search block, already checked against every cell (both ends of each range)."""
+    return sweep.file.search
+
+
+def expand(sweep: Sweep) -> list[RunSpec]:
+    """The sweep's runs in expansion order, duplicates removed (validation happened in `load_sweep`)."""
+    return list(sweep.runs)
+
+
+def with_values(spec: RunSpec, values: dict[str, Any]) -> RunSpec:
+    """`spec` with more dotted keys set (a search trial's suggestions): a new cell, experiment and hash."""
+    tree = spec.experiment.model_dump(mode="json")
+    for key, value in values.items():
+        set_dotted(tree, key, value)
+    experiment = experiment_from_dict(tree, f"sweep {spec.sweep}, cell {spec.index} {format_cell(values)}")
+    return RunSpec(spec.sweep, spec.index, {**spec.cell, **values}, experiment, spec_hash(experiment))
+
+
+# --- loading --------------------------------------------------------------------------------------------------------
+
+
+def load_sweep(path: str | Path, experiment_override: str | Path | None = None) -> Sweep:
+    """Read, expand and validate a sweep file; one GatelabError lists every problem. Creates no files.
+
+    `experiment_override` (the CLI's --experiment) is a path as the user typed it; the file's own `experiment:` key is
+    relative to the sweep file's folder.
+    """
+    path = Path(path)
+    source = str(path)
+    data = read_yaml(path)
+    try:
+        sweep_file = SweepFile.model_validate(data)
+    except ValidationError as exc:
+        raise GatelabError(format_validation_error(exc, source, SweepFile)) from None
+
+    problems = _structure_problems(sweep_file)
+    if experiment_override is not None:
+        experiment_path = Path(experiment_override)
+    elif sweep_file.experiment is not None:
+        experiment_path = Path(os.path.normpath(path.parent / sweep_file.experiment))
+    else:
+        experiment_path = None
+        problems.append(f"experiment: missing; name a preset relative to {path.parent}/ or pass --experiment")
+    cells = _cells(sweep_file, problems)
+    if problems:
+        raise GatelabError(f"{source}: invalid sweep\n" + "\n".join(f"  {p}" for p in problems))
+
+    try:
+        base = read_yaml(experiment_path)
+        base["name"] = sweep_file.name
+        experiment_from_dict(base, str(experiment_path))  # the preset alone must be valid
+    except GatelabError as exc:
+        raise GatelabError(f"{source}: experiment: {exc}") from None
+
+    resolved: list[tuple[int, dict[str, Any], ExperimentConfig]] = []
+    cell_problems: list[tuple[int, dict[str, Any], str]] = []
+    for index, cell in enumerate(cells):
+        experiment, found = _resolve_cell(base, sweep_file, cell)
+        if found:
+            cell_problems += [(index, cell, problem) for problem in found]
+        else:
+            resolved.append((index, _canonical(cell, experiment), experiment))
+    if cell_problems:
+        raise GatelabError(_cell_report(source, cell_problems, len(cells)))
+
+    runs: list[RunSpec] = []
+    duplicates: list[Duplicate] = []
+    first_of: dict[str, int] = {}
+    for index, cell, experiment in resolved:
+        digest = spec_hash(experiment)
+        if digest in first_of:
+            duplicates.append(Duplicate(index, cell, first_of[digest]))
+            continue
+        first_of[digest] = index
+        runs.append(RunSpec(sweep_file.name, index, cell, experiment, digest))
+    return Sweep(path, sweep_file.name, experiment_path, sweep_file, tuple(runs), tuple(duplicates))
+
+
+def _dotted_problem(where: str, key: str) -> str | None:
+    if key.split(".")[0] in _RESERVED:
+        return f"{where}{key}: {_RESERVED[key.split('.')[0]]}"
+    try:
+        set_dotted({}, key, None)
+    except GatelabError as exc:
+        return f"{where}{exc}"
+    return None
+
+
+def _structure_problems(sweep_file: SweepFile) -> list[str]:
+    """Problems of the file as a whole (not of one cell): empty axes, zip lengths, keys that can never apply."""
+    problems: list[str] = []
+    for block, axes in (("grid", sweep_file.grid), ("zip", sweep_file.zip)):
+        for axis, values in axes.items():
+            if not values:
+                problems.append(f"{block}.{axis}: empty list; an axis needs at least one value")
+            if axis.split(".")[0] in _RESERVED:
+                problems.append(f"{block}.{axis}: {_RESERVED[axis.split('.')[0]]}")
+    lengths = {axis: len(values) for axis, values in sweep_file.zip.items()}
+    if len(set(lengths.values())) > 1:
+        listed = ", ".join(f"{axis}: {n}" for axis, n in lengths.items())
+        problems.append(f"zip: lists of different lengths ({listed}); zipped axes move together, one value of each "
+                        "per run, so they need the same length")
+    for axis in sweep_file.zip:
+        if axis in sweep_file.grid:
+            problems.append(f"zip.{axis}: also an axis of grid; an axis belongs to grid or to zip, not both")
+    for index, cell in enumerate(sweep_file.include):
+        for key in cell:
+            if key.split(".")[0] in _RESERVED:
+                problems.append(f"include[{index}].{key}: {_RESERVED[key.split('.')[0]]}")
+    for key in sweep_file.overrides:
+        problem = _dotted_problem("overrides: ", key)
+        if problem:
+            problems.append(problem)
+
+    axes = list(sweep_file.grid) + list(sweep_file.zip)
+    for index, partial in enumerate(sweep_file.exclude):
+        if not partial:
+            problems.append(f"exclude[{index}]: empty; give the axis values of the runs to drop")
+        for key in partial:
+            if key not in axes:
+                close = difflib.get_close_matches(key, axes, n=1)
+                hint = f"; did you mean '{close[0]}'?" if close else ""
+                problems.append(f"exclude[{index}].{key}: not an axis of grid or zip{hint} "
+                                f"(axes: {', '.join(axes) or 'none'})")
+
+    if sweep_file.search is not None:
+        set_elsewhere = set(axes) | set(sweep_file.overrides) | {k for cell in sweep_file.include for k in cell}
+        for key in sweep_file.search.params:
+            problem = _dotted_problem("search.params: ", key)
+            if problem:
+                problems.append(problem)
+            elif key in set_elsewhere:
+                problems.append(f"search.params.{key}: also set by grid, zip, include or overrides; a searched key "
+                                "takes its values from the search only")
+    return problems
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equality that lets YAML's '1e-3' (a string to PyYAML) match 0.001."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    if a == b:
+        return True
+    try:
+        return math.isclose(float(a), float(b), rel_tol=1e-12, abs_tol=0.0)
+    except (TypeError, ValueError):
+        return False
+
+
+def _cells(sweep_file: SweepFile, problems: list[str]) -> list[dict[str, Any]]:
+    """Expansion order: grid product x zip rows, minus excludes, then includes (see the module docstring)."""
+    grid_axes = list(sweep_file.grid)
+    product = [dict(zip(grid_axes, values)) for values in itertools.product(*sweep_file.grid.values())]
+    if sweep_file.zip:
+        length = min(len(values) for values in sweep_file.zip.values())
+        rows = [{axis: values[row] for axis, values in sweep_file.zip.items()} for row in range(length)]
+        product = [{**grid_cell, **row} for grid_cell in product for row in rows]
+    if not sweep_file.grid and not sweep_file.zip and sweep_file.include:
+        product = []
+
+    kept = []
+    matched = [False] * len(sweep_file.exclude)
+    for cell in product:
+        hits = [i for i, partial in enumerate(sweep_file.exclude)
+                if partial and all(key in cell and _same(cell[key], value) for key, value in partial.items())]
+        for i in hits:
+            matched[i] = True
+        if not hits:
+            kept.append(cell)
+    for i, partial in enumerate(sweep_file.exclude):
+        if partial and not matched[i] and all(key in sweep_file.grid or key in sweep_file.zip for key in partial):
+            problems.append(f"exclude[{i}] {format_cell(partial)}: matches no run of the grid; check its values")
+    cells = kept + [dict(cell) for cell in sweep_file.include]
+    if not cells and not problems:
+        problems.append("no runs: exclude drops every cell of the grid and there is no include")
+    return cells
+
+
+def _resolve_cell(base: dict[str, Any], sweep_file: SweepFile,
+                  cell: dict[str, Any]) -> tuple[ExperimentConfig | None, list[str]]:
+    """(the resolved experiment, []) or (None, the cell's problems, each naming its key)."""
+    from gatelab.model.params import resolve_model  # torch: imported only once a sweep is being resolved
+    from gatelab.variants import variant_ids
+
+    tree = copy.deepcopy(base)
+    for key, value in sweep_file.overrides.items():
+        set_dotted(tree, key, copy.deepcopy(value))  # paths checked in _structure_problems
+    problems = []
+    for key, value in cell.items():
+        try:
+            set_dotted(tree, key, copy.deepcopy(value))
+        except GatelabError as exc:
+            problems.append(str(exc))  # reported with whatever else is wrong with the cell
+    tree["name"] = sweep_file.name
+
+    def check(tree: dict[str, Any], model_too: bool = True) -> tuple[ExperimentConfig | None, list[str]]:
+        found = []
+        if isinstance(tree.get("variant"), str):
+            try:
+                variant_ids(tree["variant"])
+            except GatelabError as exc:
+                found.append(f"variant: {exc}")
+        try:
+            experiment = ExperimentConfig.model_validate(tree)
+        except ValidationError as exc:
+            found += [line.strip() for line in format_validation_error(exc, "").splitlines()[1:]]
+        if found:
+            return None, found
+        if model_too:
+            try:
+                resolve_model(experiment)  # e.g. ref_add4experts on a dense preset
+            except GatelabError as exc:
+                return None, [str(exc)]
+        return experiment, []
+
+    experiment, found = check(tree)
+    problems += found
+    if problems or sweep_file.search is None:
+        return (None if problems else experiment), problems
+    for key, param in sweep_file.search.params.items():
+        for value in param.extremes():
+            trial_tree = copy.deepcopy(tree)
+            set_dotted(trial_tree, key, value)
+            _, found = check(trial_tree, model_too=key.startswith("model.") or key == "variant")
+            problems += [f"search.params.{key} = {format_value(value)}: {p}" for p in found]
+    return (None if problems else experiment), problems
+
+
+def _canonical(cell: dict[str, Any], experiment: ExperimentConfig) -> dict[str, Any]:
+    """The cell with each scalar value as the config read it ('1e-3' -> 0.001), for labels, tables and matching."""
+    dumped: Any = experiment.model_dump(mode="json")
+    canonical = {}
+    for key, value in cell.items():
+        node = dumped
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        canonical[key] = node if node is None or isinstance(node, bool | int | float | str) else value
+    return canonical
+
+
+def _cell_report(source: str, problems: list[tuple[int, dict[str, Any], str]], n_cells: int) -> str:
+    """One line per distinct problem (its first cell named in full, the other cells by number), about 20 lines."""
+    groups: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+    for index, cell, problem in problems:
+        groups.setdefault(problem, []).append((index, cell))
+    bad = len({index for index, _, _ in problems})
+    lines = [f"{source}: {bad} of {n_cells} cells are invalid; nothing was run"]
+    shown = 0
+    for problem, cells in groups.items():
+        block = [f"  cell {cells[0][0]} {format_cell(cells[0][1])}: {problem}"]
+        if len(cells) > 1:
+            others = [str(index) for index, _ in cells[1:]]
+            listed = ", ".join(others[:12]) + (f" and {len(others) - 12} more" if len(others) > 12 else "")
+            block.append(f"    the same in cell{'s' if len(others) > 1 else ''} {listed}")
+        if len(lines) + len(block) > MAX_LISTED_LINES and shown:
+            lines.append(f"  ... and {len(groups) - shown} more problems")
+            break
+        lines += block
+        shown += 1
+    return "\n".join(lines)
+
+
+__all__ = [
+    "Duplicate", "RunSpec", "SearchParam", "SearchSpace", "Sweep", "SweepFile", "expand", "format_cell",
+    "format_value", "load_sweep", "search_space", "with_values",
+]

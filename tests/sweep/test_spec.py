@@ -1,0 +1,333 @@
+"""Sweep files -> RunSpecs: every shipped sweep, the expansion semantics, and real malformed files."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gatelab.config import spec_hash
+from gatelab.errors import GatelabError
+from gatelab.sweep.spec import expand, load_sweep, search_space, with_values
+from gatelab.variants import VARIANTS
+from tests.conftest import REPO
+
+SHIPPED = sorted((REPO / "sweeps").glob("*.yaml"))
+
+DENSE = {
+    "name": "micro", "variant": "baseline", "seed": 0,
+    "model": {"vocab_size": 64, "n_layers": 2, "d_model": 32, "n_heads": 4, "n_kv_heads": 2, "head_dim": 8,
+              "ffn": "dense", "ffn_hidden": 48},
+    "train": {"max_steps": 10, "batch_size": 2, "lr": 1.0e-3},
+    "data": {"seq_len": 16},
+}
+MOE = {**DENSE, "name": "micro-moe",
+       "model": {**DENSE["model"], "ffn": "moe", "ffn_hidden": None,
+                 "moe": {"n_experts": 4, "top_k": 2, "expert_hidden": 16}}}
+
+
+def write_sweep(tmp_path: Path, body: dict, preset: dict = DENSE, name: str = "s.yaml") -> Path:
+    (tmp_path / "presets").mkdir(exist_ok=True)
+    (tmp_path / "presets" / "micro.yaml").write_text(yaml.safe_dump(preset))
+    (tmp_path / "sweeps").mkdir(exist_ok=True)
+    path = tmp_path / "sweeps" / name
+    path.write_text(yaml.safe_dump({"name": "t", "experiment": "../presets/micro.yaml", **body}, sort_keys=False))
+    return path
+
+
+def cells(path: Path) -> list[dict]:
+    return [spec.cell for spec in expand(load_sweep(path))]
+
+
+# --- shipped sweeps -------------------------------------------------------------------------------------------------
+
+
+def test_sweeps_are_shipped():
+    names = {path.stem for path in SHIPPED}
+    assert {"smoke", "quickstart", "paper-table1", "paper-table2", "paper-table3-4", "paper-table6",
+            "lr-stability"} <= names
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_every_shipped_sweep_loads_and_expands(path):
+    sweep = load_sweep(path)
+    specs = expand(sweep)
+    assert specs and sweep.name == path.stem
+    assert len({spec.hash for spec in specs}) == len(specs)
+    assert all(spec.experiment.name == sweep.name and spec.sweep == sweep.name for spec in specs)
+    assert not sweep.duplicates
+    header = path.read_text().splitlines()[0]
+    assert header.startswith("#"), "each sweep file starts with a comment saying what it reproduces"
+    assert "gatelab sweep" in path.read_text() and "--experiment" in path.read_text()
+
+
+def test_smoke_covers_every_registered_variant():
+    sweep = load_sweep(REPO / "sweeps" / "smoke.yaml")
+    assert [spec.experiment.variant for spec in expand(sweep)] == list(VARIANTS)
+
+
+@pytest.mark.parametrize("table, csv_name", [("paper-table1", "paper_table1_moe.csv"),
+                                             ("paper-table6", "paper_table6_switchhead.csv")])
+def test_paper_sweeps_list_the_papers_rows_in_order(table, csv_name):
+    ids = [line.split(",")[0] for line in (REPO / "results" / "paper" / csv_name).read_text().splitlines()[1:]]
+    assert [spec.experiment.variant for spec in expand(load_sweep(REPO / "sweeps" / f"{table}.yaml"))] == ids
+
+
+def test_table3_4_sweep_covers_both_tables():
+    paper = REPO / "results" / "paper"
+    ids = set()
+    for name in ("paper_table3_nonlinearity.csv", "paper_table4_sparsity_sink.csv"):
+        ids |= {line.split(",")[0] for line in (paper / name).read_text().splitlines()[1:]}
+    variants = {spec.experiment.variant for spec in expand(load_sweep(REPO / "sweeps" / "paper-table3-4.yaml"))}
+    assert variants == ids
+
+
+def test_experiment_override_replaces_the_preset():
+    sweep = load_sweep(REPO / "sweeps" / "paper-table1.yaml", REPO / "experiments" / "paper-moe-15b.yaml")
+    specs = expand(sweep)
+    assert len(specs) == 15 and sweep.experiment_path.name == "paper-moe-15b.yaml"
+    assert all(spec.experiment.model.d_model == 2048 for spec in specs)
+
+
+def test_shipped_search_sweep_has_a_search_space():
+    space = search_space(load_sweep(REPO / "sweeps" / "lr-stability.yaml"))
+    assert space is not None and space.n_trials == 6 and space.pruner == "median"
+    lr = space.params["train.lr"]
+    assert lr.type == "float" and lr.log and (lr.low, lr.high) == (1e-3, 3e-2)
+
+
+# --- expansion semantics --------------------------------------------------------------------------------------------
+
+
+def test_grid_is_the_product_in_file_order(tmp_path):
+    path = write_sweep(tmp_path, {"grid": {"variant": ["baseline", "g1_elem_sig"], "seed": [0, 1, 2]}})
+    specs = expand(load_sweep(path))
+    assert [(s.experiment.variant, s.experiment.seed) for s in specs] == [
+        ("baseline", 0), ("baseline", 1), ("baseline", 2), ("g1_elem_sig", 0), ("g1_elem_sig", 1), ("g1_elem_sig", 2)]
+    assert [s.index for s in specs] == list(range(6))
+    assert specs[4].label() == "g1_elem_sig s1"
+
+
+def test_zip_moves_together_and_multiplies_the_grid(tmp_path):
+    path = write_sweep(tmp_path, {"grid": {"variant": ["baseline", "g1_head_sig"]},
+                                  "zip": {"train.lr": [1.0e-3, 2.0e-3], "train.max_steps": [20, 10]}})
+    specs = expand(load_sweep(path))
+    assert [(s.experiment.variant, s.experiment.train.lr, s.experiment.train.max_steps) for s in specs] == [
+        ("baseline", 1e-3, 20), ("baseline", 2e-3, 10), ("g1_head_sig", 1e-3, 20), ("g1_head_sig", 2e-3, 10)]
+    assert specs[1].label() == "baseline s0 train.lr=0.002 train.max_steps=10"
+
+
+def test_include_adds_cells_and_exclude_drops_partial_matches(tmp_path):
+    path = write_sweep(tmp_path, {
+        "grid": {"variant": ["baseline", "g1_elem_sig"], "model.n_layers": [2, 3]},
+        "exclude": [{"variant": "g1_elem_sig", "model.n_layers": 3}],
+        "include": [{"variant": "sandwich_norm", "model.n_layers": 3, "train.lr": "1e-3"}],
+    })
+    assert cells(path) == [
+        {"variant": "baseline", "model.n_layers": 2}, {"variant": "baseline", "model.n_layers": 3},
+        {"variant": "g1_elem_sig", "model.n_layers": 2},
+        # PyYAML reads 1e-3 as a string; the cell carries the value the config read
+        {"variant": "sandwich_norm", "model.n_layers": 3, "train.lr": 0.001},
+    ]
+
+
+def test_exclude_matches_numbers_written_either_way(tmp_path):
+    path = write_sweep(tmp_path, {"grid": {"train.lr": [1.0e-3, 2.0e-3]}, "exclude": [{"train.lr": "2e-3"}]})
+    assert cells(path) == [{"train.lr": 0.001}]
+
+
+def test_include_only_sweep_runs_just_the_includes(tmp_path):
+    path = write_sweep(tmp_path, {"include": [{"variant": "g1_elem_sig"}, {"seed": 3}]})
+    assert [s.label() for s in expand(load_sweep(path))] == ["g1_elem_sig s0", "baseline s3"]
+
+
+def test_no_axes_is_one_run_of_the_preset(tmp_path):
+    specs = expand(load_sweep(write_sweep(tmp_path, {})))
+    assert len(specs) == 1 and specs[0].cell == {} and specs[0].experiment.model.n_layers == 2
+
+
+def test_overrides_apply_to_every_run_and_cells_win(tmp_path):
+    overrides = {"train.batch_size": 99, "train.max_steps": 7, "variant": "g1_head_sig"}
+    path = write_sweep(tmp_path, {"grid": {"train.batch_size": [4, 8]}, "overrides": overrides})
+    specs = expand(load_sweep(path))
+    assert [s.experiment.train.batch_size for s in specs] == [4, 8]
+    assert all(s.experiment.train.max_steps == 7 and s.experiment.variant == "g1_head_sig" for s in specs)
+
+
+def test_hashes_are_stable_and_distinct(tmp_path):
+    body = {"grid": {"variant": ["baseline", "g1_elem_sig", "g2_elem_sig"], "seed": [0, 1]}}
+    first = [s.hash for s in expand(load_sweep(write_sweep(tmp_path, body)))]
+    again = [s.hash for s in expand(load_sweep(write_sweep(tmp_path, body, name="copy.yaml")))]
+    assert first == again and len(set(first)) == 6
+    specs = expand(load_sweep(write_sweep(tmp_path, body)))
+    assert all(s.hash == spec_hash(s.experiment) for s in specs)
+
+
+def test_duplicate_cells_run_once(tmp_path):
+    # the preset's own lr is 1e-3, so the first two cells resolve to the same config
+    path = write_sweep(tmp_path, {"grid": {"train.lr": [1.0e-3, 2.0e-3]}, "include": [{"seed": 0}]})
+    sweep = load_sweep(path)
+    assert [s.index for s in expand(sweep)] == [0, 1]
+    assert [(d.index, d.same_as) for d in sweep.duplicates] == [(2, 0)]
+    assert "cell 2" in str(sweep.duplicates[0]) and "cell 0" in str(sweep.duplicates[0])
+
+
+def test_with_values_gives_a_new_run(tmp_path):
+    spec = expand(load_sweep(write_sweep(tmp_path, {"grid": {"variant": ["g1_elem_sig"]}})))[0]
+    trial = with_values(spec, {"train.lr": 0.004})
+    assert trial.experiment.train.lr == 0.004 and trial.hash != spec.hash
+    assert trial.label() == "g1_elem_sig s0 train.lr=0.004"
+
+
+def test_sweep_carries_retries_paper_and_name(tmp_path):
+    sweep = load_sweep(write_sweep(tmp_path, {"paper": "table3-4", "retries": 0}))
+    assert (sweep.retries, sweep.paper, sweep.name) == (0, "table3-4", "t")
+    assert load_sweep(write_sweep(tmp_path, {})).retries == 2
+
+
+def test_loading_creates_no_files(tmp_path, monkeypatch):
+    work = tmp_path / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    runs = REPO / "runs"
+    before = sorted(runs.rglob("*")) if runs.exists() else None
+    for path in SHIPPED:
+        expand(load_sweep(path))
+    expand(load_sweep(REPO / "sweeps" / "paper-table1.yaml", REPO / "experiments" / "paper-moe-15b.yaml"))
+    assert list(work.iterdir()) == []
+    assert (sorted(runs.rglob("*")) if runs.exists() else None) == before
+
+
+# --- real malformed files -------------------------------------------------------------------------------------------
+
+
+def error_of(path: Path, experiment: Path | None = None) -> str:
+    with pytest.raises(GatelabError) as caught:
+        load_sweep(path, experiment)
+    return str(caught.value)
+
+
+def test_unknown_variant_names_file_cell_and_key(tmp_path):
+    path = write_sweep(tmp_path, {"grid": {"variant": ["baseline", "g1_elem_sg"], "seed": [0, 1]}})
+    message = error_of(path)
+    assert str(path) in message
+    assert "cell 2 {variant: g1_elem_sg, seed: 0}" in message and "the same in cell 3" in message
+    assert "variant: unknown variant 'g1_elem_sg'" in message and "did you mean g1_elem_sig" in message
+    assert "2 of 4 cells are invalid" in message
+
+
+def test_typo_in_a_dotted_path_names_file_cell_and_key(tmp_path):
+    message = error_of(write_sweep(tmp_path, {"grid": {"train.lrr": [1.0e-3]}}))
+    assert str(tmp_path / "sweeps" / "s.yaml") in message
+    assert "cell 0 {train.lrr: 0.001}" in message and "did you mean 'train.lr'" in message
+
+
+def test_typo_in_an_include_names_that_cell(tmp_path):
+    message = error_of(write_sweep(tmp_path, {"grid": {"seed": [0, 1]}, "include": [{"model.n_layer": 3}]}))
+    assert "cell 2 {model.n_layer: 3}" in message and "did you mean 'model.n_layers'" in message
+
+
+def test_wrong_type_names_file_cell_and_key(tmp_path):
+    message = error_of(write_sweep(tmp_path, {"grid": {"variant": ["baseline"], "train.max_steps": [5, "many"]}}))
+    assert "cell 1 {variant: baseline, train.max_steps: many}" in message
+    assert "train.max_steps: Input should be a valid integer" in message and "'many'" in message
+    assert "cell 0" not in message
+
+
+def test_empty_axis_names_file_and_key(tmp_path):
+    path = write_sweep(tmp_path, {"grid": {"variant": ["baseline"], "seed": []}})
+    message = error_of(path)
+    assert str(path) in message and "grid.seed: empty list" in message
+
+
+def test_zip_length_mismatch_names_file_and_keys(tmp_path):
+    path = write_sweep(tmp_path, {"zip": {"train.lr": [1.0e-3, 2.0e-3], "seed": [0, 1, 2]}})
+    message = error_of(path)
+    assert str(path) in message and "zip: lists of different lengths (train.lr: 2, seed: 3)" in message
+
+
+def test_moe_only_variant_on_a_dense_preset_names_the_cell(tmp_path):
+    path = write_sweep(tmp_path, {"grid": {"variant": ["baseline", "ref_add4experts"]}})
+    message = error_of(path)
+    assert str(path) in message and "cell 1 {variant: ref_add4experts}" in message and "moe" in message
+    assert expand(load_sweep(write_sweep(tmp_path, {"grid": {"variant": ["ref_add4experts"]}}, preset=MOE)))
+
+
+def test_every_bad_cell_is_listed_at_once(tmp_path):
+    path = write_sweep(tmp_path, {"grid": {"variant": ["nope", "ref_add4experts"]},
+                                  "include": [{"train.max_steps": "many"}]})
+    message = error_of(path)
+    assert all(f"cell {i}" in message for i in range(3)) and "3 of 3 cells" in message
+
+
+def test_long_listings_are_capped(tmp_path):
+    path = write_sweep(tmp_path, {"grid": {"train.max_steps": [f"bad{i}" for i in range(40)]}})
+    message = error_of(path)
+    assert len(message.splitlines()) <= 22 and "more problems" in message
+
+
+def test_schema_errors_say_did_you_mean(tmp_path):
+    message = error_of(write_sweep(tmp_path, {"grdi": {"seed": [0]}}))
+    assert "grdi: unknown key; did you mean 'grid'?" in message
+    message = error_of(write_sweep(tmp_path, {"paper": "table5"}))
+    assert "paper:" in message and "table3-4" in message
+
+
+def test_bad_sweep_names_are_refused(tmp_path):
+    path = write_sweep(tmp_path, {})
+    path.write_text(path.read_text().replace("name: t", "name: my sweep/1"))
+    assert "name: 'my sweep/1' names folders" in error_of(path)
+
+
+def test_bad_overrides_and_excludes_are_refused(tmp_path):
+    message = error_of(write_sweep(tmp_path, {"grid": {"seed": [0, 1]}, "overrides": {"train.lrr": 1},
+                                              "exclude": [{"sed": 1}, {"seed": 7}]}))
+    assert "overrides: train.lrr: unknown key 'lrr'; did you mean 'train.lr'" in message
+    assert "exclude[0].sed: not an axis of grid or zip; did you mean 'seed'" in message
+    assert "exclude[1] {seed: 7}: matches no run" in message
+
+
+def test_missing_preset_is_named(tmp_path):
+    path = write_sweep(tmp_path, {})
+    assert "no such file" in error_of(path, tmp_path / "nope.yaml") and str(path) in error_of(path, tmp_path / "x.yaml")
+    no_experiment = tmp_path / "sweeps" / "bare.yaml"
+    no_experiment.write_text("name: bare\n")
+    assert "experiment: missing" in error_of(no_experiment)
+
+
+def test_experiment_key_is_relative_to_the_sweep_file(tmp_path, monkeypatch):
+    path = write_sweep(tmp_path, {})
+    monkeypatch.chdir(tmp_path / "presets")  # anywhere but the sweep's folder
+    assert expand(load_sweep(os.path.relpath(path)))
+
+
+def test_search_ranges_are_checked_against_every_cell(tmp_path):
+    message = error_of(write_sweep(tmp_path, {
+        "grid": {"variant": ["baseline"]},
+        "search": {"params": {"train.warmup_steps": {"type": "int", "low": -5, "high": 10}}, "n_trials": 2}}))
+    assert "search.params.train.warmup_steps = -5" in message and "cell 0" in message
+    message = error_of(write_sweep(tmp_path, {
+        "grid": {"train.lr": [1.0e-3]},
+        "search": {"params": {"train.lr": {"type": "float", "low": 0.0, "high": 1.0, "log": True}}, "n_trials": 2}}))
+    assert "a log-scale range needs low > 0" in message and "train.lr" in message
+    message = error_of(write_sweep(tmp_path, {
+        "grid": {"train.lr": [1.0e-3]},
+        "search": {"params": {"train.lr": {"type": "float", "low": 1.0e-4, "high": 1.0}}, "n_trials": 2}}))
+    assert "search.params.train.lr: also set by grid" in message
+
+
+def test_search_space_suggests_through_optuna(tmp_path):
+    import optuna
+
+    path = write_sweep(tmp_path, {"search": {"params": {
+        "train.lr": {"type": "float", "low": 1.0e-4, "high": 1.0e-2, "log": True},
+        "model.n_layers": {"type": "int", "low": 1, "high": 3},
+        "variant": {"type": "categorical", "choices": ["baseline", "g1_elem_sig"]}}, "n_trials": 3}})
+    sweep = load_sweep(path)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    values = search_space(sweep).suggest(study.ask())
+    assert 1e-4 <= values["train.lr"] <= 1e-2 and values["model.n_layers"] in (1, 2, 3)
+    trial = with_values(expand(sweep)[0], values)
+    assert trial.experiment.variant == values["variant"]

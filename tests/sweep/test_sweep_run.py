@@ -1,0 +1,129 @@
+"""`gatelab sweep` as users run it: real processes, SIGKILL and resume, bad cells, two workers on PostgreSQL."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import mlflow
+import pytest
+import yaml
+
+from tests.sweep.postgres import POSTGRES_URL, postgres_reason
+from tests.train.test_run import MICRO
+
+VARIANTS = ["baseline", "g1_elem_sig", "g1_head_sig"]
+
+
+def _write_sweep(folder: Path, name: str, max_steps: int = 150, **extra) -> Path:
+    preset = {**MICRO, "train": {**MICRO["train"], "max_steps": max_steps, "checkpoint_every": 50, "log_every": 10},
+              "eval": {**MICRO["eval"], "every_n_steps": None, "blimp_path": None}}
+    (folder / "micro.yaml").write_text(yaml.safe_dump(preset))
+    sweep = {"name": name, "experiment": "micro.yaml", "grid": {"variant": VARIANTS, "seed": [0]}, **extra}
+    path = folder / "sweep.yaml"
+    path.write_text(yaml.safe_dump(sweep))
+    return path
+
+
+def _gatelab(*args: str, cwd: Path, wait: bool = True):
+    command = [sys.executable, "-m", "gatelab", *args]
+    if not wait:
+        return subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=600)
+
+
+def _finished_runs(uri: str, name: str):
+    mlflow.set_tracking_uri(uri)
+    frame = mlflow.search_runs(experiment_names=[name])
+    return frame[frame["status"] == "FINISHED"]
+
+
+def _wait_for(predicate, process, seconds: float = 300) -> None:
+    deadline = time.time() + seconds
+    while time.time() < deadline and process.poll() is None and not predicate():
+        time.sleep(0.05)
+    assert process.poll() is None, "the process ended before the awaited moment:\n" + process.stdout.read()
+
+
+def test_sigkill_then_rerun_finishes_every_cell_exactly_once(tmp_path):
+    sweep = _write_sweep(tmp_path, "killed")
+    runs = tmp_path / "runs"
+    options = ["--runs-dir", str(runs), "--heartbeat", "0.5", "--grace", "2"]
+    process = _gatelab("sweep", "run", str(sweep), *options, cwd=tmp_path, wait=False)
+    checkpoints = lambda: list(runs.glob("killed/*/checkpoints/last.ckpt"))  # noqa: E731
+    _wait_for(lambda: len(checkpoints()) >= 2, process)  # the first run is done, the second is under way
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    interrupted = {path.parents[1].name for path in checkpoints()}
+    result = _gatelab("sweep", "run", str(sweep), *options, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "resuming" in result.stdout  # the interrupted cell continued from its checkpoint
+    finished = _finished_runs(f"sqlite:///{runs / 'mlflow.db'}", "killed")
+    assert sorted(finished["tags.variant"]) == sorted(VARIANTS)  # every cell once, no duplicate, none missing
+    assert finished["tags.gatelab.spec_hash"].is_unique
+    assert len(interrupted) == 2
+    status = _gatelab("sweep", "status", str(sweep), "--runs-dir", str(runs), "--json", cwd=tmp_path)
+    assert yaml.safe_load(status.stdout)["counts"] == {"finished": 3}
+
+
+@pytest.mark.parametrize("problem,fragment", [
+    ({"grid": {"variant": ["baseline", "g1_elem_sgi"], "seed": [0]}}, "g1_elem_sgi"),
+    ({"overrides": {"train.lrr": 0.1}}, "train.lrr"),
+    ({"overrides": {"train.max_steps": "many"}}, "train.max_steps"),
+    ({"grid": {"variant": [], "seed": [0]}}, "variant"),
+])
+def test_a_bad_cell_fails_plan_and_run_before_anything_is_created(tmp_path, problem, fragment):
+    sweep = _write_sweep(tmp_path, "bad", **problem)
+    for command in (["sweep", "plan", str(sweep)], ["sweep", "run", str(sweep), "--runs-dir", "runs"]):
+        result = _gatelab(*command, cwd=tmp_path)
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert str(sweep) in result.stderr and fragment in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def _postgres_or_skip() -> None:
+    reason = postgres_reason()
+    if reason:
+        pytest.skip(reason)
+
+
+@pytest.fixture
+def tracking_database():
+    """A database of its own for MLflow: MLflow and Optuna both keep an `alembic_version` table."""
+    _postgres_or_skip()
+    import psycopg
+
+    name = f"gatelab_mlflow_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as connection:
+        connection.execute(f'CREATE DATABASE "{name}"')
+    yield POSTGRES_URL.rsplit("/", 1)[0] + f"/{name}"
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as connection:
+        connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_two_workers_on_postgres_share_the_sweep_and_take_over_a_killed_run(tmp_path, tracking_database):
+    name = f"pg-{uuid.uuid4().hex[:8]}"
+    sweep = _write_sweep(tmp_path, name, max_steps=150)
+    secret_storage = POSTGRES_URL.replace("postgresql://postgres@", "postgresql://postgres:hunter2@")  # trust auth
+    common = ["--storage", secret_storage, "--tracking-uri", tracking_database, "--heartbeat", "0.5", "--grace", "3",
+              "--threads", "1"]
+    first = _gatelab("sweep", "worker", str(sweep), "--runs-dir", str(tmp_path / "runs-a"), *common, cwd=tmp_path,
+                     wait=False)
+    _wait_for(lambda: any((tmp_path / "runs-a").glob(f"{name}/*/checkpoints/last.ckpt")), first)
+    second = _gatelab("sweep", "worker", str(sweep), "--runs-dir", str(tmp_path / "runs-b"), *common, cwd=tmp_path,
+                      wait=False)
+    time.sleep(1.0)
+    first.send_signal(signal.SIGKILL)  # mid-run: its run must be re-queued and finished by the second worker
+    first.wait()
+    output, _ = second.communicate(timeout=600)
+    assert second.returncode == 0, output
+    assert "re-queued" in output and "hunter2" not in output
+    finished = _finished_runs(tracking_database, name)
+    assert sorted(finished["tags.variant"]) == sorted(VARIANTS) and finished["tags.gatelab.spec_hash"].is_unique
+    assert not any("hunter2" in str(value) for value in finished.to_numpy().ravel())
+    status = _gatelab("sweep", "status", str(sweep), "--storage", secret_storage, cwd=tmp_path)
+    assert status.returncode == 0 and "hunter2" not in status.stdout + status.stderr and "3 finished" in status.stdout
