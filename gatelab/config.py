@@ -53,6 +53,13 @@ class GateConfig(StrictModel):
         return self
 
 
+def _check_top_k(routed):
+    if routed.top_k > routed.n_experts:
+        raise ValueError(f"top_k ({routed.top_k}) is larger than n_experts ({routed.n_experts}): "
+                         f"valid top_k is 1..{routed.n_experts}")
+    return routed
+
+
 class MoEConfig(StrictModel):
     """Fine-grained top-k routed experts (softmax router, renormalised top-k weights, as Qwen-MoE)."""
 
@@ -64,12 +71,8 @@ class MoEConfig(StrictModel):
     z_loss_coef: float = Field(0.001, ge=0)
 
     @model_validator(mode="after")
-    def _check(self) -> MoEConfig:
-        if self.top_k > self.n_experts:
-            raise ValueError(
-                f"top_k ({self.top_k}) is larger than n_experts ({self.n_experts}): valid top_k is 1..{self.n_experts}"
-            )
-        return self
+    def _check(self):
+        return _check_top_k(self)
 
 
 class SwitchHeadConfig(StrictModel):
@@ -80,12 +83,8 @@ class SwitchHeadConfig(StrictModel):
     top_k: PositiveInt
 
     @model_validator(mode="after")
-    def _check(self) -> SwitchHeadConfig:
-        if self.top_k > self.n_experts:
-            raise ValueError(
-                f"top_k ({self.top_k}) is larger than n_experts ({self.n_experts}): valid top_k is 1..{self.n_experts}"
-            )
-        return self
+    def _check(self):
+        return _check_top_k(self)
 
 
 class ModelConfig(StrictModel):

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import matplotlib
@@ -77,37 +78,33 @@ def evaluate(model, experiment: ExperimentConfig, tokenizer, corpus, domains: li
     return metrics, artifacts
 
 
-def plot_loss(path: Path, steps: list[int], losses: list[float], spikes: list[int], label: str) -> None:
+@contextmanager
+def _figure(path: Path, title: str, xlabel: str, ylabel: str) -> Iterator[plt.Axes]:
     figure, axis = plt.subplots(figsize=(6, 3.5))
-    axis.plot(steps, losses, lw=1, label=label)
-    spike_losses = [losses[steps.index(s)] for s in spikes if s in steps]
-    axis.scatter([s for s in spikes if s in steps], spike_losses, color="red", s=12, label="spikes", zorder=3)
-    axis.set(xlabel="step", ylabel="training loss (nats)", title="Training loss, spikes marked")
+    yield axis
+    axis.set(xlabel=xlabel, ylabel=ylabel, title=title)
     axis.legend()
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
+
+
+def plot_loss(path: Path, steps: list[int], losses: list[float], spikes: list[int], label: str) -> None:
+    with _figure(path, "Training loss, spikes marked", "step", "training loss (nats)") as axis:
+        axis.plot(steps, losses, lw=1, label=label)
+        marked = [s for s in spikes if s in steps]
+        axis.scatter(marked, [losses[steps.index(s)] for s in marked], color="red", s=12, label="spikes", zorder=3)
 
 
 def plot_first_token_attention(path: Path, report: ProbeReport, label: str) -> None:
-    figure, axis = plt.subplots(figsize=(6, 3.5))
-    layers = range(report.n_layers)
-    axis.plot(layers, report.first_token_share, marker="o", label=f"{label} (F-Attn {report.f_attn:.3f})")
-    axis.set(xlabel="layer", ylabel="attention on token 0", title="First-token attention per layer (Figure 2)")
-    axis.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
+    with _figure(path, "First-token attention per layer (Figure 2)", "layer", "attention on token 0") as axis:
+        axis.plot(range(report.n_layers), report.first_token_share, marker="o",
+                  label=f"{label} (F-Attn {report.f_attn:.3f})")
 
 
 def plot_gate_histogram(path: Path, report: ProbeReport, label: str) -> None:
-    figure, axis = plt.subplots(figsize=(6, 3.5))
-    edges = np.linspace(0, 1, len(next(iter(report.gate_histogram.values()))[0]) + 1)
-    for position, per_layer in report.gate_histogram.items():
-        counts = np.sum(per_layer, axis=0)
-        axis.stairs(counts / max(counts.sum(), 1), edges, label=f"{label} {position}")
-    axis.set(xlabel="gate score", ylabel="share", title="Gate scores (Figure 3)")
-    axis.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
+    with _figure(path, "Gate scores (Figure 3)", "gate score", "share") as axis:
+        edges = np.linspace(0, 1, len(next(iter(report.gate_histogram.values()))[0]) + 1)
+        for position, per_layer in report.gate_histogram.items():
+            counts = np.sum(per_layer, axis=0)
+            axis.stairs(counts / max(counts.sum(), 1), edges, label=f"{label} {position}")
