@@ -127,3 +127,16 @@ def test_two_workers_on_postgres_share_the_sweep_and_take_over_a_killed_run(tmp_
     assert not any("hunter2" in str(value) for value in finished.to_numpy().ravel())
     status = _gatelab("sweep", "status", str(sweep), "--storage", secret_storage, cwd=tmp_path)
     assert status.returncode == 0 and "hunter2" not in status.stdout + status.stderr and "3 finished" in status.stdout
+
+
+def test_submitit_local_job_array_runs_the_sweep(tmp_path):
+    """The Slurm path (`--executor slurm`) is the same job array; submitit's local executor runs it here."""
+    sweep = _write_sweep(tmp_path, "array", max_steps=20)
+    runs = tmp_path / "runs"
+    result = _gatelab("sweep", "run", str(sweep), "--executor", "submitit-local", "--workers", "2",
+                      "--runs-dir", str(runs), cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "submitted workers" in result.stdout and "3 finished" in result.stdout
+    assert len(list((runs / "array" / "submitit").glob("*_log.out"))) == 2  # one log per array task
+    finished = _finished_runs(f"sqlite:///{runs / 'mlflow.db'}", "array")
+    assert sorted(finished["tags.variant"]) == sorted(VARIANTS)
