@@ -194,7 +194,8 @@ def sweep_run(
         elif executor == "local" and workers == 1:
             from gatelab.sweep.worker import work
 
-            work(sweep, experiment, storage, tracking_uri, runs_dir, heartbeat_s=heartbeat, grace_s=grace)
+            work(sweep, experiment, storage, tracking_uri, runs_dir, heartbeat_s=heartbeat, grace_s=grace,
+                 progress=sys.stdout.isatty())
         else:
             from gatelab.tracking import default_tracking_uri, prepare_store
 

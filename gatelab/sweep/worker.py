@@ -24,7 +24,8 @@ class WorkerReport:
 
 def work(sweep_path: Path, experiment: Path | None = None, storage: str | None = None, tracking_uri: str | None = None,
          runs_dir: Path = Path("runs"), threads: int | None = None, heartbeat_s: float = 10.0, grace_s: float = 60.0,
-         log=print) -> WorkerReport:
+         log=print, progress: bool = False) -> WorkerReport:
+    """Work until no run of the sweep is left; `progress` shows each run's progress bar (one worker in a terminal)."""
     sweep = load_sweep(sweep_path, experiment)
     specs = expand(sweep)
     by_hash = {spec.hash: spec for spec in specs}
@@ -53,7 +54,7 @@ def work(sweep_path: Path, experiment: Path | None = None, storage: str | None =
         log(f"[{ledger.worker}] run {spec.index}: {spec.label()}")
         with ledger.heartbeat(trial):
             try:
-                result = run(spec.experiment, tracking_uri=tracking_uri, runs_dir=runs_dir, quiet=True, log=log)
+                result = run(spec.experiment, tracking_uri=tracking_uri, runs_dir=runs_dir, quiet=not progress, log=log)
             except KeyboardInterrupt:
                 ledger.release(trial)
                 raise

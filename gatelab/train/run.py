@@ -54,9 +54,24 @@ def load_data(experiment: ExperimentConfig, log=print, warn=print):
     return tokenizer, corpus, present
 
 
+def _quiet_lightning() -> None:
+    """Keep Lightning's start-up banners (accelerator, tips) and two known upstream warnings out of sweep logs."""
+    import logging
+    import warnings
+
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
+    logging.getLogger("lightning.pytorch.accelerators.cuda").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated.*")
+    # bf16 autocast hands nn.RMSNorm bf16 input with an fp32 weight; torch then takes its unfused path (a speed
+    # matter, measured in the performance issue), and says so on every run.
+    warnings.filterwarnings("ignore", message=r"Mismatch dtype between input and weight.*")
+
+
 def run(experiment: ExperimentConfig, tracking_uri: str | None = None, runs_dir: Path = Path("runs"),
         quiet: bool = False, log=print, extra_callbacks: tuple = (), extra_tags: dict | None = None) -> RunResult:
     train = experiment.train
+    if quiet:
+        _quiet_lightning()
     if train.threads:
         torch.set_num_threads(train.threads)
     model_config = resolve_model(experiment)
@@ -84,9 +99,9 @@ def run(experiment: ExperimentConfig, tracking_uri: str | None = None, runs_dir:
             "gatelab.spike_definition": f"loss > EMA(beta={train.spike_ema}) of earlier losses + {train.spike_margin} "
                                         f"nats, after {train.warmup_steps} warmup steps",
             "gatelab.divergence_definition": f"non-finite loss, or loss > {train.divergence_factor} x EMA after warmup",
-            **tracking.package_versions(), "mlflow.runName": f"{experiment.variant}-s{experiment.seed}"}
+            **tracking.package_versions(), **(extra_tags or {})}
     logger = MLFlowLogger(experiment_name=experiment_name, tracking_uri=uri, run_id=run_id, tags=tags,
-                          run_name=tags["mlflow.runName"])
+                          run_name=f"{experiment.variant}-s{experiment.seed}")
     run_id = logger.run_id
     if checkpoint.exists():
         log(f"resuming {run_dir} from {checkpoint} into MLflow run {run_id}")

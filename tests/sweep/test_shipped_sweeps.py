@@ -43,3 +43,4 @@ def test_lr_stability_search_prunes_trials_visibly_in_optuna_and_mlflow(tmp_path
     pruned_runs = frame[frame["tags.gatelab.status"] == "pruned"]
     assert len(pruned_runs) == len(pruned) and (pruned_runs["status"] == "FINISHED").all()  # pruned is not a crash
     assert {t.user_attrs["gatelab.mlflow_run_id"] for t in pruned} == set(pruned_runs["run_id"])
+    assert set(pruned_runs["tags.optuna.trial"]) == {str(t.number) for t in pruned}  # each trial named in MLflow
