@@ -299,6 +299,48 @@ def _print_status(sweep: Path, experiment: Path | None, storage: str | None, run
     console.print(table)
 
 
+@app.command()
+def table(
+    sweep: Annotated[Path, typer.Argument(help="a sweep file whose runs to compare")],
+    format_: Annotated[str, typer.Option("--format", help="comma-separated: md, csv, latex, html")] = "md,csv,latex,html",
+    out: Annotated[Optional[Path], typer.Option(help="output folder (default: results/<sweep name>)")] = None,
+    experiment: ExperimentOption = None,
+    tracking_uri: Annotated[Optional[str], typer.Option(help="MLflow tracking URI (default: sqlite under runs/)")] = None,
+    storage: Annotated[Optional[str], typer.Option(help="the sweep's ledger (default: the journal under runs/)")] = None,
+    runs_dir: RunsDir = Path("runs"),
+) -> None:
+    """The sweep's comparison table laid out like the paper's, with the paper's numbers, significance and plots."""
+    try:
+        from gatelab.report.report import make_report
+
+        formats = [f.strip() for f in format_.split(",") if f.strip()]
+        written = make_report(sweep, experiment, formats, out, tracking_uri, runs_dir, storage, log=typer.echo)
+    except (GatelabError, ValueError) as error:
+        _fail(GatelabError(str(error)))
+    typer.echo("wrote " + ", ".join(str(p) for p in written))
+
+
+@app.command()
+def ui(
+    sweep: Annotated[Optional[Path], typer.Argument(help="a sweep file (its runs are in the same store)")] = None,
+    tracking_uri: Annotated[Optional[str], typer.Option(help="MLflow tracking URI (default: sqlite under runs/)")] = None,
+    runs_dir: RunsDir = Path("runs"),
+    port: Annotated[int, typer.Option(help="port on 127.0.0.1")] = 5000,
+) -> None:
+    """Start the MLflow UI on 127.0.0.1 over the sweep's tracking store; Ctrl-C stops it."""
+    from gatelab.report.ui import serve_ui
+    from gatelab.tracking import default_tracking_uri
+
+    if sweep is not None:
+        try:
+            from gatelab.sweep.spec import load_sweep
+
+            load_sweep(sweep)  # a wrong file is an error here, not an empty UI
+        except GatelabError as error:
+            _fail(error)
+    serve_ui(tracking_uri or default_tracking_uri(runs_dir), port=port)
+
+
 def main() -> None:
     try:
         app()

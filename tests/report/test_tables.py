@@ -1,0 +1,39 @@
+"""`gatelab table` on a store made by real runs: finished, diverged, failed and missing runs each show as such."""
+
+from __future__ import annotations
+
+import csv
+
+import yaml
+
+from tests.sweep.test_sweep_run import _gatelab, _write_sweep
+
+
+def test_table_shows_finished_diverged_failed_and_missing_runs(tmp_path):
+    sweep = _write_sweep(tmp_path, "mixed", max_steps=30, retries=0, paper="table1", include=[
+        {"variant": "g1_head_sig", "seed": 0, "train.lr": 10.0, "train.warmup_steps": 0, "train.grad_clip": 0.0,
+         "train.max_steps": 200},
+        {"variant": "g2_elem_sig", "seed": 0, "data.domains": ["mine"],
+         "data.user_files": {"mine": [str(tmp_path / "absent.txt")]}},
+    ])
+    runs = tmp_path / "runs"
+    ran = _gatelab("sweep", "run", str(sweep), "--runs-dir", str(runs), cwd=tmp_path)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    definition = yaml.safe_load(sweep.read_text())
+    definition["grid"]["variant"].append("g5_elem_sig")  # a cell added after the sweep ran: missing
+    sweep.write_text(yaml.safe_dump(definition))
+
+    out = tmp_path / "out"
+    result = _gatelab("table", str(sweep), "--format", "md,csv,latex,html", "--out", str(out), "--runs-dir",
+                      str(runs), cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert {p.suffix for p in out.iterdir()} >= {".md", ".csv", ".tex", ".html", ".png"}
+    rows = {row["variant"].split()[0]: row for row in csv.DictReader(next(out.glob("*.csv")).open())}
+    ppl = next(column for column in rows["baseline"] if column.startswith("ppl/avg"))
+    assert rows["baseline"]["runs"] == "1 finished" and rows["baseline"][ppl].endswith("(1)")
+    assert rows["g1_head_sig"]["runs"].startswith("1 diverged@") and rows["g1_head_sig"][ppl] == "diverged"
+    assert rows["g2_elem_sig"]["runs"] == "1 failed" and rows["g2_elem_sig"][ppl] == "failed"
+    assert rows["g5_elem_sig"]["runs"] == "1 missing" and rows["g5_elem_sig"][ppl] == "missing"
+    markdown = next(out.glob("*.md")).read_text()
+    for text in ("diverged", "failed", "missing", "paper Avg PPL", "Δ vs baseline", "p"):
+        assert text in markdown
