@@ -161,7 +161,8 @@ def _latex(tables, plots, out_dir: Path, name: str, command: str | None, stamp: 
         tabular = frame.to_latex(index=False, escape=False, column_format="l" * frame.shape[1])
         body += [r"\begin{table}[htbp]", r"\centering", rf"\caption{{{_latex_escape(table.title)}}}",
                  rf"\label{{tab:{_slug(table.title) or number}}}",
-                 r"\resizebox{\linewidth}{!}{%", tabular.rstrip(), "}"]
+                 r"\resizebox{\ifdim\width>\linewidth\linewidth\else\width\fi}{!}{%",  # shrinks wide tables only
+                 tabular.rstrip(), "}"]
         if table.notes:
             body += [r"\par\smallskip", r"\begin{minipage}{\linewidth}\footnotesize"]
             body += [_latex_escape(note) + r"\par" for note in table.notes]
@@ -176,7 +177,7 @@ def _latex(tables, plots, out_dir: Path, name: str, command: str | None, stamp: 
         f"% gatelab report: {name}", made.replace("\n", " "),
         r"\documentclass{article}", r"\usepackage[utf8]{inputenc}", r"\usepackage[T1]{fontenc}",
         r"\usepackage{booktabs}", r"\usepackage{graphicx}", r"\usepackage[margin=2cm]{geometry}",
-        rf"\title{{{_latex_escape(name)}}}", r"\date{" + _latex_escape(stamp) + "}",
+        rf"\title{{{_latex_escape(name)}}}", r"\author{gatelab}", r"\date{" + _latex_escape(stamp) + "}",
         r"\begin{document}", r"\maketitle", "", *body, r"\end{document}", ""])
 
 

@@ -58,8 +58,9 @@ def make_report(sweep_path: Path, experiment: Path | None, formats: list[str], o
                             out / "delta_vs_paper.png", metric="Avg PPL, % change"),
         plot_first_token_attention({g: p["first_token_share"] for g, p in payloads.items()},
                                    out / "first_token_attention.png"),
-        plot_gate_histograms({g: np.sum(h, axis=0).tolist() for g, p in payloads.items()
-                              for h in p.get("gate_histogram", {}).values()}, out / "gate_score_histograms.png"),
+        plot_gate_histograms({g: np.sum([np.sum(h, axis=0) for h in p["gate_histogram"].values()], axis=0).tolist()
+                              for g, p in payloads.items() if p.get("gate_histogram")},
+                             out / "gate_score_histograms.png"),  # every gate position of a group, all layers
         plot_loss_curves(_loss_curves(records, uri), out / "loss_curves.png"),
         plot_context_length({g: m for g, m in means.items() if m}, specs[0].experiment.data.seq_len,
                             out / "context_length.png"),

@@ -1,0 +1,119 @@
+"""`serve_ui` starts the MLflow UI, answers over HTTP, and on Ctrl-C stops with no process left behind."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from gatelab.errors import GatelabError
+from gatelab.report.ui import find_free_port, serve_ui
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _processes() -> dict[int, tuple[int, str, str]]:
+    """pid -> (parent pid, state, command line) for every process, from /proc."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            args = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except (OSError, IndexError):
+            continue
+        found[int(entry.name)] = (int(stat[1]), stat[0], args)
+    return found
+
+
+def _descendants(root: int) -> dict[int, str]:
+    table = _processes()
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _, _) in table.items():
+        children.setdefault(parent, []).append(pid)
+    found, todo = {}, list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        found[pid] = table[pid][2]
+        todo += children.get(pid, [])
+    return found
+
+
+def _alive(pid: int, args: str) -> bool:
+    """Still running as the same program (a zombie, or a reused pid, is not)."""
+    now = _processes().get(pid)
+    return now is not None and now[1] != "Z" and now[2] == args
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc to list processes")
+@pytest.mark.timeout(180)
+def test_gatelab_ui_answers_then_stops_on_ctrl_c_leaving_nothing(tmp_path):
+    port = find_free_port()
+    db = tmp_path / "mlflow.db"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    log = (tmp_path / "server.log").open("w")
+    # The command a user types: `gatelab ui` over a tracking store (here an empty one).
+    process = subprocess.Popen([sys.executable, "-m", "gatelab", "ui", "--tracking-uri", f"sqlite:///{db}",
+                                "--port", str(port)], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=log,
+                               text=True)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True).start()
+    try:
+        address, deadline = None, time.monotonic() + 60
+        while address is None and time.monotonic() < deadline:
+            try:
+                line = lines.get(timeout=1)
+            except queue.Empty:
+                assert process.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
+                continue
+            if f"http://127.0.0.1:{port}/" in line:
+                address = f"http://127.0.0.1:{port}/"
+        assert address, "no address printed within 60 s:\n" + (tmp_path / "server.log").read_text()[-3000:]
+        with urllib.request.urlopen(address, timeout=30) as response:
+            assert response.status == 200
+            assert b"<html" in response.read().lower()
+
+        server = _descendants(process.pid)
+        assert any(f"--port {port}" in args for args in server.values()), server  # the tree we expect to vanish
+
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 0, (tmp_path / "server.log").read_text()[-3000:]
+    finally:
+        if process.poll() is None:
+            process.kill()
+        log.close()
+
+    left = {pid: args for pid, args in server.items() if _alive(pid, args)}
+    assert not left, f"left behind: {left}"
+    mentions = [args for _, _, args in _processes().values() if str(port) in args or str(db) in args]
+    assert not [a for a in mentions if "mlflow" in a or "uvicorn" in a or "gunicorn" in a], mentions
+    with socket.socket() as sock:  # the port is free again
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+
+
+def test_a_taken_port_is_a_clean_error_before_anything_starts(tmp_path):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        with pytest.raises(GatelabError, match=f"port {port} on 127.0.0.1 is already in use"):
+            serve_ui(f"sqlite:///{tmp_path / 'mlflow.db'}", port=port)
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_find_free_port_gives_a_bindable_port():
+    port = find_free_port()
+    assert 0 < port < 65536
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))
