@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from gatelab.config import ExperimentConfig, ModelConfig
 from gatelab.data.datasets import PackedDataset
+from gatelab.errors import GatelabError
 from gatelab.model import build_model
 
 
@@ -48,7 +49,7 @@ class GatedLM(L.LightningModule):
         now = time.perf_counter()
         tokens_per_s = input_ids_BT.numel() / max(now - self._step_started, 1e-9)
         self._step_started = now
-        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/loss", loss, prog_bar=True, sync_dist=True)  # the global batch's loss under DDP
         self.log("train/tokens_per_s", tokens_per_s, prog_bar=True)
         self.log("train/lr", self.optimizers().param_groups[0]["lr"])
         return total
@@ -84,18 +85,26 @@ class StepBatches(IterableDataset):
     The stream starts at the trainer's global step when it is iterated, which Lightning restores from a checkpoint
     before the epoch begins: a resumed run sees exactly the batches an uninterrupted one would have seen. An "epoch"
     is `steps_per_epoch` batches, the interval between validations, so per-epoch tools (Optuna's Lightning pruning
-    callback reports per epoch) see each validation as its own step.
+    callback reports per epoch) see each validation as its own step. Under DDP, B is the global batch and each of
+    the `world_size` processes takes its own contiguous slice of it, so the run sees the same data on any device count.
     """
 
-    def __init__(self, windows: PackedDataset, batch_size: int, steps_per_epoch: int, start_step) -> None:
+    def __init__(self, windows: PackedDataset, batch_size: int, steps_per_epoch: int, start_step,
+                 rank: int = 0, world_size: int = 1) -> None:
+        if batch_size % world_size:
+            raise GatelabError(f"train.batch_size ({batch_size}) is the global batch and must divide evenly over "
+                               f"{world_size} processes (devices x num_nodes)")
         self.windows, self.batch_size, self.steps_per_epoch, self.start_step = (windows, batch_size, steps_per_epoch,
                                                                                 start_step)
+        self.local_batch = batch_size // world_size
+        self.offset = rank * self.local_batch
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         step = self.start_step()
         end = (step // self.steps_per_epoch + 1) * self.steps_per_epoch
         for step in range(step, end):
-            indices = [(step * self.batch_size + i) % len(self.windows) for i in range(self.batch_size)]
+            first = step * self.batch_size + self.offset
+            indices = [(first + i) % len(self.windows) for i in range(self.local_batch)]
             inputs, targets = zip(*(self.windows[i] for i in indices))
             yield torch.stack(inputs), torch.stack(targets)
 
@@ -110,7 +119,8 @@ class TextData(L.LightningDataModule):
         self.validation_windows = validation_windows
 
     def train_dataloader(self) -> DataLoader:
-        stream = StepBatches(self.windows, self.batch_size, self.steps_per_epoch, lambda: self.trainer.global_step)
+        stream = StepBatches(self.windows, self.batch_size, self.steps_per_epoch, lambda: self.trainer.global_step,
+                             rank=self.trainer.global_rank, world_size=self.trainer.world_size)
         return DataLoader(stream, batch_size=None)
 
     def val_dataloader(self) -> DataLoader:
