@@ -140,7 +140,7 @@ class TrainConfig(StrictModel):
     """Optimisation and Lightning Trainer settings."""
 
     max_steps: PositiveInt = 1000
-    batch_size: PositiveInt = 16
+    batch_size: PositiveInt = 16  # the global batch: sequences per optimizer step over all devices
     lr: PositiveFloat = 2e-3
     min_lr: float = Field(3e-5, ge=0)
     warmup_steps: int = Field(100, ge=0)
@@ -164,7 +164,7 @@ class EvalConfig(StrictModel):
     """End-of-run (and optionally periodic) evaluation."""
 
     every_n_steps: PositiveInt | None = None
-    batch_size: PositiveInt = 16
+    batch_size: PositiveInt = 16  # the global batch: sequences per optimizer step over all devices
     max_windows_per_domain: PositiveInt = 64
     long_context_multipliers: list[PositiveInt] = [1, 2, 4, 8]
     blimp_path: str | None = None
