@@ -164,7 +164,7 @@ class EvalConfig(StrictModel):
     """End-of-run (and optionally periodic) evaluation."""
 
     every_n_steps: PositiveInt | None = None
-    batch_size: PositiveInt = 16  # the global batch: sequences per optimizer step over all devices
+    batch_size: PositiveInt = 16  # sequences per evaluation forward pass
     max_windows_per_domain: PositiveInt = 64
     long_context_multipliers: list[PositiveInt] = [1, 2, 4, 8]
     blimp_path: str | None = None
