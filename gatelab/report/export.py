@@ -33,7 +33,7 @@ def export_report(tables: Sequence[ReportTable], plots: Sequence[Path], out_dir:
                   name: str, command: str | None = None) -> list[Path]:
     """Write the report in each of `formats` (md, csv, latex, html) under `out_dir`; returns the written paths.
     An unknown format raises ValueError naming the valid ones, before anything is written."""
-    chosen = _check_formats(formats)
+    chosen = check_formats(formats)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     plots = [Path(p) for p in plots]
@@ -51,7 +51,7 @@ def export_report(tables: Sequence[ReportTable], plots: Sequence[Path], out_dir:
     return written
 
 
-def _check_formats(formats: Sequence[str]) -> list[str]:
+def check_formats(formats: Sequence[str]) -> list[str]:
     if isinstance(formats, str):
         formats = formats.split(",")
     chosen: list[str] = []

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gatelab.report.export import ReportTable, export_report
+from gatelab.report.export import ReportTable, check_formats, export_report
 from gatelab.report.plots import (plot_context_length, plot_delta_vs_paper, plot_first_token_attention,
                                   plot_gate_histograms, plot_loss_curves)
 from gatelab.report.tables import PPL, build_comparison, collect_runs, probe_payloads
@@ -38,6 +38,7 @@ def _loss_curves(records, tracking_uri: str) -> dict:
 
 def make_report(sweep_path: Path, experiment: Path | None, formats: list[str], out_dir: Path | None,
                 tracking_uri: str | None, runs_dir: Path, storage: str | None, log=print) -> list[Path]:
+    check_formats(formats)  # a wrong format is an error before any download or plot
     sweep = load_sweep(sweep_path, experiment)
     specs = expand(sweep)
     uri = tracking_uri or default_tracking_uri(runs_dir)

@@ -219,6 +219,7 @@ def probe_payloads(records: list[RunRecord], tracking_uri: str) -> dict[str, dic
     """Per group, the probes.json of its first finished run (per-layer F-Attn, gate histograms)."""
     import mlflow
 
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per small JSON is noise
     payloads = {}
     for record in records:
         if record.status != "finished" or record.group in payloads or record.run_id is None:
