@@ -87,6 +87,15 @@ def run(experiment: ExperimentConfig, tracking_uri: str | None = None, runs_dir:
     experiment_id = tracking.experiment_id(client, experiment_name, runs_dir)
     checkpoint = run_dir / "checkpoints" / "last.ckpt"
     run_id = tracking.find_run(client, experiment_id, digest)
+    if run_id is not None:
+        recorded = client.get_run(run_id)
+        outcome = recorded.data.tags.get(tracking.STATUS_TAG)
+        if recorded.info.status == "FINISHED" and outcome in ("finished", "diverged"):
+            # Done already (a worker killed after the run ended, before its ledger heard): never a second run.
+            log(f"{experiment.variant} seed {experiment.seed} is already {outcome} in MLflow run {run_id}")
+            step = recorded.data.metrics.get("diverged_step")
+            return RunResult(outcome, run_id, digest, dict(recorded.data.metrics),
+                             int(step) if step is not None else None)
     if run_id is not None and not checkpoint.exists():
         # The run started elsewhere (another machine's checkpoint folder) or lost its checkpoint: it starts again
         # from step 0 in a new MLflow run, and an old one that was cut off is closed as KILLED, not left RUNNING.
