@@ -17,8 +17,8 @@ from typing import Any
 
 import pandas as pd
 
-import gatelab
 from gatelab.report.stats import compare, mean_std, rank_agreement, sign_agreement
+from gatelab.sweep.plan import paper_dir
 
 # Which paper table a sweep's `paper:` key names, the CSV files that hold it, and the column of its perplexity.
 PAPER_TABLES: dict[str, list[tuple[str, str]]] = {
@@ -32,10 +32,6 @@ PAPER_TABLES: dict[str, list[tuple[str, str]]] = {
 # Table 4's mechanistic columns, measured by the same probes here.
 PAPER_PROBES = {"Gate Score": "probe/gate_score_mean", "M-Act": "probe/m_act", "F-Attn": "probe/f_attn"}
 PPL = "ppl/avg"
-
-
-def paper_dir() -> Path:
-    return Path(os.environ.get("GATELAB_PAPER_DIR", Path(gatelab.__file__).resolve().parents[1] / "results" / "paper"))
 
 
 def paper_reference(paper: str | None) -> pd.DataFrame:
