@@ -21,6 +21,7 @@ import yaml
 
 from tests.conftest import REPO
 
+IMPORTED = time.monotonic()
 BLIMP = REPO.parent / "shared" / "benchmarks" / "blimp" / "data"
 MICRO = {
     "name": "micro",
@@ -59,9 +60,15 @@ def _sqlite(runs: Path) -> str:
     return f"sqlite:///{(runs / 'mlflow.db').resolve()}"
 
 
+def _phase_seconds(row) -> dict[str, float]:
+    return {phase: row[f"metrics.time/{phase}_s"] for phase in ("import", "setup", "train", "eval")}
+
+
 def test_a_run_records_every_metric_and_artifact(tmp_path):
     runs = tmp_path / "runs"
+    started = time.perf_counter()
     result = _train(_experiment(tmp_path), runs)
+    wall = time.perf_counter() - started
     assert result.returncode == 0, result.stdout + result.stderr
     frame = _runs(_sqlite(runs))
     assert len(frame) == 1
@@ -84,6 +91,19 @@ def test_a_run_records_every_metric_and_artifact(tmp_path):
     assert len(client.get_metric_history(row["run_id"], "train/loss")) == 16
     assert len(client.get_metric_history(row["run_id"], "val/loss")) == 2  # validation every 8 of 16 steps
     assert "EMA" in row["tags.gatelab.spike_definition"]
+    # Where the command's wall time went: every phase is measured, and together they fit inside the command.
+    phases = _phase_seconds(row)
+    assert all(seconds > 0 for seconds in phases.values()), phases
+    assert sum(phases.values()) <= wall, (phases, wall)
+
+
+def test_imports_are_timed_for_the_first_run_of_a_process_only(monkeypatch):
+    from gatelab.train import run as run_module
+
+    monkeypatch.setattr(run_module, "_first_run_of_process", True)
+    first, later = run_module._PhaseClock().seconds, run_module._PhaseClock().seconds
+    assert first["time/import_s"] >= time.monotonic() - IMPORTED  # the process started before this file was imported
+    assert later["time/import_s"] == 0  # a sweep worker's later runs import nothing
 
 
 def test_sigkill_then_rerun_resumes_into_the_same_run_with_the_same_result(tmp_path):
@@ -101,7 +121,9 @@ def test_sigkill_then_rerun_resumes_into_the_same_run_with_the_same_result(tmp_p
     process.wait()
     killed = _runs(_sqlite(runs))
     assert len(killed) == 1 and killed.iloc[0]["status"] == "RUNNING"  # killed: MLflow never heard the end
+    started = time.perf_counter()
     resumed = _train(experiment, runs)
+    resumed_wall = time.perf_counter() - started
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "resuming" in resumed.stdout
     frame, reference_frame = _runs(_sqlite(runs)), _runs(_sqlite(tmp_path / "reference"))
@@ -110,6 +132,8 @@ def test_sigkill_then_rerun_resumes_into_the_same_run_with_the_same_result(tmp_p
         assert abs(frame.iloc[0][metric] - reference_frame.iloc[0][metric]) <= 1e-4 * abs(reference_frame.iloc[0][metric])
     history = mlflow.MlflowClient(_sqlite(runs)).get_metric_history(frame.iloc[0]["run_id"], "train/loss")
     assert max(m.step for m in history) == 199
+    # The times are those of the session that finished the run: the killed one never recorded its own.
+    assert sum(_phase_seconds(frame.iloc[0]).values()) <= resumed_wall
 
 
 def test_a_diverging_run_is_recorded_as_diverged_without_a_traceback(tmp_path):
@@ -120,6 +144,7 @@ def test_a_diverging_run_is_recorded_as_diverged_without_a_traceback(tmp_path):
     assert "diverged at step" in result.stdout
     row = _runs(_sqlite(runs)).iloc[0]
     assert row["tags.gatelab.status"] == "diverged" and row["metrics.diverged_step"] < 200
+    assert row["metrics.time/setup_s"] > 0 and row["metrics.time/train_s"] > 0 and "metrics.time/eval_s" not in row
 
 
 def _free_port() -> int:
