@@ -134,6 +134,8 @@ def long_context_perplexity(
       - "ppl_beyond_train_len": the same restricted to input positions >= train_seq_len, the extrapolation region
         (None for m = 1, which has none).
     A multiplier for which no document is long enough maps to None rather than failing the whole evaluation.
+    `batch_size` counts windows of the training length: a batch holds batch_size // m windows of m x that length
+    (at least one), so every multiplier runs about the same number of tokens a forward pass.
     """
     results: dict[int, dict[str, float | None] | None] = {}
     for multiplier in multipliers:
@@ -150,7 +152,7 @@ def long_context_perplexity(
             continue
         windows_NL = torch.cat(windows)
         total_nll, beyond_nll = 0.0, 0.0
-        for windows_BL in windows_NL.split(batch_size):
+        for windows_BL in windows_NL.split(max(1, batch_size // multiplier)):
             nll_BT = token_nll(model, windows_BL[:, :-1], windows_BL[:, 1:])
             total_nll += nll_BT.sum().item()
             beyond_nll += nll_BT[:, train_seq_len:].sum().item()

@@ -42,7 +42,8 @@ def evaluate(model, experiment: ExperimentConfig, tokenizer, corpus, domains: li
         multipliers = evaluation.long_context_multipliers
         longest = long_context_windows(corpus, LONG_CONTEXT_DOMAIN, seq_len, multipliers)[max(multipliers)]
         documents = [torch.from_numpy(row) for row in longest]
-        for m, result in long_context_perplexity(model, documents, seq_len, multipliers, batch_size=1).items():
+        for m, result in long_context_perplexity(model, documents, seq_len, multipliers,
+                                                    batch_size=evaluation.batch_size).items():
             if result is not None:
                 metrics[f"long_ppl/x{m}"] = result["ppl"]
                 if result["ppl_beyond_train_len"] is not None:

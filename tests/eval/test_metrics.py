@@ -174,3 +174,32 @@ def test_loss_spikes_report_logged_steps_of_a_subsampled_curve():
     losses = [2.0, 2.0, 2.0, 3.0, 2.0, 3.0]
     steps = [0, 100, 200, 300, 400, 500]
     assert loss_spikes(losses, warmup_steps=350, steps=steps) == [500]
+
+
+def test_long_context_batches_hold_about_the_same_tokens_at_every_length():
+    class Recorder(ZeroLogits):
+        def __init__(self) -> None:
+            super().__init__()
+            self.batch_shapes: list[tuple[int, int]] = []
+
+        def forward(self, input_ids_BT: Tensor) -> Tensor:
+            self.batch_shapes.append(tuple(input_ids_BT.shape))
+            return super().forward(input_ids_BT)
+
+    recorder = Recorder()
+    long_context_perplexity(recorder, [torch.arange(200) % V], train_seq_len=4, multipliers=(1, 2, 4), batch_size=4)
+    # 40 windows of 1 x 4 tokens, 22 of 2 x 4, 11 of 4 x 4: every batch is full
+    assert set(recorder.batch_shapes) == {(4, 4), (2, 8), (1, 16)}
+
+
+def test_long_context_perplexity_does_not_depend_on_the_batch_size():
+    from gatelab.config import ModelConfig
+    from gatelab.model import build_model
+
+    model = build_model(ModelConfig(vocab_size=V, n_layers=1, d_model=16, n_heads=2, n_kv_heads=1, head_dim=8,
+                                    ffn_hidden=32), seed=0)
+    documents = [torch.randint(V, (n,), generator=torch.Generator().manual_seed(n)) for n in (70, 90, 130)]
+    one = long_context_perplexity(model, documents, 8, multipliers=(1, 2, 4), batch_size=1)
+    many = long_context_perplexity(model, documents, 8, multipliers=(1, 2, 4), batch_size=8)
+    for multiplier in (1, 2, 4):
+        assert many[multiplier]["ppl"] == pytest.approx(one[multiplier]["ppl"], rel=1e-5)
