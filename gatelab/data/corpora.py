@@ -606,7 +606,7 @@ def _sources_dir(data_dir: Path) -> Path:
 def atomic_write_text(path: Path, text: str) -> None:
     """Write via a temporary file and rename, so an interrupted run never leaves a half file with a valid name."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # one per process: concurrent writers never collide
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
 

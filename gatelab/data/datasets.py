@@ -112,7 +112,7 @@ def _encode_split(
     encoder = Tokenizer.from_str(tokenizer.to_str())
     encoder.encode_special_tokens = True
     bin_path = directory / f"{domain}.{split}.bin"
-    tmp = bin_path.with_name(bin_path.name + ".tmp")
+    tmp = bin_path.with_name(f"{bin_path.name}.{os.getpid()}.tmp")  # one per process: concurrent writers never collide
     ids: list[str] = []
     starts = [0]
     with tmp.open("wb") as out:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Iterator, Sequence
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -109,7 +110,7 @@ def load_or_train_tokenizer(
     log(f"training a {vocab_size}-token byte-level BPE on {', '.join(chosen)} (key {key})")
     tokenizer = _train_tokenizer(training_texts(manifest, chosen, max_chars_per_domain), vocab_size)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # one per process: concurrent writers never collide
     tokenizer.save(str(tmp))
     tmp.replace(path)
     # Return the saved file's tokenizer so a fresh run and a cached one are the very same object state.

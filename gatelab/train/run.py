@@ -92,9 +92,9 @@ def load_data(experiment: ExperimentConfig, log=print, warn=print):
 def _one_process_at_a_time(data_dir: Path):
     """Holds an exclusive lock on the data directory while a process prepares (or merely checks) its cache.
 
-    The data layer writes each cache file through one fixed `<name>.tmp` path, so two processes building a cold cache
-    at once (the ranks torchrun starts, runs side by side) replace each other's file and one of them fails (measured:
-    FileNotFoundError on `scripture.train.bin.tmp`). One at a time, the later ones find everything cached.
+    Processes building a cold cache at once (the ranks torchrun starts, runs side by side) would each tokenize every
+    corpus; one at a time, the later ones find everything cached. (Before each writer had its own temporary file, two
+    such processes also replaced each other's `<name>.tmp` and one failed with FileNotFoundError.)
     """
     import fcntl
 
