@@ -46,12 +46,18 @@ class GatedLM(L.LightningModule):
         if self.moe is not None:
             total = total + self.moe.load_balance_coef * aux["load_balance"] + self.moe.z_loss_coef * aux["z_loss"]
             self.log_dict({"train/load_balance": aux["load_balance"], "train/z_loss": aux["z_loss"]})
+        # A host clock: on an accelerator it times the step's launches, which keep pace with the device over many steps
+        # (the launch queue fills and the host waits) but not within one.
         now = time.perf_counter()
         tokens_per_s = input_ids_BT.numel() / max(now - self._step_started, 1e-9)
         self._step_started = now
-        self.log("train/loss", loss, prog_bar=True, sync_dist=True)  # the global batch's loss under DDP
-        self.log("train/tokens_per_s", tokens_per_s, prog_bar=True)
-        self.log("train/lr", self.optimizers().param_groups[0]["lr"])
+        # Lightning reads a progress-bar tensor back (`.item()`) after every step, a device sync, and other tensors
+        # only at logging steps: the loss goes to the bar only on CPU, where reading it back is free.
+        self.log("train/loss", loss, prog_bar=self.device.type == "cpu", sync_dist=True)  # global batch's under DDP
+        # Host numbers as CPU tensors: `self.log` turns a Python float into a tensor on the module's device, a
+        # host-to-device copy that waits for the device's queue (pytorch/pytorch#120996).
+        self.log("train/tokens_per_s", torch.tensor(tokens_per_s), prog_bar=True)
+        self.log("train/lr", torch.tensor(self.optimizers().param_groups[0]["lr"]))
         return total
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
@@ -64,8 +70,9 @@ class GatedLM(L.LightningModule):
             self.log("val/ppl", torch.exp(self.trainer.callback_metrics["val/loss"]))
 
     def on_before_optimizer_step(self, optimizer) -> None:
-        norms = [p.grad.detach().norm() for p in self.parameters() if p.grad is not None]
-        self.log("train/grad_norm", torch.stack(norms).norm())  # before clipping
+        # Before clipping. Foreach norms: a few kernels for all parameters rather than one per parameter.
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        self.log("train/grad_norm", torch.nn.utils.get_total_norm(grads))
 
     def configure_optimizers(self):
         train = self.experiment.train
@@ -135,31 +142,64 @@ class StabilityMonitor(L.Callback):
     A spike: a step after warmup whose loss exceeds the exponential moving average of earlier losses (beta
     `train.spike_ema`) by more than `train.spike_margin` nats. Divergence: a non-finite loss, or after warmup a loss
     above `train.divergence_factor` times that average.
+
+    The step losses stay on the device and are read back together every `every` steps (default: the trainer's
+    `log_every_n_steps`, so `train/spikes` is current whenever it reaches the logger) and when training ends: one
+    device sync per interval instead of one per step. Spike and divergence steps are those a step-by-step check finds;
+    a divergence stops the run at the end of its interval, up to `every - 1` steps after `diverged_step`.
     """
 
-    def __init__(self, warmup: int, beta: float, margin: float, factor: float):
-        self.warmup, self.beta, self.margin, self.factor = warmup, beta, margin, factor
+    def __init__(self, warmup: int, beta: float, margin: float, factor: float, every: int | None = None):
+        self.warmup, self.beta, self.margin, self.factor, self.every = warmup, beta, margin, factor, every
         self.ema: float | None = None
         self.spikes: list[int] = []
         self.diverged_step: int | None = None
+        self._pending_steps: list[int] = []
+        self._pending_losses: list[torch.Tensor] = []  # 0-d, on the device
+        self._restored_losses: list[float] = []  # losses of _pending_steps that a checkpoint brought back to the host
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        loss = float(trainer.callback_metrics["train/loss"])
-        step = trainer.global_step - 1
-        if not math.isfinite(loss) or (self.ema is not None and step >= self.warmup and loss > self.factor * self.ema):
-            self.diverged_step = step
-            trainer.should_stop = True
+        if self.diverged_step is not None:
             return
-        if self.ema is not None and step >= self.warmup and loss > self.ema + self.margin:
-            self.spikes.append(step)
-        self.ema = loss if self.ema is None else self.beta * self.ema + (1 - self.beta) * loss
-        pl_module.log("train/spikes", float(len(self.spikes)))
+        self._pending_steps.append(trainer.global_step - 1)
+        self._pending_losses.append(trainer.callback_metrics["train/loss"].detach())
+        if trainer.global_step % (self.every or max(1, trainer.log_every_n_steps)) == 0:
+            self._check(trainer)
+        if self.diverged_step is None:
+            pl_module.log("train/spikes", torch.tensor(float(len(self.spikes))))  # a CPU tensor: no device copy
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._check(trainer)  # the last, partial interval
+
+    def _check(self, trainer) -> None:
+        """The step-by-step rules over the pending steps, in order; the first divergence stops the run."""
+        if not self._pending_steps:
+            return
+        steps, losses = self._pending_steps, self._read_back()
+        self._pending_steps, self._pending_losses, self._restored_losses = [], [], []
+        for step, loss in zip(steps, losses):
+            after_warmup = self.ema is not None and step >= self.warmup
+            if not math.isfinite(loss) or (after_warmup and loss > self.factor * self.ema):
+                self.diverged_step = step
+                trainer.should_stop = True
+                return
+            if after_warmup and loss > self.ema + self.margin:
+                self.spikes.append(step)
+            self.ema = loss if self.ema is None else self.beta * self.ema + (1 - self.beta) * loss
+
+    def _read_back(self) -> list[float]:
+        """The pending steps' losses on the host: one device sync for all of them."""
+        return self._restored_losses + (torch.stack(self._pending_losses).tolist() if self._pending_losses else [])
 
     def state_dict(self) -> dict:
-        return {"ema": self.ema, "spikes": self.spikes}
+        # Steps not yet checked travel with the checkpoint, so a resumed run checks them as an unbroken one would.
+        return {"ema": self.ema, "spikes": self.spikes, "pending_steps": list(self._pending_steps),
+                "pending_losses": self._read_back()}
 
     def load_state_dict(self, state: dict) -> None:
         self.ema, self.spikes = state["ema"], list(state["spikes"])
+        self._pending_steps = list(state.get("pending_steps", []))  # absent in checkpoints from before batching
+        self._restored_losses, self._pending_losses = list(state.get("pending_losses", [])), []
 
 
 def cpu_has_fast_bf16() -> bool:

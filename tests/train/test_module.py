@@ -1,6 +1,10 @@
-"""The training pieces that need no data download: the step-indexed batch stream and the learning-rate schedule."""
+"""The training pieces that need no data download: the step-indexed batch stream, the learning-rate schedule and the
+stability monitor's spike and divergence rules."""
 
 from __future__ import annotations
+
+import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -8,7 +12,7 @@ import torch
 
 from gatelab.data.datasets import PackedDataset
 from gatelab.errors import GatelabError
-from gatelab.train.module import StepBatches, lr_at
+from gatelab.train.module import StabilityMonitor, StepBatches, lr_at
 
 
 def _windows() -> PackedDataset:
@@ -37,3 +41,80 @@ def test_warmup_then_cosine_to_the_floor():
     assert lr_at(9, 1.0, 0.1, warmup=10, total=110) == pytest.approx(1.0)
     assert lr_at(60, 1.0, 0.1, warmup=10, total=110) == pytest.approx(0.55)
     assert lr_at(110, 1.0, 0.1, warmup=10, total=110) == pytest.approx(0.1)
+
+
+MONITOR = dict(warmup=5, beta=0.9, margin=0.15, factor=3.0)
+
+
+def _step_by_step(losses: list[float], warmup: int, beta: float, margin: float, factor: float):
+    """The monitor's rules checked after every step, as it did before it batched its read-backs: (spikes, diverged)."""
+    ema, spikes = None, []
+    for step, loss in enumerate(losses):
+        if not math.isfinite(loss) or (ema is not None and step >= warmup and loss > factor * ema):
+            return spikes, step
+        if ema is not None and step >= warmup and loss > ema + margin:
+            spikes.append(step)
+        ema = loss if ema is None else beta * ema + (1 - beta) * loss
+    return spikes, None
+
+
+def _train(monitor: StabilityMonitor, losses: list[float], first_step: int = 0, log_every: int = 10, end: bool = True):
+    """Drive the monitor as Lightning does, one optimizer step per batch; the step at which the run stopped, if any."""
+    trainer = SimpleNamespace(global_step=first_step, callback_metrics={}, log_every_n_steps=log_every,
+                              should_stop=False)
+    module = SimpleNamespace(log=lambda *args, **kwargs: None)
+    for step in range(first_step, len(losses)):
+        trainer.global_step = step + 1  # Lightning has counted the optimizer step by on_train_batch_end
+        trainer.callback_metrics["train/loss"] = torch.tensor(losses[step])
+        monitor.on_train_batch_end(trainer, module, None, None, step)
+        if trainer.should_stop:
+            return step
+    if end:
+        monitor.on_train_end(trainer, module)
+    return None
+
+
+def _curve(diverge_at: int | None, nan: bool = False, length: int = 60) -> list[float]:
+    generator = np.random.default_rng(0)
+    losses = (3.0 + 0.1 * generator.standard_normal(length)).tolist()
+    losses[3] = 3.6  # in warmup: folded into the EMA, never a spike
+    losses[12] = losses[13] = 3.5  # spikes
+    losses[30] = 3.3  # a spike
+    if diverge_at is not None:
+        losses[diverge_at] = float("nan") if nan else 12.0
+    return losses
+
+
+@pytest.mark.parametrize("every", [1, 3, 10, 100])
+@pytest.mark.parametrize("diverge_at,nan", [(None, False), (41, False), (47, True), (59, True)])
+def test_batched_read_back_finds_the_spikes_and_divergence_a_step_by_step_check_finds(every, diverge_at, nan):
+    losses = _curve(diverge_at, nan)
+    spikes, diverged = _step_by_step(losses, **MONITOR)
+    assert spikes[:3] == [12, 13, 30] and diverged == diverge_at  # the curve has the events it is made for
+    monitor = StabilityMonitor(**MONITOR, every=every)
+    stopped = _train(monitor, losses)
+    assert monitor.spikes == spikes and monitor.diverged_step == diverged
+    if stopped is not None:  # at the end of the divergence's interval (None: the last, partial one, read at the end)
+        assert diverged <= stopped < diverged + every and (stopped + 1) % every == 0
+
+
+def test_the_interval_defaults_to_the_trainers_logging_interval():
+    losses = _curve(diverge_at=41)
+    assert _train(StabilityMonitor(**MONITOR), losses, log_every=4) == 43
+    assert _train(StabilityMonitor(**MONITOR), losses, log_every=1) == 41
+
+
+@pytest.mark.parametrize("resume_at", [7, 20, 33, 45])
+def test_a_checkpoint_inside_an_interval_resumes_to_the_same_spikes_and_divergence(resume_at):
+    losses = _curve(diverge_at=47)
+    unbroken = StabilityMonitor(**MONITOR, every=10)
+    _train(unbroken, losses)
+    first = StabilityMonitor(**MONITOR, every=10)
+    _train(first, losses[:resume_at], end=False)  # killed inside an interval: unchecked steps ride in the checkpoint
+    state = first.state_dict()
+    assert len(state["pending_steps"]) == resume_at % 10 and all(isinstance(v, float) for v in state["pending_losses"])
+    resumed = StabilityMonitor(**MONITOR, every=10)
+    resumed.load_state_dict(state)
+    _train(resumed, losses, first_step=resume_at)
+    assert (resumed.spikes, resumed.diverged_step) == (unbroken.spikes, unbroken.diverged_step)
+    assert resumed.ema == unbroken.ema
