@@ -1,15 +1,30 @@
 """Where workers run: in this process, as local processes pinned to a share of the cores or to one GPU each, or as a
-Slurm job array through submitit (whose local executor serves for tests). The ledger does the coordination."""
+Slurm job array through submitit (whose local executor serves for tests). The ledger does the coordination.
+
+Local CPU workers get disjoint cores, and the cores of a worker that has nothing left to train go to the workers still
+training: measured here (2 cores), two 1-thread runs side by side give 1.2x the throughput of one 2-thread run, but
+when the last run of a sweep trains alone on its one core, the idle core throws that gain away. Each local worker
+lists itself in a folder while it has work (`LocalWorkerRegistry`); the runs re-read it every few steps
+(`gatelab.sweep.worker.ShareFreedCores`) and widen their threads and CPU affinity to their share of the freed cores.
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from gatelab.errors import GatelabError
+
+REGISTRY_ENV = "GATELAB_LOCAL_WORKERS"  # the folder in which this launch's local workers list themselves
+POOL_ENV = "GATELAB_SWEEP_CORES"  # every core the launch was given, e.g. "0,1,2,3"
+HOME_ENV = "GATELAB_WORKER_CORES"  # this worker's own share of them, e.g. "2,3"
 
 
 def worker_command(sweep: Path, experiment: Path | None, storage: str, tracking_uri: str | None, runs_dir: Path,
@@ -34,25 +49,172 @@ def gpu_count() -> int:
         return 0
 
 
+def available_cores() -> list[int]:
+    """The cores this process may run on: its affinity mask (taskset, Slurm, a container), not os.cpu_count()."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity API (macOS): every core
+        return list(range(os.cpu_count() or 1))
+
+
+def split_cores(cores: Sequence[int], parts: int) -> list[list[int]]:
+    """`parts` disjoint runs of consecutive cores, sizes differing by at most one; with fewer cores than parts the
+    last parts are empty."""
+    size, extra = divmod(len(cores), parts)
+    shares, start = [], 0
+    for part in range(parts):
+        end = start + size + (part < extra)
+        shares.append(list(cores[start:end]))
+        start = end
+    return shares
+
+
+def assign_cores(cores: Sequence[int], n_workers: int) -> list[list[int]]:
+    """Each local worker's own cores: disjoint where there are enough, else one core each, taken in turn."""
+    if n_workers > len(cores):
+        return [[cores[index % len(cores)]] for index in range(n_workers)]
+    return split_cores(cores, n_workers)
+
+
+def share_of_cores(pool: Sequence[int], pid: int, live: Mapping[int, Sequence[int]]) -> list[int]:
+    """Worker `pid`'s cores now: its own (`live[pid]`) plus an even share of the pool's cores that no live worker owns.
+
+    Every worker computes the same split from the same registry (shares go by pid order), so the shares stay disjoint.
+    A worker not in `live` (idle, or not listed yet) gets [] here: it keeps its own cores.
+    """
+    if pid not in live:
+        return []
+    owned = {core for cores in live.values() for core in cores}
+    free = [core for core in pool if core not in owned]
+    extra = split_cores(free, len(live))[sorted(live).index(pid)]
+    return sorted(set(live[pid]) | set(extra))
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` is a running process; a zombie (exited, not yet reaped by its launcher) is not."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc (macOS): ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+
+class LocalWorkerRegistry:
+    """The local workers of one launch that have work: one file per worker, named by its pid, holding its own cores.
+
+    A worker enters while it trains or may claim a run and leaves when the ledger has nothing for it; an entry whose
+    process died (SIGKILL, OOM) is ignored. Reading it is one listdir and one /proc read per worker, cheap enough to do
+    every few training steps, and it never touches the ledger.
+    """
+
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+
+    def enter(self, pid: int, cores: Sequence[int]) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        staged = self.folder / f".{pid}.tmp"  # written aside and renamed, so a reader never sees half an entry
+        staged.write_text(",".join(map(str, cores)) + "\n")
+        os.replace(staged, self.folder / str(pid))
+
+    def leave(self, pid: int) -> None:
+        (self.folder / str(pid)).unlink(missing_ok=True)
+
+    def live(self) -> dict[int, list[int]]:
+        """pid -> own cores, for every entry whose process is still running."""
+        try:
+            names = os.listdir(self.folder)
+        except FileNotFoundError:
+            return {}
+        workers = {}
+        for name in names:
+            if not name.isdigit() or not _alive(int(name)):
+                continue
+            try:
+                workers[int(name)] = parse_cores((self.folder / name).read_text())
+            except (FileNotFoundError, ValueError):  # left or rewritten between listdir and read
+                continue
+        return workers
+
+
+def parse_cores(text: str) -> list[int]:
+    return [int(core) for core in text.strip().split(",") if core]
+
+
+@dataclass
+class LocalShare:
+    """What a worker started by `run_local_workers` knows about the cores: its own, the launch's, and the registry."""
+
+    registry: LocalWorkerRegistry
+    pool: list[int]
+    home: list[int]
+    pid: int
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> LocalShare | None:
+        """None for a worker not started by `run_local_workers` (another machine's, a Slurm task, a GPU worker)."""
+        if not all(environ.get(key) for key in (REGISTRY_ENV, POOL_ENV, HOME_ENV)):
+            return None
+        return cls(LocalWorkerRegistry(Path(environ[REGISTRY_ENV])), parse_cores(environ[POOL_ENV]),
+                   parse_cores(environ[HOME_ENV]), os.getpid())
+
+    def enter(self) -> None:
+        self.registry.enter(self.pid, self.home)
+
+    def leave(self) -> None:
+        self.registry.leave(self.pid)
+
+    def cores_now(self) -> list[int]:
+        return share_of_cores(self.pool, self.pid, self.registry.live()) or self.home
+
+
 def run_local_workers(n_workers: int, **worker_args) -> int:
-    """N worker processes; each gets one GPU (CUDA_VISIBLE_DEVICES) where there are enough, else cores/N threads.
+    """N worker processes; each gets one GPU (CUDA_VISIBLE_DEVICES) where there are enough, else a disjoint share of
+    this process's cores, with as many threads, widened while other workers sit idle (see the module docstring).
 
     Ctrl-C reaches every worker, which puts its run back in the queue before it exits.
     """
-    gpus = gpu_count()
-    threads = max(1, (os.cpu_count() or 1) // n_workers) if gpus < n_workers else None
+    on_gpus = gpu_count() >= n_workers
+    pool = available_cores()
+    homes = assign_cores(pool, n_workers)
+    registry = None
+    if not on_gpus:
+        from gatelab.sweep.spec import load_sweep
+
+        name = load_sweep(worker_args["sweep"], worker_args.get("experiment")).name
+        # One folder per launch: two launches (or two machines sharing the runs dir) never count each other's workers.
+        registry = LocalWorkerRegistry(Path(worker_args["runs_dir"]) / name / "local-workers"
+                                       / f"{socket.gethostname()}-{os.getpid()}")
     processes = []
-    for index in range(n_workers):
-        env = dict(os.environ)
-        if gpus >= n_workers:
-            env["CUDA_VISIBLE_DEVICES"] = str(index)
-        processes.append(subprocess.Popen(worker_command(threads=threads, **worker_args), env=env))
     try:
-        codes = [process.wait() for process in processes]
-    except KeyboardInterrupt:
-        for process in processes:
-            process.send_signal(signal.SIGINT)
-        codes = [process.wait() for process in processes]
+        for index in range(n_workers):
+            env = dict(os.environ)
+            if on_gpus:
+                env["CUDA_VISIBLE_DEVICES"] = str(index)
+                command = worker_command(threads=None, **worker_args)
+            else:
+                env.update({REGISTRY_ENV: str(registry.folder.resolve()), POOL_ENV: ",".join(map(str, pool)),
+                            HOME_ENV: ",".join(map(str, homes[index]))})
+                command = worker_command(threads=len(homes[index]), **worker_args)
+            processes.append(subprocess.Popen(command, env=env))
+            if registry is not None:  # listed from the start, so an early worker never takes a late one's cores
+                registry.enter(processes[-1].pid, homes[index])
+        try:
+            codes = [process.wait() for process in processes]
+        except KeyboardInterrupt:
+            for process in processes:
+                process.send_signal(signal.SIGINT)
+            codes = [process.wait() for process in processes]
+    finally:
+        if registry is not None:
+            shutil.rmtree(registry.folder, ignore_errors=True)
     return max(codes)
 
 

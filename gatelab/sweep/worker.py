@@ -6,13 +6,55 @@ on any number of machines, can work on one sweep: the ledger hands each run to e
 
 from __future__ import annotations
 
+import os
 import time
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import lightning as L
+import torch
+
+from gatelab.sweep.executor import LocalShare
 from gatelab.sweep.queue import HASH, SweepLedger, default_storage
 from gatelab.sweep.spec import expand, load_sweep
+
+
+def use_cores(cores: Sequence[int]) -> None:
+    """Train on exactly these cores: as many torch threads, and every thread of this process allowed on them only.
+
+    Call it from the training thread: OpenMP keeps the thread count per calling thread. The affinity is set thread by
+    thread because Linux applies sched_setaffinity to one thread, and OpenMP's pool threads already exist.
+    """
+    torch.set_num_threads(len(cores))
+    if not hasattr(os, "sched_setaffinity"):
+        return
+    for task in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(task), cores)
+        except OSError:  # that thread ended meanwhile, or a cpuset took the core away: threads still apply
+            continue
+
+
+class ShareFreedCores(L.Callback):
+    """Every `every_n_steps` training steps, resize this local worker to its share of the sweep's cores now: its own
+    plus an even share of those whose workers have gone idle or exited (one listdir, no ledger query). Hooks run in
+    the training thread, where the thread count must be set."""
+
+    def __init__(self, share: LocalShare, every_n_steps: int = 5):
+        self.share, self.every_n_steps = share, every_n_steps
+        self.cores: list[int] | None = None
+
+    def apply(self) -> None:
+        cores = self.share.cores_now()
+        if cores != self.cores:
+            use_cores(cores)
+            self.cores = cores
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        if trainer.global_step % self.every_n_steps == 0:
+            self.apply()
 
 
 @dataclass
@@ -31,41 +73,57 @@ def work(sweep_path: Path, experiment: Path | None = None, storage: str | None =
     by_hash = {spec.hash: spec for spec in specs}
     ledger = SweepLedger(storage or default_storage(runs_dir, sweep.name), sweep.name, heartbeat_s, grace_s)
     ledger.enqueue_missing(specs)
-    if threads:
-        import torch
-
+    share = LocalShare.from_env()  # only the CPU workers of `gatelab sweep run --workers N` share cores
+    if share is not None:
+        share.enter()
+        use_cores(share.home)
+    elif threads:
         torch.set_num_threads(threads)
-    from gatelab.train.run import run  # Lightning is imported once per worker, here
+    from gatelab.train.run import run  # the training code is imported once per worker, here
 
     report = WorkerReport()
-    while True:
-        for digest in ledger.fail_stale():
-            log(f"re-queued {by_hash[digest].label() if digest in by_hash else digest}: its worker stopped beating")
-        trial = ledger.claim()
-        if trial is None:
-            if not ledger.unfinished():
-                return report
-            time.sleep(min(heartbeat_s, 5.0))  # runs still going elsewhere; one may need taking over
-            continue
-        spec = by_hash.get(trial.user_attrs[HASH])
-        if spec is None:
-            ledger.fail(trial, f"run {trial.user_attrs[HASH]} is no longer in {sweep_path}", retries=0)
-            continue
-        log(f"[{ledger.worker}] run {spec.index}: {spec.label()}")
-        with ledger.heartbeat(trial):
-            try:
-                result = run(spec.experiment, tracking_uri=tracking_uri, runs_dir=runs_dir, quiet=not progress, log=log)
-            except KeyboardInterrupt:
-                ledger.release(trial)
-                raise
-            except Exception:  # a failed run is recorded and retried; the worker goes on with the next
-                error = traceback.format_exc()
-                retried = ledger.fail(trial, error, sweep.retries)
-                log(f"run {spec.index} failed ({error.strip().splitlines()[-1]}); "
-                    + ("re-queued" if retried else f"no retries left after {sweep.retries}"))
-                if not retried:
-                    report.failed.append(spec.hash)
+    try:
+        while True:
+            for digest in ledger.fail_stale():
+                log(f"re-queued {by_hash[digest].label() if digest in by_hash else digest}: its worker stopped beating")
+            trial = ledger.claim()
+            if trial is None:
+                if share is not None:
+                    share.leave()  # nothing to train: the runs still going take this worker's cores
+                if not ledger.unfinished():
+                    return report
+                time.sleep(min(heartbeat_s, 5.0))  # runs still going elsewhere; one may need taking over
                 continue
-        ledger.finish(trial, result.status, result.run_id, result.metrics.get("ppl/avg"), result.diverged_step)
-        getattr(report, result.status).append(spec.hash)
-        log(f"run {spec.index} {result.status}: MLflow run {result.run_id}")
+            spec = by_hash.get(trial.user_attrs[HASH])
+            if spec is None:
+                ledger.fail(trial, f"run {trial.user_attrs[HASH]} is no longer in {sweep_path}", retries=0)
+                continue
+            log(f"[{ledger.worker}] run {spec.index}: {spec.label()}")
+            callbacks = ()
+            if share is not None:
+                share.enter()
+                if not spec.experiment.train.threads:  # a run with train.threads sets its own
+                    resize = ShareFreedCores(share)
+                    resize.apply()
+                    callbacks = (resize,)
+            with ledger.heartbeat(trial):
+                try:
+                    result = run(spec.experiment, tracking_uri=tracking_uri, runs_dir=runs_dir, quiet=not progress,
+                                 log=log, extra_callbacks=callbacks)
+                except KeyboardInterrupt:
+                    ledger.release(trial)
+                    raise
+                except Exception:  # a failed run is recorded and retried; the worker goes on with the next
+                    error = traceback.format_exc()
+                    retried = ledger.fail(trial, error, sweep.retries)
+                    log(f"run {spec.index} failed ({error.strip().splitlines()[-1]}); "
+                        + ("re-queued" if retried else f"no retries left after {sweep.retries}"))
+                    if not retried:
+                        report.failed.append(spec.hash)
+                    continue
+            ledger.finish(trial, result.status, result.run_id, result.metrics.get("ppl/avg"), result.diverged_step)
+            getattr(report, result.status).append(spec.hash)
+            log(f"run {spec.index} {result.status}: MLflow run {result.run_id}")
+    finally:
+        if share is not None:
+            share.leave()

@@ -22,6 +22,7 @@ def test_smoke_sweep_trains_and_evaluates_every_registered_variant(tmp_path):
     frame = mlflow.search_runs(experiment_names=["smoke"])
     assert sorted(frame[frame["status"] == "FINISHED"]["tags.variant"]) == sorted(VARIANTS)
     assert frame["metrics.ppl/avg"].notna().all() and frame["metrics.probe/f_attn"].notna().all()
+    assert list((runs / "smoke" / "local-workers").iterdir()) == []  # the workers' registry goes with the launch
 
 
 def test_lr_stability_search_prunes_trials_visibly_in_optuna_and_mlflow(tmp_path):
