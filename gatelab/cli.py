@@ -341,6 +341,45 @@ def ui(
     serve_ui(tracking_uri or default_tracking_uri(runs_dir), port=port)
 
 
+@app.command()
+def bench(
+    presets: Annotated[Optional[list[Path]], typer.Argument(help="experiment presets (default: tiny and tiny-moe)")] = None,
+    variants: Annotated[str, typer.Option(help="comma-separated variants, baseline first")] = ",".join(
+        ("baseline", "g1_elem_sig", "g1_head_sig", "g2_elem_sig", "g5_elem_sig")),
+    steps: Annotated[int, typer.Option(help="timed steps per variant (interleaved)")] = 20,
+    warmup: Annotated[int, typer.Option(help="untimed steps first")] = 3,
+    lightning_steps: Annotated[int, typer.Option(help="steps per Lightning block (3 blocks)")] = 12,
+    run_steps: Annotated[int, typer.Option(help="steps of the real child run that measures fixed costs")] = 20,
+    bf16_steps: Annotated[int, typer.Option(help="timed bf16 steps where the CPU emulates bf16 (slow)")] = 3,
+    sweep: Annotated[Optional[Path], typer.Option(help="also run this sweep with 1 then 2 workers (slow)")] = None,
+    compile_: Annotated[bool, typer.Option("--compile", help="also time torch.compile (a minute to compile)")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the JSON report")] = False,
+    out: Annotated[Path, typer.Option(help="folder for bench.md and bench.json")] = Path("results/bench"),
+) -> None:
+    """Throughput and overhead: variants against baseline, Lightning against a plain loop, fp32 against bf16,
+    FLOP/s against this machine's GEMM rate, fixed costs and peak memory of a run, GPU estimates."""
+    import shlex
+
+    from gatelab import bench as bench_module
+
+    chosen = presets or [bench_module.project_root() / p for p in bench_module.DEFAULT_PRESETS]
+    log = (lambda message: typer.echo(message, err=True)) if as_json else typer.echo
+    try:
+        report = bench_module.bench(chosen, [v.strip() for v in variants.split(",") if v.strip()], warmup, steps,
+                                    lightning_steps, run_steps, sweep, bf16_steps, compile_, log=log)
+    except GatelabError as error:
+        _fail(error)
+    report.command = "gatelab bench " + shlex.join(sys.argv[2:])
+    written = bench_module.write(report, out)
+    if as_json:
+        from dataclasses import asdict
+
+        typer.echo(json.dumps(asdict(report), indent=2, default=str))
+        return
+    typer.echo(bench_module.to_markdown(report))
+    typer.echo("wrote " + ", ".join(str(p) for p in written))
+
+
 def main() -> None:
     try:
         app()

@@ -1,0 +1,607 @@
+"""`gatelab bench`: where the time of a training step goes, measured side by side in one process.
+
+Every figure is a median of many steps after warm-up, and the steps of the things compared are interleaved (one step
+of each in turn, round after round), so a machine that slows down or speeds up midway shifts all of them alike: on a
+shared 2-core VM single timings drift by 10-20% from minute to minute, more than most differences measured here.
+
+What it measures, per experiment preset (tiny and tiny-moe by default):
+- the step time and tokens/s of `baseline` and one variant of each gate family, as ratios to `baseline`;
+- gatelab's real Lightning training step (its Trainer settings, callbacks and MLflow logger) against a plain PyTorch
+  loop on the same model, batches, optimizer and precision: the framework overhead as a ratio;
+- fp32 against bf16 autocast, and the preset's own precision against a plain fp32 eager loop;
+- the model's achieved FLOP/s against this machine's matrix-multiply FLOP/s on the very GEMM shapes the step runs
+  (read off a profiler trace of one step), and so the share of step time spent outside those GEMMs;
+- peak memory, and the fixed cost of one run (process start and imports, setup, evaluation) against its training time,
+  from a real `gatelab train` run in a child process;
+- with `--sweep`, a real sweep run with one worker and then two (wall time, fixed-cost share, throughput ratio).
+Training data are random tokens: the step's cost does not depend on them, and the bench needs no corpus.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from gatelab.config import ExperimentConfig, load_experiment
+from gatelab.errors import GatelabError
+
+DEFAULT_PRESETS = ("experiments/tiny.yaml", "experiments/tiny-moe.yaml")
+# One variant of each family the performance issue names: G1 elementwise and headwise, G2, G5 (the MoE backbone is
+# the tiny-moe preset's own baseline).
+DEFAULT_VARIANTS = ("baseline", "g1_elem_sig", "g1_head_sig", "g2_elem_sig", "g5_elem_sig")
+PLAN_SWEEP, PLAN_EXPERIMENT = "sweeps/paper-table1.yaml", "experiments/paper-moe-15b.yaml"
+
+
+@dataclass
+class StepFigures:
+    """Median step time of one thing measured, with what it is relative to."""
+
+    preset: str
+    label: str  # e.g. "baseline", "g1_elem_sig", "plain fp32", "lightning"
+    precision: str
+    step_s: float
+    tokens_per_s: float
+    steps: int
+    ratio: float | None = None  # to the row named in `ratio_to`
+    ratio_to: str | None = None
+    spread: float = 0.0  # (p90 - p10) / median of the timed steps
+
+
+@dataclass
+class GemmFigures:
+    preset: str
+    precision: str
+    model_flops_per_step: float
+    achieved_flops_per_s: float
+    gemm_flops_per_s: float  # this machine's matmul rate on the step's own GEMM shapes
+    gemm_s_per_step: float
+    share_outside_gemm: float
+    square_gemm_flops_per_s: float  # a 1024^3 GEMM, for scale
+    shapes: int
+
+
+@dataclass
+class BenchReport:
+    machine: dict
+    steps: list[StepFigures] = field(default_factory=list)
+    gemm: list[GemmFigures] = field(default_factory=list)
+    run_cost: dict = field(default_factory=dict)
+    sweep: dict = field(default_factory=dict)
+    plan_seconds: float | None = None
+    gpu_estimates: list[dict] = field(default_factory=list)
+    checks: list[dict] = field(default_factory=list)
+    command: str = ""
+
+
+# --- the machine ----------------------------------------------------------------------------------------------------
+
+
+def machine_facts() -> dict:
+    from gatelab.train.module import cpu_has_fast_bf16
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        names = re.findall(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    facts = {"cpu": cpu, "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+             "torch_threads": torch.get_num_threads(), "fast_bf16_cpu": cpu_has_fast_bf16(),
+             "torch": torch.__version__, "python": platform.python_version(),
+             "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+    return facts
+
+
+def _device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+# --- steps to time ----------------------------------------------------------------------------------------------------
+
+
+def random_windows(vocab_size: int, seq_len: int, seed: int = 0, tokens: int = 1 << 20):
+    """A PackedDataset over random tokens: the training stream gatelab's data module serves, without a corpus."""
+    from gatelab.data.datasets import PackedDataset
+
+    stream = np.random.default_rng(seed).integers(0, vocab_size, tokens, dtype=np.int64).astype(np.int32)
+    return PackedDataset({"random": stream}, seq_len, seed)
+
+
+def batch_stream(experiment: ExperimentConfig):
+    """gatelab's own step-indexed batches (the same for every harness), endless."""
+    from gatelab.train.module import StepBatches
+
+    windows = random_windows(experiment.model.vocab_size, experiment.data.seq_len, experiment.seed)
+    step = [0]
+    batches = StepBatches(windows, experiment.train.batch_size, 1 << 30, lambda: step[0])
+    return iter(batches)
+
+
+def _autocast(precision: str):
+    dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
+    return torch.autocast(_device().type, dtype=dtype, enabled=dtype is not None)
+
+
+def plain_step(experiment: ExperimentConfig, precision: str, compile: bool = False) -> Callable[[], None]:
+    """A plain PyTorch training step on gatelab's model: the same init, loss, AdamW groups, schedule and clipping as
+    gatelab's LightningModule, none of Lightning's machinery; eager unless `compile`."""
+    from gatelab.model import resolve_model
+    from gatelab.train.module import GatedLM
+
+    train = experiment.train.model_copy(update={"compile": compile})
+    experiment = experiment.model_copy(update={"train": train})
+    module = GatedLM(experiment, resolve_model(experiment)).to(_device())
+    optimizers = module.configure_optimizers()
+    optimizer, schedule = optimizers["optimizer"], optimizers["lr_scheduler"]["scheduler"]
+    batches, moe, clip = batch_stream(experiment), module.moe, experiment.train.grad_clip
+    scaler = torch.amp.GradScaler(enabled=precision == "16-mixed")
+
+    def step() -> None:
+        input_ids_BT, targets_BT = (t.to(_device(), non_blocking=True) for t in next(batches))
+        with _autocast(precision):
+            logits_BTV, aux = module.train_forward(input_ids_BT)
+            loss = F.cross_entropy(logits_BTV.flatten(0, 1).float(), targets_BT.flatten())
+            if moe is not None:
+                loss = loss + moe.load_balance_coef * aux["load_balance"] + moe.z_loss_coef * aux["z_loss"]
+        scaler.scale(loss).backward()
+        if clip:
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(module.parameters(), clip)
+        scaler.step(optimizer)
+        scaler.update()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def time_interleaved(steps: dict[str, Callable[[], None]], warmup: int, measured: int) -> dict[str, list[float]]:
+    """Seconds of each step, taking one step of each in turn, `warmup` rounds untimed then `measured` timed."""
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for round_index in range(warmup + measured):
+        for name, step in steps.items():
+            _sync()
+            started = time.perf_counter()
+            step()
+            _sync()
+            if round_index >= warmup:
+                times[name].append(time.perf_counter() - started)
+    return times
+
+
+def _spread(times: list[float]) -> float:
+    if len(times) < 3:
+        return 0.0
+    low, high = np.percentile(times, [10, 90])
+    return float((high - low) / statistics.median(times))
+
+
+class StepTimer:
+    """A Lightning callback: the time from one training batch's start to the next (everything Lightning does)."""
+
+    def __new__(cls):
+        import lightning as L
+
+        class _StepTimer(L.Callback):
+            def __init__(self) -> None:
+                self.starts: list[float] = []
+
+            def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+                _sync()
+                self.starts.append(time.perf_counter())
+
+        return _StepTimer()
+
+
+def lightning_steps(experiment: ExperimentConfig, precision: str, steps: int, folder: Path) -> list[float]:
+    """Seconds per step of gatelab's Lightning training: its module, data module, Trainer settings, stability monitor
+    and an MLflow logger writing to a SQLite store, as in `gatelab train` (quiet, no checkpoint)."""
+    import lightning as L
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    from gatelab.model import resolve_model
+    from gatelab.train.module import GatedLM, StabilityMonitor, TextData
+
+    train = experiment.train
+    timer = StepTimer()
+    logger = MLFlowLogger(experiment_name="bench", tracking_uri=f"sqlite:///{folder / 'mlflow.db'}")
+    trainer = L.Trainer(
+        max_steps=steps, accelerator=train.accelerator, devices=1, precision=precision,
+        gradient_clip_val=train.grad_clip or None, logger=logger, log_every_n_steps=train.log_every,
+        callbacks=[StabilityMonitor(train.warmup_steps, train.spike_ema, train.spike_margin, train.divergence_factor),
+                   timer],
+        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0,
+        limit_val_batches=0, default_root_dir=folder, use_distributed_sampler=False,
+    )
+    module = GatedLM(experiment, resolve_model(experiment))
+    windows = random_windows(experiment.model.vocab_size, experiment.data.seq_len, experiment.seed)
+    trainer.fit(module, datamodule=TextData(windows, train.batch_size, steps))
+    return list(np.diff(timer.starts))
+
+
+# --- GEMM shapes ------------------------------------------------------------------------------------------------------
+
+
+def gemm_shapes(step: Callable[[], None], dtype: torch.dtype) -> list[tuple[str, tuple[int, ...], tuple[int, ...], torch.dtype]]:
+    """(op, shape A, shape B, dtype) of every matrix multiply one training step runs, forward and backward.
+
+    The profiler records shapes, not dtypes: `dtype` is the step's matmul dtype (bf16 under bf16 autocast)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities, record_shapes=True) as trace:
+        step()
+    shapes = []
+    for event in trace.events():
+        if event.name in ("aten::mm", "aten::bmm", "aten::addmm") and event.input_shapes:
+            operands = event.input_shapes[1:] if event.name == "aten::addmm" else event.input_shapes[:2]
+            shapes.append((event.name, tuple(operands[0]), tuple(operands[1]), dtype))
+    return shapes
+
+
+def _mm_flops(a: tuple[int, ...], b: tuple[int, ...]) -> float:
+    batch = a[0] if len(a) == 3 else 1
+    return 2.0 * batch * a[-2] * a[-1] * b[-1]
+
+
+def time_gemms(shapes, repeats: int = 5) -> tuple[float, float]:
+    """(seconds, FLOPs) of running every GEMM of `shapes` once, each timed alone on random operands."""
+    device, seconds, flops, cache = _device(), 0.0, 0.0, {}
+    for _, a, b, dtype in shapes:
+        key = (a, b, dtype)
+        if key not in cache:
+            left, right = torch.randn(a, device=device, dtype=dtype), torch.randn(b, device=device, dtype=dtype)
+            multiply = torch.bmm if len(a) == 3 else torch.mm
+            multiply(left, right)
+            runs = []
+            for _ in range(repeats):
+                _sync()
+                started = time.perf_counter()
+                multiply(left, right)
+                _sync()
+                runs.append(time.perf_counter() - started)
+            cache[key] = statistics.median(runs)
+        seconds += cache[key]
+        flops += _mm_flops(a, b)
+    return seconds, flops
+
+
+def square_gemm_flops(dtype: torch.dtype = torch.float32, size: int = 1024) -> float:
+    seconds, flops = time_gemms([("aten::mm", (size, size), (size, size), dtype)], repeats=7)
+    return flops / seconds
+
+
+def model_flops_per_step(experiment: ExperimentConfig) -> float:
+    from gatelab.model import count_parameters, resolve_model
+    from gatelab.sweep.plan import active_parameters, training_flops
+
+    model = resolve_model(experiment)
+    tokens = experiment.train.batch_size * experiment.data.seq_len
+    return training_flops(model, active_parameters(model, count_parameters(model)), tokens, experiment.data.seq_len)
+
+
+# --- one real run, and a real sweep, in child processes -------------------------------------------------------------
+
+
+def _child(command: list[str], cwd: Path, env: dict | None = None, timeout: float = 3600) -> tuple[float, int, str]:
+    """(wall seconds, peak RSS in bytes of the child's largest process, output) of a command."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    started = time.perf_counter()
+    result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    wall = time.perf_counter() - started
+    if result.returncode != 0:
+        raise GatelabError(f"`{' '.join(command)}` failed ({result.returncode}):\n{result.stdout[-2000:]}"
+                           f"\n{result.stderr[-4000:]}")
+    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return wall, peak_kib * 1024 if peak_kib > before else 0, result.stdout + result.stderr
+
+
+def _run_timings(runs_dir: Path) -> list[dict[str, float]]:
+    """The `time/*` metrics and step count of every finished run in a runs folder's MLflow store."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{runs_dir / 'mlflow.db'}")
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    found = []
+    for run in client.search_runs(experiments, "tags.`gatelab.status` = 'finished'"):
+        metrics = {k: v for k, v in run.data.metrics.items() if k.startswith("time/")}
+        metrics["steps"] = float(run.data.params.get("train.max_steps", "nan"))
+        found.append(metrics)
+    return found
+
+
+def run_cost(preset: str, steps: int, step_s: float, preset_steps: int, folder: Path) -> dict:
+    """A real `gatelab train` of `steps` steps in a child process: its wall time, phases and peak memory; the fixed
+    part (everything but training) against the preset's full training time at the measured step time."""
+    command = [sys.executable, "-m", "gatelab", "train", str(Path(preset).resolve()), "--quiet",
+               "--runs-dir", str(folder), "--set", f"train.max_steps={steps}"]
+    wall, peak, _ = _child(command, cwd=folder)
+    timings = _run_timings(folder)
+    phases = timings[0] if timings else {}
+    train_s = phases.get("time/train_s")
+    fixed_s = wall - train_s if train_s is not None else None
+    full_train_s = preset_steps * step_s
+    return {"preset": preset, "steps": steps, "wall_s": wall, "peak_rss_bytes": peak,
+            "phases": {k.removeprefix("time/"): v for k, v in phases.items() if k.startswith("time/")},
+            "fixed_s": fixed_s, "preset_steps": preset_steps, "preset_train_s_at_measured_step": full_train_s,
+            "fixed_share_of_preset_run": fixed_s / (fixed_s + full_train_s) if fixed_s is not None else None}
+
+
+def sweep_cost(sweep: str, folder: Path, workers: tuple[int, ...] = (1, 2)) -> dict:
+    """`gatelab sweep run` of a real sweep with each worker count, in fresh runs folders: wall time and, from the runs'
+    `time/*` metrics, the share of the one-worker wall time that is not training."""
+    results = {}
+    for count in workers:
+        runs_dir = folder / f"workers{count}"
+        command = [sys.executable, "-m", "gatelab", "sweep", "run", str(Path(sweep).resolve()), "--workers",
+                   str(count), "--runs-dir", str(runs_dir)]
+        wall, peak, _ = _child(command, cwd=folder, timeout=4 * 3600)
+        timings = _run_timings(runs_dir)
+        train_s = sum(t.get("time/train_s", math.nan) for t in timings)
+        results[count] = {"wall_s": wall, "runs": len(timings), "train_s_sum": train_s, "peak_rss_bytes": peak,
+                          "eval_s_sum": sum(t.get("time/eval_s", math.nan) for t in timings)}
+    one = results[workers[0]]
+    summary = {"sweep": sweep, "by_workers": results,
+               "fixed_share_one_worker": (one["wall_s"] - one["train_s_sum"]) / one["wall_s"]}
+    if len(workers) > 1:
+        summary["throughput_ratio"] = one["wall_s"] / results[workers[-1]]["wall_s"]
+    return summary
+
+
+def plan_seconds(root: Path) -> float:
+    wall, _, _ = _child([sys.executable, "-m", "gatelab", "sweep", "plan", str(root / PLAN_SWEEP), "--experiment",
+                         str(root / PLAN_EXPERIMENT), "--json"], cwd=root)
+    return wall
+
+
+# --- GPU planning figures from FLOP and byte counts ------------------------------------------------------------------
+
+
+def gpu_estimate(experiment: ExperimentConfig, peak_flops: float = 989e12, utilisation: float = 0.4,
+                 memory_bytes: float = 80e9) -> dict:
+    """Tokens/s and memory of one run on one GPU, from counts, not measurement.
+
+    Time: training FLOPs (gatelab.sweep.plan) at `utilisation` of the bf16 dense peak (H100 SXM: 989 TFLOP/s).
+    Memory: 16 bytes a parameter (fp32 weights, gradients and AdamW's two moments; bf16-mixed keeps fp32 masters), plus
+    activations kept for the backward pass under bf16 autocast with fused (flash) attention, per layer and token
+    about 34 * d_model bytes (Korthikanti et al. 2022, Eq. 2 without the attention-matrix term, which flash attention
+    does not store) with SwiGLU's wider hidden counted as 2 * 3 * ffn bytes, plus the logits (bf16 and their fp32
+    copy for the loss: 6 * vocab bytes a token). MoE: routed experts' activations at top_k of them.
+    """
+    from gatelab.model import count_parameters, resolve_model
+
+    model = resolve_model(experiment)
+    params = count_parameters(model)
+    tokens = experiment.train.batch_size * experiment.data.seq_len
+    flops = model_flops_per_step(experiment)
+    hidden = (model.moe.expert_hidden * model.moe.top_k if model.ffn == "moe" and model.moe else model.ffn_hidden)
+    per_layer_token = 34 * model.d_model + 6 * hidden
+    activations = tokens * (model.n_layers * per_layer_token + 6 * model.vocab_size)
+    memory = 16 * params + activations
+    step_s = flops / (peak_flops * utilisation)
+    return {"preset": experiment.name, "params": params, "tokens_per_step": tokens, "flops_per_step": flops,
+            "assumed_flops_per_s": peak_flops * utilisation, "step_s": step_s, "tokens_per_s": tokens / step_s,
+            "run_hours": experiment.train.max_steps * step_s / 3600, "memory_gb": memory / 1e9,
+            "fits_gb": memory_bytes / 1e9}
+
+
+# --- the bench ------------------------------------------------------------------------------------------------------
+
+
+def project_root() -> Path:
+    """The checkout gatelab runs from: its experiments/ and sweeps/ hold the default presets and the plan's sweep."""
+    import gatelab
+
+    return Path(gatelab.__file__).resolve().parents[1]
+
+
+def validate(presets: list[Path], variants: list[str], sweep: Path | None) -> None:
+    """Every preset, variant and the sweep file load before anything is measured (errors name file and key)."""
+    from gatelab.model import resolve_model
+    from gatelab.sweep.spec import load_sweep
+    from gatelab.variants import variant_ids
+
+    if "baseline" not in variants:
+        raise GatelabError(f"--variants must include baseline (the ratios are to it), got {', '.join(variants)}")
+    for preset in presets:
+        for variant in variants:
+            variant_ids(variant)
+            resolve_model(load_experiment(preset, [f"variant={variant}"]))
+    if sweep is not None:
+        load_sweep(sweep)
+
+
+def bench(presets: list[Path], variants: list[str], warmup: int, measured: int, lightning_steps_count: int,
+          run_steps: int, sweep: Path | None, bf16_steps: int, compile: bool = False, log=print) -> BenchReport:
+    """Every measurement, in this order, printing progress with `log`."""
+    validate(presets, variants, sweep)
+    report = BenchReport(machine=machine_facts())
+    root = project_root()
+    from gatelab.train.module import resolve_precision
+
+    for preset in presets:
+        base = load_experiment(preset)
+        precision = resolve_precision(base.train.precision, base.train.accelerator)
+        name = base.name
+        tokens = base.train.batch_size * base.data.seq_len
+        log(f"{name}: variants {', '.join(variants)} at {precision}, {measured} interleaved steps each")
+        steps = {v: plain_step(load_experiment(preset, [f"variant={v}"]), precision) for v in variants}
+        times = time_interleaved(steps, warmup, measured)
+        base_s = statistics.median(times["baseline"])
+        for variant, seconds in times.items():
+            median = statistics.median(seconds)
+            report.steps.append(StepFigures(name, variant, precision, median, tokens / median, len(seconds),
+                                            median / base_s, "baseline", _spread(seconds)))
+
+        log(f"{name}: gatelab's Lightning step against the plain loop ({precision})")
+        plain_times: list[float] = []
+        lightning_times: list[float] = []
+        plain = plain_step(base, precision)
+        with tempfile.TemporaryDirectory() as folder:
+            for _ in range(3):  # three blocks of each, alternating, so drift hits both
+                lightning_times += lightning_steps(base, precision, lightning_steps_count, Path(folder))[warmup:]
+                plain_times += time_interleaved({"plain": plain}, warmup, lightning_steps_count - warmup)["plain"]
+        plain_s, lightning_s = statistics.median(plain_times), statistics.median(lightning_times)
+        report.steps.append(StepFigures(name, f"plain {precision}", precision, plain_s, tokens / plain_s,
+                                        len(plain_times), spread=_spread(plain_times)))
+        report.steps.append(StepFigures(name, "lightning", precision, lightning_s, tokens / lightning_s,
+                                        len(lightning_times), lightning_s / plain_s, f"plain {precision}",
+                                        _spread(lightning_times)))
+
+        log(f"{name}: precision (fp32 eager against bf16 autocast)")
+        precisions = {"32-true": plain_step(base, "32-true"), "bf16-mixed": plain_step(base, "bf16-mixed")}
+        bf16_slow = not (report.machine["fast_bf16_cpu"] or torch.cuda.is_available())
+        rounds = bf16_steps if bf16_slow else measured  # emulated bf16 takes ~20x longer a step: fewer rounds
+        times = time_interleaved(precisions, 1, rounds)
+        if compile:  # its own loop: the first steps compile (about a minute on 2 cores)
+            log(f"{name}: torch.compile ({precision})")
+            times[f"{precision} compiled"] = time_interleaved({"compiled": plain_step(base, precision, compile=True),
+                                                               "eager": plain}, warmup, measured)["compiled"]
+        fp32_s = statistics.median(times["32-true"])
+        for label, seconds in times.items():
+            median = statistics.median(seconds)
+            report.steps.append(StepFigures(name, f"plain {label}", label, median, tokens / median, len(seconds),
+                                            median / fp32_s, "plain 32-true", _spread(seconds)))
+        report.steps.append(StepFigures(name, "gatelab preset", precision, lightning_s, tokens / lightning_s,
+                                        len(lightning_times), lightning_s / fp32_s, "plain 32-true"))
+
+        log(f"{name}: GEMM shapes of one step and this machine's rate on them")
+        dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision, torch.float32)
+        shapes = gemm_shapes(plain, dtype)
+        gemm_s, gemm_flops = time_gemms(shapes)
+        flops = model_flops_per_step(base)
+        report.gemm.append(GemmFigures(name, precision, flops, flops / plain_s, gemm_flops / gemm_s, gemm_s,
+                                       max(0.0, 1 - gemm_s / plain_s), square_gemm_flops(dtype), len(shapes)))
+
+        log(f"{name}: one real run of {run_steps} steps in a child process (fixed costs, peak memory)")
+        with tempfile.TemporaryDirectory() as folder:
+            report.run_cost[name] = run_cost(str(preset), run_steps, lightning_s, base.train.max_steps,
+                                             Path(folder))
+
+    log("sweep plan over the paper-scale preset")
+    report.plan_seconds = plan_seconds(root)
+    for preset in ("experiments/small.yaml", "experiments/small-moe.yaml"):
+        report.gpu_estimates.append(gpu_estimate(load_experiment(root / preset)))
+    if sweep:
+        log(f"{sweep}: one worker, then two (this takes as long as the sweep, twice)")
+        with tempfile.TemporaryDirectory() as folder:
+            report.sweep = sweep_cost(str(sweep), Path(folder))
+    report.checks = acceptance_checks(report)
+    return report
+
+
+def acceptance_checks(report: BenchReport) -> list[dict]:
+    """The performance issue's targets, each with the figure measured here and whether it holds."""
+    checks = []
+
+    def check(target: str, value: float | None, limit: float, at_most: bool = True, unit: str = "x") -> None:
+        holds = None if value is None else (value <= limit if at_most else value >= limit)
+        checks.append({"target": target, "measured": value, "limit": limit, "at_most": at_most, "unit": unit,
+                       "holds": holds})
+
+    by = {(s.preset, s.label): s for s in report.steps}
+    for preset in dict.fromkeys(s.preset for s in report.steps):
+        lightning = by.get((preset, "lightning"))
+        check(f"{preset}: Lightning step / plain loop, same precision", lightning and lightning.ratio, 1.05)
+    tiny = "tiny"
+    for variant, limit in (("g1_elem_sig", 1.10), ("g1_head_sig", 1.03)):
+        row = by.get((tiny, variant))
+        check(f"tiny: {variant} step / baseline step", row and row.ratio, limit)
+    preset_row = by.get((tiny, "gatelab preset"))
+    check("tiny: gatelab tokens/s / plain fp32 eager tokens/s", preset_row and 1 / preset_row.ratio, 2.0,
+          at_most=False)
+    if report.sweep:
+        check(f"{report.sweep['sweep']}: fixed costs / wall time (1 worker)", report.sweep["fixed_share_one_worker"],
+              0.25)
+        check(f"{report.sweep['sweep']}: throughput 2 workers / 1 worker", report.sweep.get("throughput_ratio"), 1.1,
+              at_most=False)
+    cost = report.run_cost.get(tiny)
+    if cost and cost["peak_rss_bytes"]:
+        check("tiny: peak memory of a run (GB)", cost["peak_rss_bytes"] / 1e9, 2.0, unit="GB")
+    check("sweep plan over the paper-scale preset (s)", report.plan_seconds, 5.0, unit="s")
+    return checks
+
+
+# --- output ---------------------------------------------------------------------------------------------------------
+
+
+def _fmt(value, digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "n/a"
+    return f"{value:.{digits}g}" if isinstance(value, float) else str(value)
+
+
+def to_markdown(report: BenchReport) -> str:
+    m = report.machine
+    lines = [f"# gatelab bench", "", f"`{report.command}`", "",
+             f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']} ({m['torch_threads']} threads), "
+             f"fast bf16 on the CPU: {'yes' if m['fast_bf16_cpu'] else 'no'}, GPU: {m['gpu'] or 'none'}.", "",
+             "## Targets", "", "| target | measured | limit | holds |", "|---|---|---|---|"]
+    for c in report.checks:
+        holds = {True: "yes", False: "**no**", None: "not measured"}[c["holds"]]
+        lines.append(f"| {c['target']} | {_fmt(c['measured'])} | {'≤' if c['at_most'] else '≥'} {c['limit']} | {holds} |")
+    lines += ["", "## Step times (median of interleaved steps)", "",
+              "| preset | what | precision | step (ms) | tokens/s | ratio | to | spread p10-p90 | steps |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for s in report.steps:
+        lines.append(f"| {s.preset} | {s.label} | {s.precision} | {s.step_s * 1e3:.0f} | {s.tokens_per_s:.0f} | "
+                     f"{_fmt(s.ratio)} | {s.ratio_to or ''} | {s.spread:.0%} | {s.steps} |")
+    lines += ["", "## FLOPs", "",
+              "| preset | precision | model GFLOP/step | achieved GFLOP/s | GEMM GFLOP/s (same shapes) | "
+              "GEMM s/step | share outside GEMMs | 1024³ GEMM GFLOP/s |", "|---|---|---|---|---|---|---|---|"]
+    for g in report.gemm:
+        lines.append(f"| {g.preset} | {g.precision} | {g.model_flops_per_step / 1e9:.1f} | "
+                     f"{g.achieved_flops_per_s / 1e9:.1f} | {g.gemm_flops_per_s / 1e9:.1f} | {g.gemm_s_per_step:.3f} | "
+                     f"{g.share_outside_gemm:.0%} | {g.square_gemm_flops_per_s / 1e9:.1f} |")
+    lines += ["", "## One run (a real `gatelab train` in a child process)", "",
+              "| preset | steps | wall (s) | import | setup | train | eval | fixed (s) | preset run: fixed share | "
+              "peak RSS (GB) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for c in report.run_cost.values():
+        p = c["phases"]
+        lines.append(f"| {c['preset']} | {c['steps']} | {c['wall_s']:.1f} | {_fmt(p.get('import_s'))} | "
+                     f"{_fmt(p.get('setup_s'))} | {_fmt(p.get('train_s'))} | {_fmt(p.get('eval_s'))} | "
+                     f"{_fmt(c['fixed_s'])} | {_fmt(c['fixed_share_of_preset_run'])} | "
+                     f"{c['peak_rss_bytes'] / 1e9:.2f} |")
+    if report.sweep:
+        lines += ["", f"## Sweep `{report.sweep['sweep']}`", "", "| workers | wall (s) | runs | Σ train (s) | Σ eval (s) |",
+                  "|---|---|---|---|---|"]
+        for count, r in report.sweep["by_workers"].items():
+            lines.append(f"| {count} | {r['wall_s']:.0f} | {r['runs']} | {r['train_s_sum']:.0f} | {r['eval_s_sum']:.0f} |")
+    lines += ["", f"`gatelab sweep plan {PLAN_SWEEP} --experiment {PLAN_EXPERIMENT} --json`: "
+              f"{_fmt(report.plan_seconds)} s", "",
+              "## One GPU, estimated from FLOP and byte counts (not measured)", "",
+              "| preset | params (M) | tokens/step | GFLOP/step | step (s) | tokens/s | run (h) | memory (GB) |",
+              "|---|---|---|---|---|---|---|---|"]
+    for e in report.gpu_estimates:
+        lines.append(f"| {e['preset']} | {e['params'] / 1e6:.1f} | {e['tokens_per_step']} | "
+                     f"{e['flops_per_step'] / 1e9:.0f} | {e['step_s']:.3f} | {e['tokens_per_s']:.0f} | "
+                     f"{e['run_hours']:.2f} | {e['memory_gb']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def write(report: BenchReport, out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(asdict(report), indent=2, default=str) + "\n")
+    (out / "bench.md").write_text(to_markdown(report))
+    return [out / "bench.json", out / "bench.md"]
