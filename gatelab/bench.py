@@ -24,7 +24,6 @@ import math
 import os
 import platform
 import re
-import resource
 import statistics
 import subprocess
 import sys
@@ -222,7 +221,9 @@ def lightning_steps(experiment: ExperimentConfig, precision: str, steps: int, fo
 
     from gatelab.model import resolve_model
     from gatelab.train.module import GatedLM, StabilityMonitor, TextData
+    from gatelab.train.run import quiet_lightning
 
+    quiet_lightning()
     train = experiment.train
     timer = StepTimer()
     logger = MLFlowLogger(experiment_name="bench", tracking_uri=f"sqlite:///{folder / 'mlflow.db'}")
@@ -304,17 +305,14 @@ def model_flops_per_step(experiment: ExperimentConfig) -> float:
 # --- one real run, and a real sweep, in child processes -------------------------------------------------------------
 
 
-def _child(command: list[str], cwd: Path, env: dict | None = None, timeout: float = 3600) -> tuple[float, int, str]:
-    """(wall seconds, peak RSS in bytes of the child's largest process, output) of a command."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+def _child(command: list[str], cwd: Path, timeout: float = 3600) -> float:
+    """Wall seconds of a command that must succeed."""
     started = time.perf_counter()
-    result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    wall = time.perf_counter() - started
+    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout)
     if result.returncode != 0:
         raise GatelabError(f"`{' '.join(command)}` failed ({result.returncode}):\n{result.stdout[-2000:]}"
                            f"\n{result.stderr[-4000:]}")
-    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return wall, peak_kib * 1024 if peak_kib > before else 0, result.stdout + result.stderr
+    return time.perf_counter() - started
 
 
 def _run_timings(runs_dir: Path) -> list[dict[str, float]]:
@@ -325,7 +323,7 @@ def _run_timings(runs_dir: Path) -> list[dict[str, float]]:
     experiments = [e.experiment_id for e in client.search_experiments()]
     found = []
     for run in client.search_runs(experiments, "tags.`gatelab.status` = 'finished'"):
-        metrics = {k: v for k, v in run.data.metrics.items() if k.startswith("time/")}
+        metrics = {k: v for k, v in run.data.metrics.items() if k.startswith(("time/", "memory/"))}
         metrics["steps"] = float(run.data.params.get("train.max_steps", "nan"))
         found.append(metrics)
     return found
@@ -336,9 +334,10 @@ def run_cost(preset: str, steps: int, step_s: float, preset_steps: int, folder: 
     part (everything but training) against the preset's full training time at the measured step time."""
     command = [sys.executable, "-m", "gatelab", "train", str(Path(preset).resolve()), "--quiet",
                "--runs-dir", str(folder), "--set", f"train.max_steps={steps}"]
-    wall, peak, _ = _child(command, cwd=folder)
+    wall = _child(command, cwd=folder)
     timings = _run_timings(folder)
     phases = timings[0] if timings else {}
+    peak = phases.get("memory/peak_rss_gb", math.nan) * 1e9  # the run's own figure: a child's maxrss counts forks
     train_s = phases.get("time/train_s")
     fixed_s = wall - train_s if train_s is not None else None
     full_train_s = preset_steps * step_s
@@ -356,9 +355,10 @@ def sweep_cost(sweep: str, folder: Path, workers: tuple[int, ...] = (1, 2)) -> d
         runs_dir = folder / f"workers{count}"
         command = [sys.executable, "-m", "gatelab", "sweep", "run", str(Path(sweep).resolve()), "--workers",
                    str(count), "--runs-dir", str(runs_dir)]
-        wall, peak, _ = _child(command, cwd=folder, timeout=4 * 3600)
+        wall = _child(command, cwd=folder, timeout=4 * 3600)
         timings = _run_timings(runs_dir)
         train_s = sum(t.get("time/train_s", math.nan) for t in timings)
+        peak = max((t.get("memory/peak_rss_gb", math.nan) for t in timings), default=math.nan) * 1e9
         results[count] = {"wall_s": wall, "runs": len(timings), "train_s_sum": train_s, "peak_rss_bytes": peak,
                           "eval_s_sum": sum(t.get("time/eval_s", math.nan) for t in timings)}
     one = results[workers[0]]
@@ -370,9 +370,8 @@ def sweep_cost(sweep: str, folder: Path, workers: tuple[int, ...] = (1, 2)) -> d
 
 
 def plan_seconds(root: Path) -> float:
-    wall, _, _ = _child([sys.executable, "-m", "gatelab", "sweep", "plan", str(root / PLAN_SWEEP), "--experiment",
-                         str(root / PLAN_EXPERIMENT), "--json"], cwd=root)
-    return wall
+    return _child([sys.executable, "-m", "gatelab", "sweep", "plan", str(root / PLAN_SWEEP), "--experiment",
+                   str(root / PLAN_EXPERIMENT), "--json"], cwd=root)
 
 
 # --- GPU planning figures from FLOP and byte counts ------------------------------------------------------------------
@@ -463,26 +462,32 @@ def bench(presets: list[Path], variants: list[str], warmup: int, measured: int, 
                 lightning_times += lightning_steps(base, precision, lightning_steps_count, Path(folder))[warmup:]
                 plain_times += time_interleaved({"plain": plain}, warmup, lightning_steps_count - warmup)["plain"]
         plain_s, lightning_s = statistics.median(plain_times), statistics.median(lightning_times)
-        report.steps.append(StepFigures(name, f"plain {precision}", precision, plain_s, tokens / plain_s,
-                                        len(plain_times), spread=_spread(plain_times)))
+        plain_label = f"plain {precision}"
+        report.steps.append(StepFigures(name, plain_label, precision, plain_s, tokens / plain_s, len(plain_times),
+                                        spread=_spread(plain_times)))
         report.steps.append(StepFigures(name, "lightning", precision, lightning_s, tokens / lightning_s,
-                                        len(lightning_times), lightning_s / plain_s, f"plain {precision}",
+                                        len(lightning_times), lightning_s / plain_s, plain_label,
                                         _spread(lightning_times)))
 
-        log(f"{name}: precision (fp32 eager against bf16 autocast)")
-        precisions = {"32-true": plain_step(base, "32-true"), "bf16-mixed": plain_step(base, "bf16-mixed")}
+        log(f"{name}: precision (bf16 autocast against fp32, interleaved)")
+        other = "bf16-mixed" if precision == "32-true" else "32-true"
         bf16_slow = not (report.machine["fast_bf16_cpu"] or torch.cuda.is_available())
         rounds = bf16_steps if bf16_slow else measured  # emulated bf16 takes ~20x longer a step: fewer rounds
-        times = time_interleaved(precisions, 1, rounds)
-        if compile:  # its own loop: the first steps compile (about a minute on 2 cores)
+        times = time_interleaved({"preset": plain, "other": plain_step(base, other)}, 1, rounds)
+        ratio = statistics.median(times["other"]) / statistics.median(times["preset"])
+        other_s = plain_s * ratio  # the interleaved ratio, on the many-step median of the preset's precision
+        report.steps.append(StepFigures(name, f"plain {other}", other, other_s, tokens / other_s, rounds, ratio,
+                                        plain_label, _spread(times["other"])))
+        fp32_s = plain_s if precision == "32-true" else other_s
+        if compile:  # the first steps compile (about a minute on 2 cores): warm up longer
             log(f"{name}: torch.compile ({precision})")
-            times[f"{precision} compiled"] = time_interleaved({"compiled": plain_step(base, precision, compile=True),
-                                                               "eager": plain}, warmup, measured)["compiled"]
-        fp32_s = statistics.median(times["32-true"])
-        for label, seconds in times.items():
-            median = statistics.median(seconds)
-            report.steps.append(StepFigures(name, f"plain {label}", label, median, tokens / median, len(seconds),
-                                            median / fp32_s, "plain 32-true", _spread(seconds)))
+            times = time_interleaved({"compiled": plain_step(base, precision, compile=True), "eager": plain},
+                                     warmup + 3, measured)
+            compiled_s = statistics.median(times["compiled"])
+            report.steps.append(StepFigures(name, f"plain {precision} compiled", precision, compiled_s,
+                                            tokens / compiled_s, measured,
+                                            compiled_s / statistics.median(times["eager"]), plain_label,
+                                            _spread(times["compiled"])))
         report.steps.append(StepFigures(name, "gatelab preset", precision, lightning_s, tokens / lightning_s,
                                         len(lightning_times), lightning_s / fp32_s, "plain 32-true"))
 
@@ -537,7 +542,7 @@ def acceptance_checks(report: BenchReport) -> list[dict]:
         check(f"{report.sweep['sweep']}: throughput 2 workers / 1 worker", report.sweep.get("throughput_ratio"), 1.1,
               at_most=False)
     cost = report.run_cost.get(tiny)
-    if cost and cost["peak_rss_bytes"]:
+    if cost:
         check("tiny: peak memory of a run (GB)", cost["peak_rss_bytes"] / 1e9, 2.0, unit="GB")
     check("sweep plan over the paper-scale preset (s)", report.plan_seconds, 5.0, unit="s")
     return checks
@@ -577,17 +582,19 @@ def to_markdown(report: BenchReport) -> str:
     lines += ["", "## One run (a real `gatelab train` in a child process)", "",
               "| preset | steps | wall (s) | import | setup | train | eval | fixed (s) | preset run: fixed share | "
               "peak RSS (GB) |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for c in report.run_cost.values():
+    for name, c in report.run_cost.items():
         p = c["phases"]
-        lines.append(f"| {c['preset']} | {c['steps']} | {c['wall_s']:.1f} | {_fmt(p.get('import_s'))} | "
+        lines.append(f"| {name} | {c['steps']} | {c['wall_s']:.1f} | {_fmt(p.get('import_s'))} | "
                      f"{_fmt(p.get('setup_s'))} | {_fmt(p.get('train_s'))} | {_fmt(p.get('eval_s'))} | "
                      f"{_fmt(c['fixed_s'])} | {_fmt(c['fixed_share_of_preset_run'])} | "
                      f"{c['peak_rss_bytes'] / 1e9:.2f} |")
     if report.sweep:
-        lines += ["", f"## Sweep `{report.sweep['sweep']}`", "", "| workers | wall (s) | runs | Σ train (s) | Σ eval (s) |",
-                  "|---|---|---|---|---|"]
+        lines += ["", f"## Sweep `{report.sweep['sweep']}`", "",
+                  "| workers | wall (s) | runs | Σ train (s) | Σ eval (s) | peak RSS of a worker (GB) |",
+                  "|---|---|---|---|---|---|"]
         for count, r in report.sweep["by_workers"].items():
-            lines.append(f"| {count} | {r['wall_s']:.0f} | {r['runs']} | {r['train_s_sum']:.0f} | {r['eval_s_sum']:.0f} |")
+            lines.append(f"| {count} | {r['wall_s']:.0f} | {r['runs']} | {r['train_s_sum']:.0f} | "
+                         f"{r['eval_s_sum']:.0f} | {r['peak_rss_bytes'] / 1e9:.2f} |")
     lines += ["", f"`gatelab sweep plan {PLAN_SWEEP} --experiment {PLAN_EXPERIMENT} --json`: "
               f"{_fmt(report.plan_seconds)} s", "",
               "## One GPU, estimated from FLOP and byte counts (not measured)", "",

@@ -426,6 +426,14 @@ def _resolve_cell(base: dict[str, Any], sweep_file: SweepFile,
             found += [line.strip() for line in format_validation_error(exc, "").splitlines()[1:]]
         if found:
             return None, found
+        if experiment.train.num_nodes > 1:
+            found.append(f"train.num_nodes: {experiment.train.num_nodes} cannot run inside a sweep worker, which trains "
+                         "on one machine; use 1, or start `gatelab train` on every node under srun or torchrun")
+        if sweep_file.search is not None and experiment.train.devices not in (1, "auto"):
+            found.append(f"train.devices: {experiment.train.devices} with a search: block is not supported (a pruned "
+                         "trial cannot stop every DDP rank); use 1 device per trial and more workers")
+        if found:
+            return None, found
         if model_too:
             try:
                 resolve_model(experiment)  # e.g. ref_add4experts on a dense preset

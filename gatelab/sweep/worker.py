@@ -7,6 +7,8 @@ on any number of machines, can work on one sweep: the ledger hands each run to e
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 import traceback
 from collections.abc import Sequence
@@ -16,6 +18,8 @@ from pathlib import Path
 import lightning as L
 import torch
 
+from gatelab.config import spec_hash, to_yaml
+from gatelab.errors import GatelabError
 from gatelab.sweep.executor import LocalShare
 from gatelab.sweep.queue import HASH, SweepLedger, default_storage
 from gatelab.sweep.spec import expand, load_sweep
@@ -55,6 +59,39 @@ class ShareFreedCores(L.Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
         if trainer.global_step % self.every_n_steps == 0:
             self.apply()
+
+
+def launches_ranks(experiment) -> bool:
+    """Whether Lightning would start more processes for this run: DDP over several devices of this machine."""
+    devices = experiment.train.devices
+    if devices == "auto":
+        return experiment.train.accelerator in ("auto", "gpu", "cuda") and torch.cuda.device_count() > 1
+    return devices > 1
+
+
+def run_in_child(experiment, tracking_uri: str | None, runs_dir: Path):
+    """Train a run on several devices through `gatelab train` in a child process, and read its outcome from MLflow.
+
+    Lightning's launcher starts ranks 1..N-1 by re-running the command line of the process that calls `fit`: in a
+    worker that line is `gatelab sweep worker`, whose copies would claim other runs of the ledger. The child's line is
+    `gatelab train` of this run's resolved config, which every rank can re-run.
+    """
+    from gatelab.train.run import recorded_result
+
+    folder = runs_dir / experiment.name / "launch"
+    folder.mkdir(parents=True, exist_ok=True)
+    config = folder / f"{experiment.variant}-s{experiment.seed}-{spec_hash(experiment)}.yaml"
+    config.write_text(to_yaml(experiment))
+    command = [sys.executable, "-m", "gatelab", "train", str(config), "--quiet", "--runs-dir", str(runs_dir)]
+    if tracking_uri:
+        command += ["--tracking-uri", tracking_uri]
+    code = subprocess.run(command, check=False).returncode
+    if code != 0:
+        raise GatelabError(f"`gatelab train {config}` exited with {code}")
+    result = recorded_result(experiment, tracking_uri, runs_dir)
+    if result is None:
+        raise GatelabError(f"`gatelab train {config}` ended without a finished or diverged run in MLflow")
+    return result
 
 
 @dataclass
@@ -108,8 +145,11 @@ def work(sweep_path: Path, experiment: Path | None = None, storage: str | None =
                     callbacks = (resize,)
             with ledger.heartbeat(trial):
                 try:
-                    result = run(spec.experiment, tracking_uri=tracking_uri, runs_dir=runs_dir, quiet=not progress,
-                                 log=log, extra_callbacks=callbacks)
+                    if launches_ranks(spec.experiment):
+                        result = run_in_child(spec.experiment, tracking_uri, runs_dir)
+                    else:
+                        result = run(spec.experiment, tracking_uri=tracking_uri, runs_dir=runs_dir,
+                                     quiet=not progress, log=log, extra_callbacks=callbacks)
                 except KeyboardInterrupt:
                     ledger.release(trial)
                     raise

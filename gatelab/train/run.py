@@ -64,6 +64,28 @@ class _RankAgreement(L.Callback):
                                "must be one folder that every node sees")
 
 
+def _recorded_outcome(client, run_id: str | None, digest: str) -> RunResult | None:
+    """The run's result if MLflow records it as ended, finished or diverged; None if it has to be trained."""
+    if run_id is None:
+        return None
+    recorded = client.get_run(run_id)
+    outcome = recorded.data.tags.get(tracking.STATUS_TAG)
+    if recorded.info.status != "FINISHED" or outcome not in ("finished", "diverged"):
+        return None
+    step = recorded.data.metrics.get("diverged_step")
+    return RunResult(outcome, run_id, digest, dict(recorded.data.metrics), int(step) if step is not None else None)
+
+
+def recorded_result(experiment: ExperimentConfig, tracking_uri: str | None = None,
+                    runs_dir: Path = Path("runs")) -> RunResult | None:
+    """What MLflow records of this experiment's run, if it ended (finished or diverged); None otherwise."""
+    uri = tracking_uri or experiment.tracking.uri or tracking.default_tracking_uri(runs_dir)
+    client = tracking.MlflowClient(uri)
+    experiment_id = tracking.experiment_id(client, experiment.tracking.experiment or experiment.name, runs_dir)
+    digest = spec_hash(experiment)
+    return _recorded_outcome(client, tracking.find_run(client, experiment_id, digest), digest)
+
+
 def load_data(experiment: ExperimentConfig, log=print, warn=print):
     """Corpora, tokenizer and token streams, each prepared once and cached under the data directory.
 
@@ -104,7 +126,7 @@ def _one_process_at_a_time(data_dir: Path):
         yield
 
 
-def _quiet_lightning() -> None:
+def quiet_lightning() -> None:
     """Keep Lightning's start-up banners (accelerator, tips) and two known upstream warnings out of sweep logs."""
     import logging
     import warnings
@@ -170,8 +192,21 @@ class _PhaseClock:
         self._since = now
 
     def log(self, client, run_id: str, step: int) -> None:
-        for name, seconds in self.seconds.items():
-            client.log_metric(run_id, name, seconds, step=step)
+        for name, value in (self.seconds | peak_memory()).items():
+            client.log_metric(run_id, name, value, step=step)
+
+
+def peak_memory() -> dict[str, float]:
+    """`memory/peak_rss_gb`: this process's largest resident set so far (a sweep worker's, over its runs until now);
+    `memory/peak_gpu_gb`: the most CUDA memory torch held, where there is a GPU."""
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    memory = {"memory/peak_rss_gb": peak / (1e9 if sys.platform == "darwin" else 1e9 / 1024)}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        memory["memory/peak_gpu_gb"] = torch.cuda.max_memory_allocated() / 1e9
+    return memory
 
 
 def run(experiment: ExperimentConfig, tracking_uri: str | None = None, runs_dir: Path = Path("runs"),
@@ -189,7 +224,7 @@ def run(experiment: ExperimentConfig, tracking_uri: str | None = None, runs_dir:
         raise GatelabError("train.strategy: 'fsdp' needs CUDA GPUs (Lightning runs FSDP on CUDA only); use 'ddp' on "
                            "CPU, which trains the same way")
     if quiet:
-        _quiet_lightning()
+        quiet_lightning()
     if train.threads:
         torch.set_num_threads(train.threads)
         # Lightning's DDP launcher sets every rank to cores/devices threads unless OMP_NUM_THREADS is set; set here, it
@@ -238,17 +273,13 @@ def run(experiment: ExperimentConfig, tracking_uri: str | None = None, runs_dir:
         experiment_name = experiment.tracking.experiment or experiment.name
         experiment_id = tracking.experiment_id(client, experiment_name, runs_dir)
         run_id = tracking.find_run(client, experiment_id, digest)
-        if run_id is not None:
-            recorded = client.get_run(run_id)
-            outcome = recorded.data.tags.get(tracking.STATUS_TAG)
-            if recorded.info.status == "FINISHED" and outcome in ("finished", "diverged"):
-                # Done already (a worker killed after the run ended, before its ledger heard): never a second run.
-                log(f"{experiment.variant} seed {experiment.seed} is already {outcome} in MLflow run {run_id}")
-                step = recorded.data.metrics.get("diverged_step")
-                agreement.recorded = RunResult(outcome, run_id, digest, dict(recorded.data.metrics),
-                                               int(step) if step is not None else None)
-                if _alone_until_fit(trainer):
-                    return agreement.recorded  # no other rank exists yet, and none will: `fit` is not called
+        agreement.recorded = _recorded_outcome(client, run_id, digest)
+        if agreement.recorded is not None:
+            # Done already (a worker killed after the run ended, before its ledger heard): never a second run.
+            log(f"{experiment.variant} seed {experiment.seed} is already {agreement.recorded.status} in MLflow run "
+                f"{run_id}")
+            if _alone_until_fit(trainer):
+                return agreement.recorded  # no other rank exists yet, and none will: `fit` is not called
         if agreement.recorded is None:
             if run_id is not None and not resuming:
                 # The run started elsewhere (another machine's checkpoint folder) or lost its checkpoint: it starts

@@ -140,3 +140,32 @@ def test_submitit_local_job_array_runs_the_sweep(tmp_path):
     assert len(list((runs / "array" / "submitit").glob("*_log.out"))) == 2  # one log per array task
     finished = _finished_runs(f"sqlite:///{runs / 'mlflow.db'}", "array")
     assert sorted(finished["tags.variant"]) == sorted(VARIANTS)
+
+
+def test_a_ddp_cell_trains_in_its_own_launch_once(tmp_path):
+    """A run on 2 devices in a sweep: Lightning re-runs the command line of the process that calls `fit` for rank 1, so
+    the worker trains it through `gatelab train` in a child (rank 1 must not become a second sweep worker)."""
+    sweep = _write_sweep(tmp_path, "ddpcell", max_steps=4, overrides={
+        "train.devices": 2, "train.strategy": "ddp", "train.accelerator": "cpu", "train.threads": 1})
+    config = yaml.safe_load(sweep.read_text())
+    config["grid"]["variant"] = ["baseline"]
+    sweep.write_text(yaml.safe_dump(config))
+    runs = tmp_path / "runs"
+    result = _gatelab("sweep", "run", str(sweep), "--runs-dir", str(runs), cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    finished = _finished_runs(f"sqlite:///{runs / 'mlflow.db'}", "ddpcell")
+    assert list(finished["tags.variant"]) == ["baseline"] and finished.iloc[0]["params.train.devices"] == "2"
+    status = _gatelab("sweep", "status", str(sweep), "--runs-dir", str(runs), "--json", cwd=tmp_path)
+    assert yaml.safe_load(status.stdout)["counts"] == {"finished": 1}
+
+
+@pytest.mark.parametrize("overrides, key", [({"train.num_nodes": 2}, "train.num_nodes"),
+                                            ({"train.devices": 2, "train.strategy": "ddp"}, "train.devices")])
+def test_cells_a_worker_cannot_train_are_refused_before_anything_runs(tmp_path, overrides, key):
+    extra = {"overrides": overrides}
+    if key == "train.devices":  # several devices are fine in a grid, not in a search
+        extra["search"] = {"n_trials": 2, "params": {"train.lr": {"type": "float", "low": 1e-4, "high": 1e-2,
+                                                                   "log": True}}}
+    sweep = _write_sweep(tmp_path, "refused", **extra)
+    result = _gatelab("sweep", "plan", str(sweep), cwd=tmp_path)
+    assert result.returncode == 2 and key in result.stderr and "Traceback" not in result.stderr, result.stderr

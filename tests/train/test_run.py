@@ -95,6 +95,8 @@ def test_a_run_records_every_metric_and_artifact(tmp_path):
     phases = _phase_seconds(row)
     assert all(seconds > 0 for seconds in phases.values()), phases
     assert sum(phases.values()) <= wall, (phases, wall)
+    # The process's peak resident memory: at least the imported libraries (hundreds of MB), at most this machine.
+    assert 0.1 < row["metrics.memory/peak_rss_gb"] < 24, row["metrics.memory/peak_rss_gb"]
 
 
 def test_imports_are_timed_for_the_first_run_of_a_process_only(monkeypatch):
