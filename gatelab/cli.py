@@ -346,11 +346,11 @@ def bench(
     presets: Annotated[Optional[list[Path]], typer.Argument(help="experiment presets (default: tiny and tiny-moe)")] = None,
     variants: Annotated[str, typer.Option(help="comma-separated variants, baseline first")] = ",".join(
         ("baseline", "g1_elem_sig", "g1_head_sig", "g2_elem_sig", "g5_elem_sig")),
-    steps: Annotated[int, typer.Option(help="timed steps per variant (interleaved)")] = 20,
-    warmup: Annotated[int, typer.Option(help="untimed steps first")] = 3,
-    lightning_steps: Annotated[int, typer.Option(help="steps per Lightning block (3 blocks)")] = 12,
-    run_steps: Annotated[int, typer.Option(help="steps of the real child run that measures fixed costs")] = 20,
-    bf16_steps: Annotated[int, typer.Option(help="timed bf16 steps where the CPU emulates bf16 (slow)")] = 3,
+    steps: Annotated[int, typer.Option(min=2, help="timed steps per variant (interleaved)")] = 20,
+    warmup: Annotated[int, typer.Option(min=0, help="untimed steps first")] = 3,
+    lightning_steps: Annotated[int, typer.Option(min=2, help="steps per Lightning block (3 blocks)")] = 12,
+    run_steps: Annotated[int, typer.Option(min=1, help="steps of the real child run that measures fixed costs")] = 20,
+    bf16_steps: Annotated[int, typer.Option(min=1, help="timed bf16 steps where the CPU emulates bf16 (slow)")] = 3,
     sweep: Annotated[Optional[Path], typer.Option(help="also run this sweep with 1 then 2 workers (slow)")] = None,
     compile_: Annotated[bool, typer.Option("--compile", help="also time torch.compile (a minute to compile)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the JSON report")] = False,
@@ -362,6 +362,9 @@ def bench(
 
     from gatelab import bench as bench_module
 
+    if lightning_steps <= warmup + 1:
+        _fail(GatelabError(f"--lightning-steps ({lightning_steps}) must exceed --warmup ({warmup}) by at least 2: "
+                           "each Lightning block times the steps after its warm-up"))
     chosen = presets or [bench_module.project_root() / p for p in bench_module.DEFAULT_PRESETS]
     log = (lambda message: typer.echo(message, err=True)) if as_json else typer.echo
     try:

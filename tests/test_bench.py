@@ -93,6 +93,8 @@ def test_markdown_lists_every_target_and_step(tmp_path):
     (["--variants", "g1_elem_sig"], "must include baseline"),
     (["--variants", "baseline,g9_elem_sig"], "g9_elem_sig"),
     (["missing.yaml"], "missing.yaml"),
+    (["--steps", "0"], "--steps"),
+    (["--lightning-steps", "3"], "--lightning-steps"),
 ])
 def test_bad_input_ends_in_one_message_before_measuring(arguments, message, tmp_path):
     result = subprocess.run([sys.executable, "-m", "gatelab", "bench", *arguments, "--out", str(tmp_path / "out")],
