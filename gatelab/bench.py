@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -196,27 +197,20 @@ def _spread(times: list[float]) -> float:
     return float((high - low) / statistics.median(times))
 
 
-class StepTimer:
-    """A Lightning callback: the time from one training batch's start to the next (everything Lightning does)."""
+class StepTimer(L.Callback):
+    """The time from one training batch's start to the next: the whole step, with everything Lightning does."""
 
-    def __new__(cls):
-        import lightning as L
+    def __init__(self) -> None:
+        self.starts: list[float] = []
 
-        class _StepTimer(L.Callback):
-            def __init__(self) -> None:
-                self.starts: list[float] = []
-
-            def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-                _sync()
-                self.starts.append(time.perf_counter())
-
-        return _StepTimer()
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        _sync()
+        self.starts.append(time.perf_counter())
 
 
 def lightning_steps(experiment: ExperimentConfig, precision: str, steps: int, folder: Path) -> list[float]:
     """Seconds per step of gatelab's Lightning training: its module, data module, Trainer settings, stability monitor
     and an MLflow logger writing to a SQLite store, as in `gatelab train` (quiet, no checkpoint)."""
-    import lightning as L
     from lightning.pytorch.loggers import MLFlowLogger
 
     from gatelab.model import resolve_model
