@@ -158,8 +158,9 @@ class TrainConfig(StrictModel):
     spike_ema: float = Field(0.98, gt=0, lt=1)
     divergence_factor: PositiveFloat = 3.0  # loss above this multiple of its EMA (or non-finite): the run diverged
     threads: PositiveInt | None = None
-    # torch.compile the training forward (evaluation and probes stay eager). Off by default: measured on the 2-core
-    # AVX2 CPU it was slower (0.90 s against 0.76 s a tiny step) and cost about a minute to compile; try it on GPUs.
+    # torch.compile the training forward (evaluation and probes stay eager). Off by default: on the 2-core AVX2 CPU
+    # `gatelab bench --compile` measured 0.93x the eager tiny step, but compiling costs about a minute per process,
+    # more than it saves in a 300-step tiny run; worth trying for long runs and on GPUs.
     compile: bool = False
 
 
