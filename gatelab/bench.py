@@ -133,14 +133,18 @@ def batch_stream(experiment: ExperimentConfig):
     from gatelab.train.module import StepBatches
 
     windows = random_windows(experiment.model.vocab_size, experiment.data.seq_len, experiment.seed)
-    step = [0]
-    batches = StepBatches(windows, experiment.train.batch_size, 1 << 30, lambda: step[0])
+    batches = StepBatches(windows, experiment.train.batch_size, 1 << 30, lambda: 0)
     return iter(batches)
 
 
+def _matmul_dtype(precision: str) -> torch.dtype:
+    """The dtype matmuls run in under a Lightning precision setting."""
+    return {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision, torch.float32)
+
+
 def _autocast(precision: str):
-    dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
-    return torch.autocast(_device().type, dtype=dtype, enabled=dtype is not None)
+    dtype = _matmul_dtype(precision)
+    return torch.autocast(_device().type, dtype=dtype, enabled=dtype != torch.float32)
 
 
 def plain_step(experiment: ExperimentConfig, precision: str, compile: bool = False) -> Callable[[], None]:
@@ -224,8 +228,7 @@ def lightning_steps(experiment: ExperimentConfig, precision: str, steps: int, fo
     trainer = L.Trainer(
         max_steps=steps, accelerator=train.accelerator, devices=1, precision=precision,
         gradient_clip_val=train.grad_clip or None, logger=logger, log_every_n_steps=train.log_every,
-        callbacks=[StabilityMonitor(train.warmup_steps, train.spike_ema, train.spike_margin, train.divergence_factor),
-                   timer],
+        callbacks=[StabilityMonitor.from_config(train), timer],
         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0,
         limit_val_batches=0, default_root_dir=folder, use_distributed_sampler=False,
     )
@@ -310,16 +313,14 @@ def _child(command: list[str], cwd: Path, timeout: float = 3600) -> float:
 
 
 def _run_timings(runs_dir: Path) -> list[dict[str, float]]:
-    """The `time/*` metrics and step count of every finished run in a runs folder's MLflow store."""
+    """The `time/*` and `memory/*` metrics of every finished run in a runs folder's MLflow store."""
     from mlflow import MlflowClient
 
     client = MlflowClient(f"sqlite:///{runs_dir / 'mlflow.db'}")
     experiments = [e.experiment_id for e in client.search_experiments()]
     found = []
     for run in client.search_runs(experiments, "tags.`gatelab.status` = 'finished'"):
-        metrics = {k: v for k, v in run.data.metrics.items() if k.startswith(("time/", "memory/"))}
-        metrics["steps"] = float(run.data.params.get("train.max_steps", "nan"))
-        found.append(metrics)
+        found.append({k: v for k, v in run.data.metrics.items() if k.startswith(("time/", "memory/"))})
     return found
 
 
@@ -486,7 +487,7 @@ def bench(presets: list[Path], variants: list[str], warmup: int, measured: int, 
                                         len(lightning_times), lightning_s / fp32_s, "plain 32-true"))
 
         log(f"{name}: GEMM shapes of one step and this machine's rate on them")
-        dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision, torch.float32)
+        dtype = _matmul_dtype(precision)
         shapes = gemm_shapes(plain, dtype)
         gemm_s, gemm_flops = time_gemms(shapes)
         flops = model_flops_per_step(base)

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, IterableDataset
 
-from gatelab.config import ExperimentConfig, ModelConfig
+from gatelab.config import ExperimentConfig, ModelConfig, TrainConfig
 from gatelab.data.datasets import PackedDataset
 from gatelab.errors import GatelabError
 from gatelab.model import build_model
@@ -160,6 +160,11 @@ class StabilityMonitor(L.Callback):
         self._pending_steps: list[int] = []
         self._pending_losses: list[torch.Tensor] = []  # 0-d, on the device
         self._restored_losses: list[float] = []  # losses of _pending_steps that a checkpoint brought back to the host
+
+    @classmethod
+    def from_config(cls, train: TrainConfig) -> StabilityMonitor:
+        """The monitor of a run with these training settings (gatelab train and gatelab bench use the same one)."""
+        return cls(train.warmup_steps, train.spike_ema, train.spike_margin, train.divergence_factor)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.diverged_step is not None:

@@ -248,7 +248,7 @@ def run(experiment: ExperimentConfig, tracking_uri: str | None = None, runs_dir:
     # written: NODE_RANK x devices + LOCAL_RANK under Lightning's own launcher, SLURM_PROCID under srun, RANK under
     # torchrun. (`rank_zero_only.rank` as set at import ignores NODE_RANK: it is 0 on the first process of every node
     # under Lightning's launcher.) Rank 0 gets the MLFlowLogger below; the other ranks never open the MLflow store.
-    stability = StabilityMonitor(train.warmup_steps, train.spike_ema, train.spike_margin, train.divergence_factor)
+    stability = StabilityMonitor.from_config(train)
     agreement = _RankAgreement(resuming)
     every = experiment.eval.every_n_steps
     checkpoints = ModelCheckpoint(dirpath=run_dir / "checkpoints", every_n_train_steps=train.checkpoint_every,
