@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from gatelab.config import GateConfig, ModelConfig, SwitchHeadConfig, format_validation_error
 from gatelab.errors import GatelabError
+from gatelab.paper import TABLES
 
 
 @dataclass(frozen=True)
@@ -45,8 +46,12 @@ class Add:
 
 @dataclass(frozen=True)
 class PaperRow:
-    table: str  # "table1" .. "table6", as the CSV files under results/paper/
+    table: str  # a key of gatelab.paper.TABLES: "table1" .. "table6"
     row: str  # the paper's row label, e.g. "(5)"
+
+    def __post_init__(self) -> None:
+        if self.table not in TABLES:
+            raise ValueError(f"PaperRow.table: {self.table!r} is not one of {', '.join(TABLES)}")
 
 
 @dataclass(frozen=True)

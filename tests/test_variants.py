@@ -2,41 +2,43 @@
 
 from __future__ import annotations
 
-import csv
-
 import pytest
 
+from gatelab import paper
 from gatelab.config import load_experiment
 from gatelab.model import added_parameters
-from gatelab.variants import VARIANTS
-from tests.conftest import REPO
-
-PAPER = REPO / "results" / "paper"
+from gatelab.variants import VARIANTS, PaperRow
+from tests.helpers import REPO
 
 
-def _rows(name: str) -> list[dict[str, str]]:
-    with open(PAPER / name, newline="") as handle:
-        return list(csv.DictReader(handle))
+def _rows(table: str) -> list[dict[str, str]]:
+    rows = paper.read_rows(table)
+    assert rows, f"{paper.TABLES[table].file} is missing"
+    return rows
 
 
-@pytest.mark.parametrize("table", ["paper_table1_moe.csv", "paper_table3_nonlinearity.csv",
-                                   "paper_table4_sparsity_sink.csv", "paper_table6_switchhead.csv"])
+@pytest.mark.parametrize("table", ["table1", "table3", "table4", "table6"])
 def test_every_paper_row_is_a_registered_variant(table):
     for row in _rows(table):
         assert row["id"] in VARIANTS, row["id"]
-        number = table.split("_")[1]
-        assert any(r.table == number and r.row == row["row"].split()[0] for r in VARIANTS[row["id"]].paper_rows), row
+        assert any(r.table == table and r.row == row["row"].split()[0] for r in VARIANTS[row["id"]].paper_rows), row
+
+
+def test_paper_rows_name_a_table_of_the_paper_registry():
+    assert {r.table for v in VARIANTS.values() for r in v.paper_rows} <= set(paper.TABLES)
+    with pytest.raises(ValueError, match="table7"):
+        PaperRow("table7", "(1)")
 
 
 MOE = load_experiment(REPO / "experiments" / "paper-moe-15b.yaml")
 
 
-@pytest.mark.parametrize("row", [r for r in _rows("paper_table1_moe.csv") if r["row"] not in ("(1)", "(4)")],
+@pytest.mark.parametrize("row", [r for r in _rows("table1") if r["row"] not in ("(1)", "(4)")],
                          ids=lambda r: r["id"])
 def test_added_parameters_match_table1_within_2_percent(row):
     _, added = added_parameters(MOE, row["id"])
-    paper = float(row["Added (M)"]) * 1e6
-    assert abs(added - paper) / paper < 0.02, (row["id"], added / 1e6, paper / 1e6)
+    expected = float(row[paper.TABLES["table1"].added]) * 1e6
+    assert abs(added - expected) / expected < 0.02, (row["id"], added / 1e6, expected / 1e6)
 
 
 def test_ref_add4experts_is_the_documented_choice():

@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
+from gatelab.paper import missing_note
 from gatelab.report.stats import compare, mean_std, rank_agreement
 from gatelab.report.tables import PPL, RunRecord, paper_reference
 
@@ -60,7 +61,7 @@ class Claim:
     level: float | None = None  # for "below"/"above"
     setting: tuple[str, str] | None = None  # for "smaller change": (from, to) settings, e.g. the two learning rates
     rank_ids: tuple[str, ...] = ()  # for "rank": the variants ranked
-    paper_table: str | None = None  # the paper's numbers for this claim's variants (tables.PAPER_TABLES key)
+    paper_table: str | None = None  # the paper's numbers for this claim's variants (a gatelab.paper.SWEEP_TABLES key)
     paper_column: str = "ppl"  # which paper column the paper figure comes from
     paper_ids: tuple[str, str] | None = None  # the paper's row ids for (a, b) where they are not the variant ids
     paper_text: str = ""  # the paper's figure in words, where no single table pair gives it
@@ -227,6 +228,92 @@ def _groups(claim: Claim) -> list[str]:
     return [claim.a] + ([claim.b] if claim.b else [])
 
 
+_EMPTY = {"ours": "", "spread (sd)": "", "n": "0", "p": "", "MDE": ""}
+
+
+def _direction_claim(claim: Claim, records: Sequence[RunRecord], paper_relative: float | None) -> dict[str, str]:
+    """"lower"/"higher": the paired difference of the two groups against the paper's direction."""
+    a, b = by_seed(records, claim.a, claim.metric), by_seed(records, claim.b, claim.metric)
+    return _direction(claim, a, b, claim.metric == PPL, paper_relative)
+
+
+def _smaller_change_claim(claim: Claim, records: Sequence[RunRecord], paper_relative: float | None) -> dict[str, str]:
+    """"smaller change": the paired difference-in-differences of ln perplexity between the two settings."""
+    low, high = claim.setting
+    change = {}
+    for group in (claim.a, claim.b):
+        before, after = by_seed(records, f"{group} {low}", PPL), by_seed(records, f"{group} {high}", PPL)
+        # a run that diverged at the higher setting has risen without bound: its change is +inf, not missing
+        change[group] = {s: (math.log(after[s] / before[s]) if math.isfinite(after[s]) else math.inf)
+                         for s in before.keys() & after.keys() if math.isfinite(before[s])}
+    diverged = {g: sum(math.isinf(v) for v in change[g].values()) for g in change}
+    if diverged[claim.b] > diverged[claim.a]:
+        return {"ours": f"diverged: {diverged[claim.a]} {claim.a}, {diverged[claim.b]} {claim.b}",
+                "spread (sd)": "", "n": str(len(change[claim.a])), "p": "", "MDE": "", "verdict": HOLDS}
+    finite = {g: {s: v for s, v in change[g].items() if math.isfinite(v)} for g in change}
+    result = _direction(claim, finite[claim.a], finite[claim.b], False, None)
+    result["ours"] += f" (nats; diverged {diverged[claim.a]} vs {diverged[claim.b]})"
+    return result
+
+
+def _close_claim(claim: Claim, records: Sequence[RunRecord], paper_relative: float | None) -> dict[str, str]:
+    """"close": the 95% interval of the paired difference against a margin from the G1 gain over baseline."""
+    a, b = by_seed(records, claim.a, claim.metric), by_seed(records, claim.b, claim.metric)
+    base = by_seed(records, claim.b.replace(claim.b.split(" ")[0], "baseline", 1), claim.metric)
+    shared = sorted(s for s in a.keys() & b.keys() & base.keys() if all(math.isfinite(x[s]) for x in (a, b, base)))
+    if len(shared) < 2:
+        return _EMPTY | {"verdict": INCONCLUSIVE, "n": str(len(shared)), "note": "fewer than two seeds"}
+    differences = np.array([a[s] - b[s] for s in shared])
+    gain = abs(float(np.mean([b[s] - base[s] for s in shared])))
+    margin = CLOSE_MARGIN * gain
+    low, high = _interval(differences)
+    scale = 100.0 / float(np.mean([b[s] for s in shared]))
+    result = _direction(claim, {s: a[s] for s in shared}, {s: b[s] for s in shared}, claim.metric == PPL, None)
+    result["ours"] += f" (95% CI {low * scale:+.2f}% to {high * scale:+.2f}%; margin +-{margin * scale:.2f}%)"
+    result["verdict"] = (HOLDS if -margin < low and high < margin
+                         else FAILS if low > margin or high < -margin else INCONCLUSIVE)
+    return result
+
+
+def _level_claim(claim: Claim, records: Sequence[RunRecord], paper_relative: float | None) -> dict[str, str]:
+    """"below"/"above": the 95% interval of the group's mean against the claimed level."""
+    values = np.array([v for v in by_seed(records, claim.a, claim.metric).values() if math.isfinite(v)])
+    if len(values) < 2:
+        return _EMPTY | {"verdict": INCONCLUSIVE, "n": str(len(values)), "note": "fewer than two seeds"}
+    low, high = _interval(values)
+    result = {"ours": f"{np.mean(values):.3g} (95% CI {low:.3g} to {high:.3g})",
+              "spread (sd)": _fmt(float(np.std(values, ddof=1))), "n": str(len(values)), "p": "", "MDE": ""}
+    inside, outside = (high < claim.level, low > claim.level) if claim.kind == "below" else \
+        (low > claim.level, high < claim.level)
+    result["verdict"] = HOLDS if inside else FAILS if outside else INCONCLUSIVE
+    return result
+
+
+def _rank_claim(claim: Claim, records: Sequence[RunRecord], paper_relative: float | None) -> dict[str, str]:
+    """"rank": Kendall's tau of our group means against the paper's column."""
+    ours = {v: mean_std(by_seed(records, v, claim.metric).values())[0] for v in claim.rank_ids}
+    reference = paper_reference(claim.paper_table)
+    paper = {v: float(reference[claim.paper_column][v]) for v in claim.rank_ids
+             if v in reference.index and pd.notna(reference[claim.paper_column][v])}
+    agreement = rank_agreement({k: v for k, v in ours.items() if math.isfinite(v)}, paper)
+    tau, p = agreement.get("tau"), agreement.get("p_value")
+    verdict = INCONCLUSIVE if tau is None or p is None or p >= ALPHA else HOLDS if tau > 0 else FAILS
+    return {"ours": f"Kendall's tau {_fmt(tau)}", "spread (sd)": "", "n": str(agreement.get("n", 0)), "p": _fmt(p),
+            "MDE": "", "verdict": verdict}
+
+
+# How each kind of claim is tested: (claim, its sweep's records, the paper's relative effect) -> the row's figures.
+CHECKS: dict[str, Callable[[Claim, Sequence[RunRecord], float | None], dict[str, str]]] = {
+    "lower": _direction_claim,
+    "higher": _direction_claim,
+    "smaller change": _smaller_change_claim,
+    "close": _close_claim,
+    "below": _level_claim,
+    "above": _level_claim,
+    "rank": _rank_claim,
+}
+
+
 def evaluate_claim(claim: Claim, records: Sequence[RunRecord] | None) -> dict[str, str]:
     """One row of the claims table."""
     paper_text, paper_relative = _paper_figure(claim)
@@ -235,70 +322,13 @@ def evaluate_claim(claim: Claim, records: Sequence[RunRecord] | None) -> dict[st
         comparison = f"{len(claim.rank_ids)} variants"
     row = {"claim": claim.claim, "sweep": claim.sweep, "comparison": comparison, "metric": claim.metric,
            "paper": paper_text}
-    empty = {"ours": "", "spread (sd)": "", "n": "0", "p": "", "MDE": ""}
     if not records:
-        return row | empty | {"verdict": NOT_RUN, "note": claim.why}
+        return row | _EMPTY | {"verdict": NOT_RUN, "note": claim.why}
     missing = [g for g in _groups(claim) if not by_seed(records, g, claim.metric)]
     if missing:
-        return row | empty | {"verdict": NOT_RUN, "note": f"no ended runs of {', '.join(missing)}"}
-    relative = claim.metric == PPL
-    if claim.kind in ("lower", "higher"):
-        a, b = by_seed(records, claim.a, claim.metric), by_seed(records, claim.b, claim.metric)
-        result = _direction(claim, a, b, relative, paper_relative)
-    elif claim.kind == "smaller change":
-        low, high = claim.setting
-        change = {}
-        for group in (claim.a, claim.b):
-            before, after = by_seed(records, f"{group} {low}", PPL), by_seed(records, f"{group} {high}", PPL)
-            # a run that diverged at the higher setting has risen without bound: its change is +inf, not missing
-            change[group] = {s: (math.log(after[s] / before[s]) if math.isfinite(after[s]) else math.inf)
-                             for s in before.keys() & after.keys() if math.isfinite(before[s])}
-        diverged = {g: sum(math.isinf(v) for v in change[g].values()) for g in change}
-        if diverged[claim.b] > diverged[claim.a]:
-            result = {"ours": f"diverged: {diverged[claim.a]} {claim.a}, {diverged[claim.b]} {claim.b}",
-                      "spread (sd)": "", "n": str(len(change[claim.a])), "p": "", "MDE": "", "verdict": HOLDS}
-        else:
-            finite = {g: {s: v for s, v in change[g].items() if math.isfinite(v)} for g in change}
-            result = _direction(claim, finite[claim.a], finite[claim.b], False, None)
-            result["ours"] += f" (nats; diverged {diverged[claim.a]} vs {diverged[claim.b]})"
-    elif claim.kind == "close":
-        a, b = by_seed(records, claim.a, claim.metric), by_seed(records, claim.b, claim.metric)
-        base = by_seed(records, claim.b.replace(claim.b.split(" ")[0], "baseline", 1), claim.metric)
-        shared = sorted(s for s in a.keys() & b.keys() & base.keys()
-                        if all(math.isfinite(x[s]) for x in (a, b, base)))
-        if len(shared) < 2:
-            return row | empty | {"verdict": INCONCLUSIVE, "n": str(len(shared)), "note": "fewer than two seeds"}
-        differences = np.array([a[s] - b[s] for s in shared])
-        gain = abs(float(np.mean([b[s] - base[s] for s in shared])))
-        margin = CLOSE_MARGIN * gain
-        low, high = _interval(differences)
-        scale = 100.0 / float(np.mean([b[s] for s in shared]))
-        result = _direction(claim, {s: a[s] for s in shared}, {s: b[s] for s in shared}, relative, None)
-        result["ours"] += f" (95% CI {low * scale:+.2f}% to {high * scale:+.2f}%; margin +-{margin * scale:.2f}%)"
-        result["verdict"] = (HOLDS if -margin < low and high < margin
-                             else FAILS if low > margin or high < -margin else INCONCLUSIVE)
-    elif claim.kind in ("below", "above"):
-        values = np.array([v for v in by_seed(records, claim.a, claim.metric).values() if math.isfinite(v)])
-        if len(values) < 2:
-            return row | empty | {"verdict": INCONCLUSIVE, "n": str(len(values)), "note": "fewer than two seeds"}
-        low, high = _interval(values)
-        result = {"ours": f"{np.mean(values):.3g} (95% CI {low:.3g} to {high:.3g})",
-                  "spread (sd)": _fmt(float(np.std(values, ddof=1))), "n": str(len(values)), "p": "", "MDE": ""}
-        inside, outside = (high < claim.level, low > claim.level) if claim.kind == "below" else \
-            (low > claim.level, high < claim.level)
-        result["verdict"] = HOLDS if inside else FAILS if outside else INCONCLUSIVE
-    else:  # rank
-        ours = {v: mean_std(by_seed(records, v, claim.metric).values())[0] for v in claim.rank_ids}
-        reference = paper_reference(claim.paper_table)
-        paper = {v: float(reference[claim.paper_column][v]) for v in claim.rank_ids
-                 if v in reference.index and pd.notna(reference[claim.paper_column][v])}
-        agreement = rank_agreement({k: v for k, v in ours.items() if math.isfinite(v)}, paper)
-        tau, p = agreement.get("tau"), agreement.get("p_value")
-        result = {"ours": f"Kendall's tau {_fmt(tau)}", "spread (sd)": "", "n": str(agreement.get("n", 0)),
-                  "p": _fmt(p), "MDE": ""}
-        result["verdict"] = (INCONCLUSIVE if tau is None or p is None or p >= ALPHA
-                             else HOLDS if tau > 0 else FAILS)
-    return row | result | {"note": claim.why}
+        return row | _EMPTY | {"verdict": NOT_RUN, "note": f"no ended runs of {', '.join(missing)}"}
+    result = CHECKS[claim.kind](claim, records, paper_relative)
+    return row | result | ({} if "note" in result else {"note": claim.why})
 
 
 def claims_table(records_by_sweep: Mapping[str, Sequence[RunRecord]]) -> pd.DataFrame:
@@ -340,7 +370,8 @@ def make_claims(sweep_paths: Sequence[Path], out_dir: Path, formats: Sequence[st
     if unused:
         log(f"no claim reads the sweep(s) {', '.join(unused)}; claims read {', '.join(sorted(known))}")
     frame = claims_table(records)
-    table = ReportTable("The paper's claims at tiny scale", frame, VERDICT_RULES)
+    missing = dict.fromkeys(note for c in CLAIMS for note in missing_note(c.paper_table))  # one note per file
+    table = ReportTable("The paper's claims at tiny scale", frame, VERDICT_RULES + list(missing))
     written = export_report([table], [], out_dir, formats, "claims", command=command,
                             stamp=data_stamp([r for rs in records.values() for r in rs]))
     log(frame[["claim", "ours", "p", "verdict"]].to_string(index=False))

@@ -1,4 +1,5 @@
-"""The report's figures, shaped like the paper's: each function writes one PNG and returns its path.
+"""The figures, shaped like the paper's: each function writes one PNG and returns its path. `gatelab table` draws them
+over a sweep's groups; `run_plot_writers` draws the same figures for one run, as that run's MLflow artifacts.
 
 Figures are drawn on `matplotlib.figure.Figure` objects with the Agg canvas, never through pyplot: no global figure
 state, no display needed, safe beside other code that uses pyplot. Empty inputs give a figure saying "no data".
@@ -7,8 +8,9 @@ state, no display needed, safe beside other code that uses pyplot. Empty inputs 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -184,3 +186,20 @@ def plot_context_length(per_variant: Mapping[str, Mapping[int, float]], train_le
     axes.grid(alpha=0.3, which="both")
     _legend(axes, len(lines) + 1)
     return _save(figure, path)
+
+
+def run_plot_writers(label: str, loss_history: tuple[Sequence[int], Sequence[float]], spikes: Sequence[int],
+                     first_token_share: Sequence[float], f_attn: float,
+                     gate_histogram: Mapping[str, Any] | None = None) -> dict[str, Callable[[Path], Path]]:
+    """One run's figures by artifact file name, each a writer of that PNG: its loss curve with its spikes, its
+    first-token attention per layer, and (for a gated model) its gate scores per gate position, all layers summed."""
+    steps, losses = loss_history
+    writers: dict[str, Callable[[Path], Path]] = {
+        "loss_curve.png": lambda path: plot_loss_curves({label: (steps, losses, spikes)}, path),
+        "first_token_attention.png": lambda path: plot_first_token_attention(
+            {f"{label} (F-Attn {f_attn:.3f})": first_token_share}, path),
+    }
+    if gate_histogram:
+        writers["gate_score_histogram.png"] = lambda path: plot_gate_histograms(
+            {f"{label} {position}": np.sum(per_layer, axis=0) for position, per_layer in gate_histogram.items()}, path)
+    return writers

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import shlex
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -14,24 +16,46 @@ from gatelab.report.plots import (plot_context_length, plot_delta_vs_paper, plot
 from gatelab.report.tables import PPL, build_comparison, collect_runs, data_stamp, probe_payloads
 from gatelab.sweep.queue import ledger_states
 from gatelab.sweep.spec import expand, load_sweep
-from gatelab.tracking import default_tracking_uri
+from gatelab.tracking import RunStore, default_tracking_uri
 
-REPORT_TAG = "gatelab.report"
+History = tuple[Sequence[int], Sequence[float]]  # (steps, values) of one metric, in step order
 
 
-def _loss_curves(records, tracking_uri: str) -> dict:
-    import mlflow
+def spike_steps(spikes: History, counts: History, total: float | None, last_step: int | None = None) -> list[int]:
+    """The steps of a run's loss spikes, as many as its `train/spikes_total`.
 
-    from gatelab.eval.metrics import loss_spikes
+    `spikes` is the run's `train/spike` history (one point per spike, at its step): where it has any, those steps.
+    Runs logged before that metric have only `counts`, the stability monitor's cumulative `train/spikes` at each
+    logging step: a rise of k puts k spikes at that logged step (they happened in the interval before it), and spikes
+    counted after the last logged count (`total` above it) go to the last logged step (or `last_step` where no count
+    was logged). The monitor checks every step's loss, so this, not a recount on the logged subsample, is the count.
+    """
+    if len(spikes[0]):
+        return sorted(int(step) for step in spikes[0])
+    steps: list[int] = []
+    seen = 0
+    for step, count in zip(*counts):
+        rise = int(round(count)) - seen
+        if rise > 0:
+            steps += [int(step)] * rise
+            seen += rise
+    remainder = int(round(total)) - seen if total is not None and math.isfinite(total) else 0
+    at = counts[0][-1] if len(counts[0]) else last_step
+    if remainder > 0 and at is not None:
+        steps += [int(at)] * remainder
+    return steps
 
-    client, curves = mlflow.MlflowClient(tracking_uri), {}
+
+def _loss_curves(records, store: RunStore) -> dict:
+    """Per group, the training loss of its first finished run and that run's spike steps."""
+    curves = {}
     for record in records:
         if record.status != "finished" or record.group in curves:
             continue
-        history = sorted(client.get_metric_history(record.run_id, "train/loss"), key=lambda m: m.step)
-        steps, losses = [m.step for m in history], [m.value for m in history]
-        train = record.spec.experiment.train
-        spikes = loss_spikes(losses, train.warmup_steps, train.spike_ema, train.spike_margin, steps=steps)
+        steps, losses = store.metric_history(record.run_id, "train/loss")
+        spikes = spike_steps(store.metric_history(record.run_id, "train/spike"),
+                             store.metric_history(record.run_id, "train/spikes"),
+                             record.metrics.get("train/spikes_total"), steps[-1] if steps else None)
         curves[record.group] = (steps, losses, spikes)
     return curves
 
@@ -42,6 +66,7 @@ def make_report(sweep_path: Path, experiment: Path | None, formats: list[str], o
     sweep = load_sweep(sweep_path, experiment)
     specs = expand(sweep)
     uri = tracking_uri or default_tracking_uri(runs_dir)
+    store = RunStore(uri, runs_dir)
     records = collect_runs(specs, uri, sweep.name, ledger_states(storage, runs_dir, sweep.name, specs))
     comparison = build_comparison(records, sweep.paper)
     out = out_dir or Path("results") / sweep.name
@@ -63,7 +88,7 @@ def make_report(sweep_path: Path, experiment: Path | None, formats: list[str], o
         plot_gate_histograms({g: np.sum([np.sum(h, axis=0) for h in p["gate_histogram"].values()], axis=0).tolist()
                               for g, p in payloads.items() if p.get("gate_histogram")},
                              out / "gate_score_histograms.png"),  # every gate position of a group, all layers
-        plot_loss_curves(_loss_curves(records, uri), out / "loss_curves.png"),
+        plot_loss_curves(_loss_curves(records, store), out / "loss_curves.png"),
         plot_context_length({g: m for g, m in means.items() if m}, specs[0].experiment.data.seq_len,
                             out / "context_length.png"),
     ]
@@ -71,24 +96,8 @@ def make_report(sweep_path: Path, experiment: Path | None, formats: list[str], o
     command = "gatelab table " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 2 else None
     written = export_report([ReportTable(title, comparison.frame, comparison.notes)], plots, out, formats,
                             sweep.name, command=command, stamp=data_stamp(records))
-    _log_to_mlflow(uri, sweep.name, runs_dir, written + plots)
+    store.log_report(sweep.name, written + plots)  # the report opens from the MLflow UI too
     log(comparison.frame.to_string(index=False))
     for note in comparison.notes:
         log(note)
     return written + plots
-
-
-def _log_to_mlflow(tracking_uri: str, sweep_name: str, runs_dir: Path, paths: list[Path]) -> None:
-    """The report as artifacts of one sweep-level MLflow run, so it opens from the MLflow UI too."""
-    import mlflow
-
-    from gatelab.tracking import experiment_id
-
-    client = mlflow.MlflowClient(tracking_uri)
-    experiment = experiment_id(client, sweep_name, runs_dir)
-    found = client.search_runs([experiment], filter_string=f"tags.`{REPORT_TAG}` = 'true'", max_results=1)
-    run_id = found[0].info.run_id if found else client.create_run(
-        experiment, tags={REPORT_TAG: "true", "mlflow.runName": f"{sweep_name} report"}).info.run_id
-    for path in paths:
-        client.log_artifact(run_id, str(path), "report")
-    client.set_terminated(run_id, "FINISHED")

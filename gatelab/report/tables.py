@@ -8,49 +8,25 @@ diverged are shown as such, never as numbers.
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from collections.abc import Sequence
 from typing import Any
 
 import pandas as pd
 
-from gatelab.report.stats import compare, mean_std, rank_agreement, sign_agreement
-from gatelab.sweep.plan import paper_dir
+from gatelab import paper as paper_tables
+from gatelab.report.stats import Comparison, compare, mean_std, rank_agreement, sign_agreement
+from gatelab.tracking import SPEC_HASH_TAG, STATUS_TAG, RunStore
 
-# Which paper table a sweep's `paper:` key names, the CSV files that hold it, and the column of its perplexity.
-PAPER_TABLES: dict[str, list[tuple[str, str]]] = {
-    "table1": [("paper_table1_moe.csv", "Avg PPL")],
-    "table2": [("paper_table2_dense.csv", "Avg PPL")],
-    "table3": [("paper_table3_nonlinearity.csv", "Avg PPL")],
-    "table4": [("paper_table4_sparsity_sink.csv", "PPL")],
-    "table3-4": [("paper_table3_nonlinearity.csv", "Avg PPL"), ("paper_table4_sparsity_sink.csv", "PPL")],
-    "table6": [("paper_table6_switchhead.csv", "PPL")],
-    "table1-3-4": [("paper_table1_moe.csv", "Avg PPL"), ("paper_table3_nonlinearity.csv", "Avg PPL"),
-                   ("paper_table4_sparsity_sink.csv", "PPL")],
-}
-# Table 4's mechanistic columns, measured by the same probes here.
-PAPER_PROBES = {"Gate Score": "probe/gate_score_mean", "M-Act": "probe/m_act", "F-Attn": "probe/f_attn"}
+# The paper's columns that our probes measure (Table 4), as gatelab.paper registers them.
+PAPER_PROBES = paper_tables.PROBE_METRICS
 PPL = "ppl/avg"
 
 
 def paper_reference(paper: str | None) -> pd.DataFrame:
     """The paper's rows for a sweep's `paper:` key, indexed by variant id: `ppl` and Table 4's probe columns."""
-    frames = []
-    for file_name, ppl_column in PAPER_TABLES.get(paper or "", []):
-        path = paper_dir() / file_name
-        if not path.is_file():
-            continue
-        table = pd.read_csv(path).set_index("id")
-        keep = {ppl_column: "ppl", **{c: c for c in PAPER_PROBES if c in table.columns}}
-        frames.append(table[list(keep)].rename(columns=keep).apply(pd.to_numeric, errors="coerce"))
-    if not frames:
-        return pd.DataFrame(columns=["ppl"])
-    merged = pd.concat(frames)
-    return merged[~merged.index.duplicated(keep="last")]
+    return paper_tables.reference(paper)
 
 
 @dataclass
@@ -77,18 +53,10 @@ class RunRecord:
 
 def collect_runs(specs, tracking_uri: str, sweep_name: str, ledger_states=None) -> list[RunRecord]:
     """Each spec with its MLflow run (matched by spec hash) and its status (the ledger's, where there is one)."""
-    import mlflow
-
-    client = mlflow.MlflowClient(tracking_uri)
-    experiment = client.get_experiment_by_name(sweep_name)
-    runs = pd.DataFrame()
-    if experiment is not None:
-        mlflow.set_tracking_uri(tracking_uri)
-        runs = mlflow.search_runs([experiment.experiment_id], filter_string="tags.`gatelab.spec_hash` != ''",
-                                  order_by=["attributes.start_time DESC"])
+    runs = RunStore(tracking_uri).sweep_runs(sweep_name)
     by_hash = {}
     for _, row in runs.iterrows():
-        by_hash.setdefault(row["tags.gatelab.spec_hash"], row)  # the newest run of each spec
+        by_hash.setdefault(row[f"tags.{SPEC_HASH_TAG}"], row)  # the newest run of each spec
     states = {state.hash: state for state in (ledger_states or [])}
     records = []
     for spec in specs:
@@ -96,7 +64,8 @@ def collect_runs(specs, tracking_uri: str, sweep_name: str, ledger_states=None) 
         state = states.get(spec.hash)
         status = "missing"
         if row is not None:
-            status = row.get("tags.gatelab.status") or "running"
+            tagged = row.get(f"tags.{STATUS_TAG}")
+            status = tagged if isinstance(tagged, str) and tagged else "running"
             if row["status"] in ("FAILED", "KILLED"):
                 status = "failed"
         if state is not None and state.status in ("pending", "running", "failed") and status not in ("finished",):
@@ -142,72 +111,124 @@ class ComparisonResult:
     agreement: dict[str, Any]
 
 
-def build_comparison(records: list[RunRecord], paper: str | None, metric: str = PPL) -> ComparisonResult:
-    """The main table: one row per group, ours beside the paper's, deltas with their significance."""
-    reference = paper_reference(paper)
+@dataclass
+class GroupNumbers:
+    """One row of the comparison before formatting: a group's runs, its figures and the paper's."""
+
+    group: str  # the variant plus any other swept keys
+    variant: str
+    members: list[RunRecord]
+    values: list[float]  # the compared metric, one per finished seed
+    comparison: Comparison | None  # against the baseline of the same settings; None for baseline or no data
+    paper: float  # the paper's perplexity for this variant (NaN where it has none)
+    paper_delta: float  # ... minus the paper's baseline
+    paper_probes: dict[str, float]  # Table 4 column -> the paper's value, for the columns the reference has
+    extra: dict[str, list[float]]  # further metrics shown in the table -> their finished values
+
+    @property
+    def settings(self) -> str:
+        return self.group[len(self.variant):].strip()
+
+    @property
+    def mean(self) -> float:
+        return sum(self.values) / len(self.values) if self.values else math.nan
+
+    @property
+    def delta(self) -> float:
+        if self.comparison is not None:
+            return self.comparison.delta
+        return 0.0 if self.variant == "baseline" and self.values else math.nan
+
+
+def _shown_metrics(records: list[RunRecord]) -> list[str]:
+    """The metrics beside the main one, in table order: per-domain and long-context perplexity, BLiMP, the probes,
+    M-Act's location (share of layers whose largest activation sits on token 0), and a synthetic task's own metrics."""
+    domain_metrics = sorted({m for r in records for m in r.metrics if m.startswith("ppl/") and m != PPL})
+    long_metrics = sorted({m for r in records for m in r.metrics if m.startswith("long_ppl/x")},
+                          key=lambda m: int(m.rsplit("x", 1)[1]))
+    extra = ["blimp/accuracy", *PAPER_PROBES.values(), "probe/m_act_share_layers_max_at_first_token",
+             *sorted({m for r in records for m in r.metrics if m.startswith("bb/")})]
+    return domain_metrics + long_metrics + extra
+
+
+def comparison_numbers(records: list[RunRecord], reference: pd.DataFrame, metric: str = PPL) -> list[GroupNumbers]:
+    """The comparison as numbers: one GroupNumbers per group, in the order the groups first appear."""
     groups: dict[str, list[RunRecord]] = {}
     for record in records:
         groups.setdefault(record.group, []).append(record)
     by_seed = {g: {r.spec.experiment.seed: r.metrics[metric] for r in rs if r.status == "finished" and metric in r.metrics}
                for g, rs in groups.items()}
-    paper_baseline = reference["ppl"].get("baseline", math.nan) if "ppl" in reference else math.nan
-    rows, numbers = [], []
-    tests_used = set()
-    domain_metrics = sorted({m for r in records for m in r.metrics if m.startswith("ppl/") and m != PPL})
-    long_metrics = sorted({m for r in records for m in r.metrics if m.startswith("long_ppl/x")},
-                          key=lambda m: int(m.rsplit("x", 1)[1]))
-    # M-Act's location (share of layers whose largest activation sits on token 0), and a synthetic task's own metrics
-    extra = ["blimp/accuracy", *PAPER_PROBES.values(), "probe/m_act_share_layers_max_at_first_token",
-             *sorted({m for r in records for m in r.metrics if m.startswith("bb/")})]
+    paper_ppl = reference["ppl"] if "ppl" in reference else None
+    paper_baseline = paper_ppl.get("baseline", math.nan) if paper_ppl is not None else math.nan
+    shown = _shown_metrics(records)
+    rows = []
     for group, members in groups.items():
         variant = members[0].spec.experiment.variant
-        values = list(by_seed[group].values())
-        finished = len(values)
-        row: dict[str, Any] = {"variant": group, "runs": _status_text(members)}
-        number: dict[str, Any] = {"variant": group, "id": variant, "n": finished,
-                                  "settings": group[len(variant):].strip()}
-        row[f"{metric} (mean ± std (n))"] = _cell(values) if finished else members[0].status
-        number["mean"] = sum(values) / finished if finished else math.nan
         baseline = by_seed.get(members[0].baseline_group, {})
-        if variant != "baseline" and finished and baseline:
-            result = compare(by_seed[group], baseline)
-            tests_used.add(result.test)
-            row["Δ vs baseline"] = f"{result.delta:+.3f}"
-            row["p"] = f"{result.p_value:.3g}" if result.p_value is not None else (result.reason or "n/a")
-            row["test"] = result.test
-            row["MDE (p<0.05)"] = f"{result.mde:.3f}" if result.mde is not None else "n/a"
-            row["seeds needed"] = str(result.seeds_needed) if result.seeds_needed is not None else "n/a"
-            number["delta"] = result.delta
+        comparison = compare(by_seed[group], baseline) if variant != "baseline" and by_seed[group] and baseline \
+            else None
+        paper_value = paper_ppl.get(variant, math.nan) if paper_ppl is not None else math.nan
+        paper_probes = {c: reference[c].get(variant, math.nan) for c in PAPER_PROBES if c in reference.columns}
+        extra = {name: [r.metrics[name] for r in members if r.status == "finished" and name in r.metrics]
+                 for name in shown}
+        rows.append(GroupNumbers(group, variant, members, list(by_seed[group].values()), comparison, paper_value,
+                                 paper_value - paper_baseline, paper_probes, {k: v for k, v in extra.items() if v}))
+    return rows
+
+
+def numbers_frame(rows: list[GroupNumbers]) -> pd.DataFrame:
+    """The numbers of each group, indexed by group: id, n, settings, mean, delta, paper, paper_delta."""
+    return pd.DataFrame([{"variant": r.group, "id": r.variant, "n": len(r.values), "settings": r.settings,
+                          "mean": r.mean, "delta": r.delta, "paper": r.paper, "paper_delta": r.paper_delta}
+                         for r in rows]).set_index("variant")
+
+
+def format_comparison(rows: list[GroupNumbers], metric: str = PPL) -> pd.DataFrame:
+    """The main table as text: one row per group, ours beside the paper's, deltas with their significance."""
+    lines = []
+    for number in rows:
+        variant, result = number.variant, number.comparison
+        line: dict[str, Any] = {"variant": number.group, "runs": _status_text(number.members)}
+        line[f"{metric} (mean ± std (n))"] = _cell(number.values) if number.values else number.members[0].status
+        if result is not None:
+            line["Δ vs baseline"] = f"{result.delta:+.3f}"
+            line["p"] = f"{result.p_value:.3g}" if result.p_value is not None else (result.reason or "n/a")
+            line["test"] = result.test
+            line["MDE (p<0.05)"] = f"{result.mde:.3f}" if result.mde is not None else "n/a"
+            line["seeds needed"] = str(result.seeds_needed) if result.seeds_needed is not None else "n/a"
         else:
             for column in ("Δ vs baseline", "p", "test", "MDE (p<0.05)", "seeds needed"):
-                row[column] = "" if variant == "baseline" else "n/a"
-            number["delta"] = 0.0 if variant == "baseline" and finished else math.nan
-        paper_value = reference["ppl"].get(variant, math.nan) if "ppl" in reference else math.nan
-        row["paper Avg PPL"] = "" if math.isnan(paper_value) else f"{paper_value:.3f}"
-        paper_delta = paper_value - paper_baseline
-        row["paper Δ"] = "" if math.isnan(paper_delta) or variant == "baseline" else f"{paper_delta:+.3f}"
-        number["paper"], number["paper_delta"] = paper_value, paper_delta
-        for column in PAPER_PROBES:
-            if column in reference.columns:
-                paper_probe = reference[column].get(variant, math.nan)
-                row[f"paper {column}"] = "" if pd.isna(paper_probe) else f"{paper_probe:g}"
-        for name in domain_metrics + long_metrics + extra:
-            finished_values = [r.metrics[name] for r in members if r.status == "finished" and name in r.metrics]
-            if finished_values:
-                row[name] = _cell(finished_values)
-        rows.append(row)
-        numbers.append(number)
-    numbers_frame = pd.DataFrame(numbers).set_index("variant")
-    # The paper has one row per variant: rank and sign agreement use the rows of the first group's settings (e.g. the
-    # base learning rate), never a mix of one variant's settings.
-    ranked_settings = numbers[0]["settings"] if numbers else ""
-    ranked = [n for n in numbers if n["settings"] == ranked_settings]
-    ours = {n["id"]: n["mean"] for n in ranked if not math.isnan(n["mean"])}
+                line[column] = "" if variant == "baseline" else "n/a"
+        line["paper Avg PPL"] = "" if math.isnan(number.paper) else f"{number.paper:.3f}"
+        paper_delta = number.paper_delta
+        line["paper Δ"] = "" if math.isnan(paper_delta) or variant == "baseline" else f"{paper_delta:+.3f}"
+        for column, paper_probe in number.paper_probes.items():
+            line[f"paper {column}"] = "" if pd.isna(paper_probe) else f"{paper_probe:g}"
+        for name, values in number.extra.items():
+            line[name] = _cell(values)
+        lines.append(line)
+    return pd.DataFrame(lines).fillna("")
+
+
+def _agreement(rows: list[GroupNumbers], reference: pd.DataFrame) -> tuple[dict[str, Any], str]:
+    """Rank and sign agreement with the paper, and the settings of the rows they use.
+
+    The paper has one row per variant: they use the rows of the first group's settings (e.g. the base learning
+    rate), never a mix of one variant's settings."""
+    ranked_settings = rows[0].settings if rows else ""
+    ranked = [r for r in rows if r.settings == ranked_settings]
+    ours = {r.variant: r.mean for r in ranked if not math.isnan(r.mean)}
     paper_values = {i: v for i, v in reference["ppl"].items() if not math.isnan(v)} if "ppl" in reference else {}
-    agreement = {
+    return {
         "rank": rank_agreement(ours, paper_values),
-        "sign": sign_agreement({n["id"]: n["delta"] for n in ranked}, {n["id"]: n["paper_delta"] for n in ranked}),
-    }
+        "sign": sign_agreement({r.variant: r.delta for r in ranked}, {r.variant: r.paper_delta for r in ranked}),
+    }, ranked_settings
+
+
+def comparison_notes(rows: list[GroupNumbers], agreement: dict[str, Any], ranked_settings: str, paper: str | None,
+                     metric: str = PPL) -> list[str]:
+    """The lines under the main table: the test used, agreement with the paper, where the paper's figures come from."""
+    tests_used = {r.comparison.test for r in rows if r.comparison is not None}
     notes = []
     if tests_used:
         notes.append("Significance: " + " and ".join(sorted(tests_used)) + " test of each row's "
@@ -228,22 +249,27 @@ def build_comparison(records: list[RunRecord], paper: str | None, metric: str = 
     if paper:
         notes.append(f"Paper columns: Qiu et al. 2025, {paper} (results/paper/); the paper trains 15B MoE / 1.7B dense "
                      "models on 400B+ tokens, so compare directions and ranks, not absolute values.")
-    return ComparisonResult(pd.DataFrame(rows).fillna(""), numbers_frame, notes, agreement)
+        notes += paper_tables.missing_note(paper)
+    return notes
+
+
+def build_comparison(records: list[RunRecord], paper: str | None, metric: str = PPL) -> ComparisonResult:
+    """The main table: one row per group, ours beside the paper's, deltas with their significance."""
+    reference = paper_reference(paper)
+    rows = comparison_numbers(records, reference, metric)
+    agreement, ranked_settings = _agreement(rows, reference)
+    return ComparisonResult(format_comparison(rows, metric), numbers_frame(rows),
+                            comparison_notes(rows, agreement, ranked_settings, paper, metric), agreement)
 
 
 def probe_payloads(records: list[RunRecord], tracking_uri: str) -> dict[str, dict]:
     """Per group, the probes.json of its first finished run (per-layer F-Attn, gate histograms)."""
-    import mlflow
-
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per small JSON is noise
+    store = RunStore(tracking_uri)
     payloads = {}
     for record in records:
         if record.status != "finished" or record.group in payloads or record.run_id is None:
             continue
-        try:
-            path = mlflow.artifacts.download_artifacts(run_id=record.run_id, artifact_path="eval/probes.json",
-                                                       tracking_uri=tracking_uri)
-        except Exception:  # an artifact store that cannot be read is a missing plot, not a failed table
-            continue
-        payloads[record.group] = json.loads(Path(path).read_text())
+        payload = store.artifact_json(record.run_id, "eval/probes.json")
+        if payload is not None:  # an artifact store that cannot be read is a missing plot, not a failed table
+            payloads[record.group] = payload
     return payloads

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -20,7 +19,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from gatelab.errors import GatelabError
+from gatelab.errors import GatelabError, redact
+from gatelab.host import has_proc, live_pids, process_stat
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
@@ -95,17 +95,11 @@ def _group_alive(group: int) -> bool:
         return False
     except PermissionError:
         return True
-    proc = Path("/proc")
-    if not proc.is_dir():
+    if not has_proc():
         return True
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[2]) == group and fields[0] != "Z":  # fields: state, ppid, pgrp, ...
+    for pid in live_pids():
+        fields = process_stat(pid)
+        if fields is not None and int(fields[5 - 3]) == group and fields[3 - 3] != "Z":  # field 5: pgrp, 3: state
             return True
     return False
 
@@ -149,7 +143,7 @@ def serve_ui(tracking_uri: str, host: str = "127.0.0.1", port: int = 5000, artif
             _wait_until_up(process, url, stop)
             if stop.is_set():
                 return
-            print(f"MLflow UI for {_redact(tracking_uri)}: {url}  (Ctrl-C stops it)", flush=True)
+            print(f"MLflow UI for {redact(tracking_uri)}: {url}  (Ctrl-C stops it)", flush=True)
             while not stop.is_set():
                 if process.poll() is not None:
                     raise GatelabError(f"the MLflow UI stopped by itself (exit code {process.returncode}); "
@@ -173,8 +167,3 @@ def _wait_until_up(process: subprocess.Popen, url: str, stop: threading.Event) -
         if time.monotonic() > deadline:
             raise GatelabError(f"the MLflow UI did not answer at {url} within {START_TIMEOUT_S:.0f} s")
         stop.wait(0.5)
-
-
-def _redact(uri: str) -> str:
-    """A URI with any password hidden (as gatelab.tracking.redact, without importing mlflow here)."""
-    return re.sub(r"(//[^:/@]+:)[^@]+@", r"\1***@", uri)

@@ -12,67 +12,27 @@ routed experts counted at top_k / n_experts. Switch-Head experts are counted in 
 projection and then mixes them. The attention term is the QK^T and AV matmuls without the causal halving, as PaLM.
 
 Estimated seconds = FLOPs / throughput, the training loop only: process start, data loading, evaluation and probes
-come on top (measured here: about 25 s a run for tiny.yaml, 45 s for tiny-moe.yaml, 3 s for a sweeps/smoke.yaml run
-inside one worker).
+come on top (results/bench/ has measured figures).
 """
 
 from __future__ import annotations
 
-import csv
 import json
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gatelab import paper as paper_tables
 from gatelab.config import ExperimentConfig, ModelConfig
 from gatelab.sweep.spec import RunSpec, format_value, load_sweep
 
-# Measured on this project's 2-core CPU machine (torch 2.13, bf16 autocast, in the Lightning loop, cores not shared):
-# tiny.yaml (2.41M parameters, all active, plus 12*4*256*4*48 attention: 1.68e7 training FLOPs a token) runs 0.9 s a
-# step of 16 x 256 tokens, 4.5k tokens/s = 7.6e10 FLOP/s; tiny-moe.yaml (2.35M active, 1.65e7 FLOPs a token) runs
-# 1.04 s a step, 3.9k tokens/s = 6.5e10 FLOP/s (its experts loop in Python). When other processes share the cores
-# it is up to 2x slower: read CPU estimates as lower bounds.
+# A rough default for a small CPU in bf16 autocast, in the Lightning loop; measured figures live in results/bench/
+# (`gatelab bench` reports a machine's achieved FLOP/s; --flops-per-second passes one to the plan). Other processes on
+# the same cores slow a run further: read CPU estimates as lower bounds.
 CPU_FLOPS = 7.0e10
 # 40% of one H100's dense bf16 peak (989 TFLOP/s): a realistic model FLOPs utilisation for small models.
 GPU_FLOPS = 4.0e14
-
-# The paper's "added parameters" column per table: (file under results/paper, column).
-PAPER_ADDED_COLUMNS = {
-    "table1": ("paper_table1_moe.csv", "Added (M)"),
-    "table6": ("paper_table6_switchhead.csv", "Added Param (M)"),
-}
-
-
-def paper_dir() -> Path:
-    """results/paper of this checkout, or $GATELAB_PAPER_DIR."""
-    if os.environ.get("GATELAB_PAPER_DIR"):
-        return Path(os.environ["GATELAB_PAPER_DIR"])
-    import gatelab
-
-    return Path(gatelab.__file__).resolve().parents[1] / "results" / "paper"
-
-
-def paper_added_params(paper: str | None) -> dict[str, float | None] | None:
-    """{variant id: the paper's added parameters in millions} for table1/table6; None where there is no such column."""
-    if paper not in PAPER_ADDED_COLUMNS:
-        return None
-    filename, column = PAPER_ADDED_COLUMNS[paper]
-    path = paper_dir() / filename
-    if not path.is_file():
-        return None
-    with path.open(newline="", encoding="utf-8") as handle:
-        rows = list(csv.DictReader(handle))
-    if not rows or column not in rows[0] or "id" not in rows[0]:
-        return None
-    added: dict[str, float | None] = {}
-    for row in rows:
-        try:
-            added[row["id"]] = float(row[column])
-        except (TypeError, ValueError):  # '-' for the baseline of Table 6
-            added[row["id"]] = None
-    return added
 
 
 class ParameterCounter:
@@ -116,7 +76,7 @@ def plan_rows(specs: Sequence[RunSpec], paper: str | None = None, flops_per_seco
     from gatelab.model.params import resolve_model
 
     count = ParameterCounter()
-    paper_added = paper_added_params(paper)
+    paper_added = paper_tables.added_params(paper)
     rows = []
     for spec in specs:
         experiment = spec.experiment
@@ -240,8 +200,9 @@ def cli_plan(sweep_path: Path, experiment: Path | None = None, as_json: bool = F
     if sweep.search:
         notes.append(f"each row is an Optuna search of {trials} trials over "
                      f"{', '.join(sweep.search.params)} ({sweep.search.direction} {sweep.search.metric})")
-    if sweep.paper in PAPER_ADDED_COLUMNS and not any("paper_added_m" in row for row in rows):
-        notes.append(f"no paper column: {paper_dir() / PAPER_ADDED_COLUMNS[sweep.paper][0]} is missing")
+    table = paper_tables.TABLES.get(sweep.paper or "")
+    if table is not None and table.added and not any("paper_added_m" in row for row in rows):
+        notes.append(f"no paper column: {paper_tables.paper_file(table.file)} is missing")
     title = f"{sweep.name}: {len(rows)} runs on {sweep.experiment_path}"
     title += f" (paper {sweep.paper})" if sweep.paper else ""
     extra = {"sweep": sweep.name, "experiment": str(sweep.experiment_path), "paper": sweep.paper,
@@ -250,6 +211,6 @@ def cli_plan(sweep_path: Path, experiment: Path | None = None, as_json: bool = F
 
 
 __all__ = [
-    "CPU_FLOPS", "GPU_FLOPS", "ParameterCounter", "active_parameters", "cli_plan", "paper_added_params", "paper_dir",
+    "CPU_FLOPS", "GPU_FLOPS", "ParameterCounter", "active_parameters", "cli_plan",
     "plan_json", "plan_rows", "plan_totals", "render_plan", "training_flops",
 ]

@@ -37,8 +37,9 @@ from gatelab.config import (
     spec_hash,
 )
 from gatelab.errors import GatelabError
+from gatelab.paper import SWEEP_TABLES
 
-PaperTable = Literal["table1", "table2", "table3", "table4", "table6", "table3-4", "table1-3-4"]
+PaperTable = Literal[tuple(SWEEP_TABLES)]  # the paper registry's keys, so a sweep can name only what a report can read
 MAX_LISTED_LINES = 20  # an error listing longer than this ends in "and N more"
 _RESERVED = {"name": "the run's name is the sweep's name; rename the sweep instead"}
 

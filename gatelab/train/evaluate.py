@@ -3,35 +3,28 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+import torch
 
-matplotlib.use("Agg")  # headless: runs write PNG files, never open windows
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from gatelab.config import ExperimentConfig  # noqa: E402
-from gatelab.data.datasets import heldout_windows, long_context_windows, unigram_perplexity  # noqa: E402
-from gatelab.data.synthetic import DOMAIN as BIGRAM_BACKCOPY, BigramBackcopy  # noqa: E402
-from gatelab.eval.benchmarks import load_blimp, run_in_context_suite, score_blimp  # noqa: E402
-from gatelab.eval.metrics import (  # noqa: E402
-    domain_perplexities,
-    evaluation_mode,
-    long_context_perplexity,
-    model_device,
-)
-from gatelab.eval.probes import FirstTokenShareByQuery, ProbeReport, probe_model  # noqa: E402
+from gatelab.config import ExperimentConfig
+from gatelab.data.datasets import heldout_windows, long_context_windows, unigram_perplexity
+from gatelab.data.synthetic import DOMAIN as BIGRAM_BACKCOPY, BigramBackcopy
+from gatelab.eval.benchmarks import load_blimp, run_in_context_suite, score_blimp
+from gatelab.eval.metrics import domain_perplexities, evaluation_mode, long_context_perplexity, model_device
+from gatelab.eval.probes import FirstTokenShareByQuery, probe_model
+from gatelab.report.plots import run_plot_writers
 
 LONG_CONTEXT_DOMAIN = "speeches"  # State of the Union addresses: the long held-out documents
 
 
-def evaluate(model, experiment: ExperimentConfig, tokenizer, corpus, domains: list[str], loss_history, spikes: list[int],
-             log=print) -> tuple[dict[str, float], dict[str, Callable[[Path], None]]]:
-    """(metrics for MLflow, artifact writers by file name)."""
+def evaluate(model, experiment: ExperimentConfig, tokenizer, corpus, domains: list[str],
+             loss_history: tuple[Sequence[int], Sequence[float]], spikes: list[int],
+             log=print) -> tuple[dict[str, float], dict[str, Callable[[Path], object]]]:
+    """(metrics for MLflow, artifact writers by file name). `loss_history` is the run's training loss as
+    (steps, losses); `spikes` the steps of its loss spikes."""
     evaluation, seq_len = experiment.eval, experiment.data.seq_len
     model = model.float().eval()
     metrics: dict[str, float] = {}
@@ -75,15 +68,11 @@ def evaluate(model, experiment: ExperimentConfig, tokenizer, corpus, domains: li
         task = BigramBackcopy.from_config(experiment.data.bigram_backcopy, corpus.vocab_size)
         metrics.update(bigram_backcopy_metrics(model, task, windows[BIGRAM_BACKCOPY], evaluation.batch_size))
 
-    steps = [m.step for m in loss_history]
-    losses = [m.value for m in loss_history]
-    artifacts = {
+    artifacts: dict[str, Callable[[Path], object]] = {
         "probes.json": lambda path: path.write_text(json.dumps(report.to_dict(), indent=1)),
-        "loss_curve.png": lambda path: plot_loss(path, steps, losses, spikes, experiment.variant),
-        "first_token_attention.png": lambda path: plot_first_token_attention(path, report, experiment.variant),
+        **run_plot_writers(experiment.variant, loss_history, spikes, report.first_token_share, report.f_attn,
+                           report.gate_histogram),
     }
-    if report.gate_histogram:
-        artifacts["gate_score_histogram.png"] = lambda path: plot_gate_histogram(path, report, experiment.variant)
     return metrics, artifacts
 
 
@@ -125,35 +114,3 @@ def bigram_backcopy_metrics(model, task: BigramBackcopy, windows_NT1: torch.Tens
         "bb/f_attn_trigger_queries": recorder.share(True, model.config.n_layers),
         "bb/f_attn_other_queries": recorder.share(False, model.config.n_layers),
     }
-
-
-@contextmanager
-def _figure(path: Path, title: str, xlabel: str, ylabel: str) -> Iterator[plt.Axes]:
-    figure, axis = plt.subplots(figsize=(6, 3.5))
-    yield axis
-    axis.set(xlabel=xlabel, ylabel=ylabel, title=title)
-    axis.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-
-
-def plot_loss(path: Path, steps: list[int], losses: list[float], spikes: list[int], label: str) -> None:
-    with _figure(path, "Training loss, spikes marked", "step", "training loss (nats)") as axis:
-        axis.plot(steps, losses, lw=1, label=label)
-        marked = [s for s in spikes if s in steps]
-        axis.scatter(marked, [losses[steps.index(s)] for s in marked], color="red", s=12, label="spikes", zorder=3)
-
-
-def plot_first_token_attention(path: Path, report: ProbeReport, label: str) -> None:
-    with _figure(path, "First-token attention per layer (Figure 2)", "layer", "attention on token 0") as axis:
-        axis.plot(range(report.n_layers), report.first_token_share, marker="o",
-                  label=f"{label} (F-Attn {report.f_attn:.3f})")
-
-
-def plot_gate_histogram(path: Path, report: ProbeReport, label: str) -> None:
-    with _figure(path, "Gate scores (Figure 3)", "gate score", "share") as axis:
-        edges = np.linspace(0, 1, len(next(iter(report.gate_histogram.values()))[0]) + 1)
-        for position, per_layer in report.gate_histogram.items():
-            counts = np.sum(per_layer, axis=0)
-            axis.stairs(counts / max(counts.sum(), 1), edges, label=f"{label} {position}")

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from gatelab.report import claims as C
 from gatelab.report.tables import RunRecord
 from gatelab.sweep.spec import expand, load_sweep
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers import REPO
 
 
 def _records(sweep: str, value, status=lambda spec: "finished") -> list[RunRecord]:
@@ -140,3 +137,24 @@ def test_levels_and_ranks():
 @pytest.mark.parametrize("claim", C.CLAIMS, ids=lambda c: c.claim[:40])
 def test_every_claim_without_its_sweep_is_marked_not_run(claim):
     assert C.evaluate_claim(claim, None)["verdict"] == C.NOT_RUN
+
+
+def test_every_kind_has_a_check_and_every_paper_table_is_registered():
+    import typing
+
+    from gatelab.paper import SWEEP_TABLES
+
+    assert set(C.CHECKS) == set(typing.get_args(C.Kind))
+    for claim in C.CLAIMS:
+        assert claim.paper_table is None or claim.paper_table in SWEEP_TABLES, claim.claim
+
+
+def test_a_missing_paper_file_is_a_note_under_the_main_table(tmp_path, monkeypatch):
+    from gatelab.report.tables import build_comparison
+
+    records = _records(C.CORE, lambda v, s, seed: {"ppl/avg": 100.0 + seed + (v == "baseline")})
+    assert not any("missing" in note for note in build_comparison(records, "table1").notes)
+    monkeypatch.setenv("GATELAB_PAPER_DIR", str(tmp_path))
+    result = build_comparison(records, "table1")
+    assert (result.frame["paper Avg PPL"] == "").all()
+    assert any("paper_table1_moe.csv is missing" in note for note in result.notes)

@@ -10,13 +10,19 @@ import time
 import pytest
 from rich.console import Console
 
-from gatelab.sweep.plan import CPU_FLOPS, GPU_FLOPS, cli_plan, plan_rows, plan_totals, render_plan
+from gatelab.sweep.plan import (
+    CPU_FLOPS,
+    GPU_FLOPS,
+    cli_plan,
+    plan_rows,
+    plan_totals,
+    render_plan,
+)
 from gatelab.sweep.spec import expand, load_sweep
-from tests.conftest import REPO
-from tests.sweep.test_spec import DENSE, MOE, SHIPPED, write_sweep
+from tests.helpers import MOE, REPO, SHIPPED_SWEEPS, write_sweep
 
 
-@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", SHIPPED_SWEEPS, ids=lambda p: p.stem)
 def test_every_shipped_sweep_plans(path, capsys):
     cli_plan(path, as_json=True)
     plan = json.loads(capsys.readouterr().out)
@@ -109,7 +115,9 @@ def test_a_missing_paper_file_drops_the_column(tmp_path, monkeypatch, capsys):
     rows = plan_rows(expand(load_sweep(path)), paper="table1")
     assert "paper_added_m" not in rows[0]
     cli_plan(path)
-    assert "paper added" not in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "paper added" not in out
+    assert "no paper column:" in out and "paper_table1_moe.csv is missing" in out
 
 
 def test_table_rendering(tmp_path):

@@ -1,0 +1,141 @@
+"""The paper's published numbers (Qiu et al. 2025, arXiv 2505.06708), shipped with the package, and the one registry of
+its tables: which CSV holds each table, and which of its columns are the perplexity, the added parameters and Table 4's
+probe measurements. `gatelab sweep plan`, `gatelab table`, `gatelab claims` and the variant registry all read it.
+
+The CSVs are package data (gatelab/paper_tables/), read with importlib.resources, so an installed gatelab prints the
+paper's columns as a checkout does; results/paper/ keeps identical copies beside their citation. `$GATELAB_PAPER_DIR`
+points gatelab at another folder of the same files.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from dataclasses import dataclass
+from importlib.resources import files
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
+
+    import pandas as pd
+
+PAPER_DIR_ENV = "GATELAB_PAPER_DIR"
+
+
+@dataclass(frozen=True)
+class PaperTable:
+    """One of the paper's tables as gatelab reads it: its CSV (one row per variant id) and its named columns."""
+
+    file: str
+    ppl: str | None = None  # the perplexity column, compared with our ppl/avg
+    added: str | None = None  # the added-parameter column, in millions ('-' where the paper gives none)
+    probes: tuple[str, ...] = ()  # columns measured here by the probes of the same name (PROBE_METRICS)
+
+
+TABLES: dict[str, PaperTable] = {
+    "table1": PaperTable("paper_table1_moe.csv", ppl="Avg PPL", added="Added (M)"),
+    "table2": PaperTable("paper_table2_dense.csv", ppl="Avg PPL"),
+    "table3": PaperTable("paper_table3_nonlinearity.csv", ppl="Avg PPL"),
+    "table4": PaperTable("paper_table4_sparsity_sink.csv", ppl="PPL", probes=("Gate Score", "M-Act", "F-Attn")),
+    "table5": PaperTable("paper_table5_ruler.csv"),  # RULER scores by context length, rows by method, not variant
+    "table6": PaperTable("paper_table6_switchhead.csv", ppl="PPL", added="Added Param (M)"),
+}
+CATALOGUE = "variant_catalogue.csv"  # every variant id with its formula and per-layer parameter cost
+
+# A sweep's `paper:` key: the tables its report compares against; where one variant id is in several, the last wins.
+SWEEP_TABLES: dict[str, tuple[str, ...]] = {
+    "table1": ("table1",),
+    "table2": ("table2",),
+    "table3": ("table3",),
+    "table4": ("table4",),
+    "table6": ("table6",),
+    "table3-4": ("table3", "table4"),
+    "table1-3-4": ("table1", "table3", "table4"),
+}
+# Table 4's mechanistic columns, and the probe metrics of ours that measure the same thing.
+PROBE_METRICS = {"Gate Score": "probe/gate_score_mean", "M-Act": "probe/m_act", "F-Attn": "probe/f_attn"}
+
+
+def paper_dir() -> Traversable:
+    """The folder of the paper's CSVs: the package's own, or $GATELAB_PAPER_DIR."""
+    if os.environ.get(PAPER_DIR_ENV):
+        return Path(os.environ[PAPER_DIR_ENV])
+    return files("gatelab") / "paper_tables"
+
+
+def paper_file(name: str) -> Traversable:
+    return paper_dir() / name
+
+
+def missing_files(paper: str | None) -> list[str]:
+    """The CSVs of a sweep's `paper:` key that cannot be found (as paths, for a note)."""
+    return [str(paper_file(TABLES[t].file)) for t in SWEEP_TABLES.get(paper or "", ()) if
+            not paper_file(TABLES[t].file).is_file()]
+
+
+def missing_note(paper: str | None) -> list[str]:
+    """A note for each missing CSV of `paper`, so that a table without the paper's columns says why."""
+    return [f"The paper's {paper} numbers are not shown: {path} is missing." for path in missing_files(paper)]
+
+
+def read_rows(table: str) -> list[dict[str, str]] | None:
+    """The rows of one table (a TABLES key) as strings; None where its CSV is missing."""
+    path = paper_file(TABLES[table].file)
+    if not path.is_file():
+        return None
+    return list(csv.DictReader(io.StringIO(path.read_text(encoding="utf-8"), newline="")))
+
+
+def read_frame(table: str) -> pd.DataFrame | None:
+    """One table (a TABLES key) as pandas reads its CSV; None where the CSV is missing."""
+    import pandas as pd
+
+    path = paper_file(TABLES[table].file)
+    if not path.is_file():
+        return None
+    return pd.read_csv(io.StringIO(path.read_text(encoding="utf-8")))
+
+
+def added_params(table: str | None) -> dict[str, float | None] | None:
+    """{variant id: the paper's added parameters in millions} of a table with that column (table1, table6); None
+    where there is no such column or its CSV is missing."""
+    if table not in TABLES or TABLES[table].added is None:
+        return None
+    column, rows = TABLES[table].added, read_rows(table)
+    if not rows or column not in rows[0] or "id" not in rows[0]:
+        return None
+    added: dict[str, float | None] = {}
+    for row in rows:
+        try:
+            added[row["id"]] = float(row[column])
+        except (TypeError, ValueError):  # '-' for the baseline of Table 6
+            added[row["id"]] = None
+    return added
+
+
+def reference(paper: str | None) -> pd.DataFrame:
+    """The paper's rows for a sweep's `paper:` key, indexed by variant id: `ppl` and Table 4's probe columns, as
+    numbers (a '-' is NaN). Tables whose CSV is missing are left out (`missing_note` says so)."""
+    import pandas as pd
+
+    frames = []
+    for name in SWEEP_TABLES.get(paper or "", ()):
+        table, frame = TABLES[name], read_frame(name)
+        if frame is None:
+            continue
+        frame = frame.set_index("id")
+        keep = {table.ppl: "ppl", **{c: c for c in table.probes if c in frame.columns}}
+        frames.append(frame[list(keep)].rename(columns=keep).apply(pd.to_numeric, errors="coerce"))
+    if not frames:
+        return pd.DataFrame(columns=["ppl"])
+    merged = pd.concat(frames)
+    return merged[~merged.index.duplicated(keep="last")]
+
+
+__all__ = [
+    "CATALOGUE", "PAPER_DIR_ENV", "PROBE_METRICS", "SWEEP_TABLES", "TABLES", "PaperTable", "added_params",
+    "missing_files", "missing_note", "paper_dir", "paper_file", "read_frame", "read_rows", "reference",
+]
