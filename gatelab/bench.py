@@ -2,7 +2,7 @@
 
 Every figure is a median of many steps after warm-up, and the steps of the things compared are interleaved (one step
 of each in turn, round after round), so a machine that slows down or speeds up midway shifts all of them alike: on a
-shared 2-core VM single timings drift by 10-20% from minute to minute, more than most differences measured here.
+shared machine single timings drift from minute to minute by more than most differences measured here.
 
 What it measures, per experiment preset (tiny and tiny-moe by default):
 - the step time and tokens/s of `baseline` and one variant of each gate family, as ratios to `baseline`;
@@ -36,13 +36,13 @@ from pathlib import Path
 import lightning as L
 import numpy as np
 import torch
-import torch.nn.functional as F
 
+from gatelab import host, tracking
 from gatelab.config import ExperimentConfig, load_experiment
 from gatelab.errors import GatelabError
 
 DEFAULT_PRESETS = ("experiments/tiny.yaml", "experiments/tiny-moe.yaml")
-# One variant of each family the performance issue names: G1 elementwise and headwise, G2, G5 (the MoE backbone is
+# One variant of each gate family: G1 elementwise and headwise, G2, G5 (the MoE backbone is
 # the tiny-moe preset's own baseline).
 DEFAULT_VARIANTS = ("baseline", "g1_elem_sig", "g1_head_sig", "g2_elem_sig", "g5_elem_sig")
 PLAN_SWEEP, PLAN_EXPERIMENT = "sweeps/paper-table1.yaml", "experiments/paper-moe-15b.yaml"
@@ -95,12 +95,8 @@ class BenchReport:
 def machine_facts() -> dict:
     from gatelab.train.module import cpu_has_fast_bf16
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        names = re.findall(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)
-        cpu = names[0] if names else cpu
-    except OSError:
-        pass
+    names = re.findall(r"^model name\s*:\s*(.+)$", host.cpu_info(), re.M)
+    cpu = names[0] if names else platform.processor() or platform.machine()
     facts = {"cpu": cpu, "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
              "torch_threads": torch.get_num_threads(), "fast_bf16_cpu": cpu_has_fast_bf16(),
              "torch": torch.__version__, "python": platform.python_version(),
@@ -151,7 +147,7 @@ def plain_step(experiment: ExperimentConfig, precision: str, compile: bool = Fal
     """A plain PyTorch training step on gatelab's model: the same init, loss, AdamW groups, schedule and clipping as
     gatelab's LightningModule, none of Lightning's machinery; eager unless `compile`."""
     from gatelab.model import resolve_model
-    from gatelab.train.module import GatedLM
+    from gatelab.train.module import GatedLM, next_token_loss
 
     train = experiment.train.model_copy(update={"compile": compile})
     experiment = experiment.model_copy(update={"train": train})
@@ -165,7 +161,7 @@ def plain_step(experiment: ExperimentConfig, precision: str, compile: bool = Fal
         input_ids_BT, targets_BT = (t.to(_device(), non_blocking=True) for t in next(batches))
         with _autocast(precision):
             logits_BTV, aux = module.train_forward(input_ids_BT)
-            loss = F.cross_entropy(logits_BTV.flatten(0, 1).float(), targets_BT.flatten())
+            loss = next_token_loss(logits_BTV, targets_BT)
             if moe is not None:
                 loss = loss + moe.load_balance_coef * aux["load_balance"] + moe.z_loss_coef * aux["z_loss"]
         scaler.scale(loss).backward()
@@ -215,8 +211,6 @@ class StepTimer(L.Callback):
 def lightning_steps(experiment: ExperimentConfig, precision: str, steps: int, folder: Path) -> list[float]:
     """Seconds per step of gatelab's Lightning training: its module, data module, Trainer settings, stability monitor
     and an MLflow logger writing to a SQLite store, as in `gatelab train` (quiet, no checkpoint)."""
-    from lightning.pytorch.loggers import MLFlowLogger
-
     from gatelab.model import resolve_model
     from gatelab.train.module import GatedLM, StabilityMonitor, TextData
     from gatelab.train.run import quiet_lightning
@@ -224,7 +218,7 @@ def lightning_steps(experiment: ExperimentConfig, precision: str, steps: int, fo
     quiet_lightning()
     train = experiment.train
     timer = StepTimer()
-    logger = MLFlowLogger(experiment_name="bench", tracking_uri=f"sqlite:///{folder / 'mlflow.db'}")
+    logger = tracking.lightning_logger("bench", f"sqlite:///{folder / 'mlflow.db'}")
     trainer = L.Trainer(
         max_steps=steps, accelerator=train.accelerator, devices=1, precision=precision,
         gradient_clip_val=train.grad_clip or None, logger=logger, log_every_n_steps=train.log_every,
@@ -314,14 +308,7 @@ def _child(command: list[str], cwd: Path, timeout: float = 3600) -> float:
 
 def _run_timings(runs_dir: Path) -> list[dict[str, float]]:
     """The `time/*` and `memory/*` metrics of every finished run in a runs folder's MLflow store."""
-    from mlflow import MlflowClient
-
-    client = MlflowClient(f"sqlite:///{runs_dir / 'mlflow.db'}")
-    experiments = [e.experiment_id for e in client.search_experiments()]
-    found = []
-    for run in client.search_runs(experiments, "tags.`gatelab.status` = 'finished'"):
-        found.append({k: v for k, v in run.data.metrics.items() if k.startswith(("time/", "memory/"))})
-    return found
+    return tracking.RunStore(f"sqlite:///{runs_dir / 'mlflow.db'}", runs_dir).finished_run_metrics(("time/", "memory/"))
 
 
 def run_cost(preset: str, steps: int, step_s: float, preset_steps: int, folder: Path) -> dict:
@@ -403,11 +390,6 @@ def gpu_estimate(experiment: ExperimentConfig, peak_flops: float = 989e12, utili
 # --- the bench ------------------------------------------------------------------------------------------------------
 
 
-def project_root() -> Path:
-    """The checkout gatelab runs from: its experiments/ and sweeps/ hold the default presets and the plan's sweep."""
-    import gatelab
-
-    return Path(gatelab.__file__).resolve().parents[1]
 
 
 def validate(presets: list[Path], variants: list[str], sweep: Path | None) -> None:
@@ -431,7 +413,7 @@ def bench(presets: list[Path], variants: list[str], warmup: int, measured: int, 
     """Every measurement, in this order, printing progress with `log`."""
     validate(presets, variants, sweep)
     report = BenchReport(machine=machine_facts())
-    root = project_root()
+    root = host.repo_root()
     from gatelab.train.module import resolve_precision
 
     for preset in presets:
@@ -474,7 +456,7 @@ def bench(presets: list[Path], variants: list[str], warmup: int, measured: int, 
         report.steps.append(StepFigures(name, f"plain {other}", other, other_s, tokens / other_s, rounds, ratio,
                                         plain_label, _spread(times["other"])))
         fp32_s = plain_s if precision == "32-true" else other_s
-        if compile:  # the first steps compile (about a minute on 2 cores): warm up longer
+        if compile:  # the first steps compile (a minute or more on a few cores): warm up longer
             log(f"{name}: torch.compile ({precision})")
             times = time_interleaved({"compiled": plain_step(base, precision, compile=True), "eager": plain},
                                      warmup + 3, measured)
@@ -512,7 +494,7 @@ def bench(presets: list[Path], variants: list[str], warmup: int, measured: int, 
 
 
 def acceptance_checks(report: BenchReport) -> list[dict]:
-    """The performance issue's targets, each with the figure measured here and whether it holds."""
+    """gatelab's performance targets, each with the figure measured here and whether it holds."""
     checks = []
 
     def check(target: str, value: float | None, limit: float, at_most: bool = True, unit: str = "x") -> None:

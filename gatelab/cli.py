@@ -96,7 +96,7 @@ def train(
 ) -> None:
     """Train and evaluate one run, tracked in MLflow; re-running the same command resumes it."""
     from gatelab.config import load_experiment
-    from gatelab.tracking import redact
+    from gatelab.errors import redact
     from gatelab.variants import variant_ids
 
     overrides = list(set_) + ([f"variant={variant}"] if variant else []) + ([f"seed={seed}"] if seed is not None else [])
@@ -181,7 +181,7 @@ def sweep_run(
     """Run every unfinished run of a sweep; safe to re-run, and to run from several processes or machines at once."""
     from gatelab.sweep.queue import default_storage
     from gatelab.sweep.spec import expand, load_sweep
-    from gatelab.tracking import redact
+    from gatelab.errors import redact
 
     try:
         plan = load_sweep(sweep, experiment)
@@ -383,11 +383,12 @@ def bench(
     import shlex
 
     from gatelab import bench as bench_module
+    from gatelab.host import repo_root
 
     if lightning_steps <= warmup + 1:
         _fail(GatelabError(f"--lightning-steps ({lightning_steps}) must exceed --warmup ({warmup}) by at least 2: "
                            "each Lightning block times the steps after its warm-up"))
-    chosen = presets or [bench_module.project_root() / p for p in bench_module.DEFAULT_PRESETS]
+    chosen = presets or [repo_root() / p for p in bench_module.DEFAULT_PRESETS]
     log = (lambda message: typer.echo(message, err=True)) if as_json else typer.echo
     try:
         report = bench_module.bench(chosen, [v.strip() for v in variants.split(",") if v.strip()], warmup, steps,

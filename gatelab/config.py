@@ -38,7 +38,7 @@ class GateConfig(StrictModel):
     granularity: Literal["elementwise", "headwise"] = "elementwise"
     heads: Literal["specific", "shared"] = "specific"
     # The paper's 201M/25M counts for the shared rows imply the full per-head projection is kept and the scores are
-    # averaged over heads (PAPER.md section 14.4); `single_projection` is the cheaper reading of "W_theta ... shared".
+    # averaged over heads (README, 'Decisions the paper leaves open'); `single_projection` is the cheaper reading of "W_theta ... shared".
     shared_scores: Literal["mean_of_scores", "single_projection"] = "mean_of_scores"
     form: Literal["multiplicative", "additive"] = "multiplicative"
     activation: Literal["sigmoid", "silu", "ns_sigmoid", "identity"] = "sigmoid"
@@ -185,9 +185,9 @@ class TrainConfig(StrictModel):
     spike_ema: float = Field(0.98, gt=0, lt=1)
     divergence_factor: PositiveFloat = 3.0  # loss above this multiple of its EMA (or non-finite): the run diverged
     threads: PositiveInt | None = None
-    # torch.compile the training forward (evaluation and probes stay eager). Off by default: on the 2-core AVX2 CPU
-    # `gatelab bench --compile` measured 0.93x the eager tiny step, but compiling costs about a minute per process,
-    # more than it saves in a 300-step tiny run; worth trying for long runs and on GPUs.
+    # torch.compile the training forward (evaluation and probes stay eager). Off by default: compiling costs time in
+    # every process, which a short CPU run does not win back (`gatelab bench --compile` measures both; results/bench/
+    # holds dated figures); worth trying for long runs and on GPUs.
     compile: bool = False
 
 

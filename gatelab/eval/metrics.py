@@ -1,4 +1,5 @@
-"""Language-model metrics: perplexity (overall, per domain, at 1x-8x the training length) and loss spikes.
+"""Language-model metrics: perplexity (overall, per domain, at 1x-8x the training length). Loss spikes are defined
+once, by `gatelab.train.module.SpikeRule`.
 
 The model contract is the whole package's: `logits_BTV = model(input_ids_BT)` gives next-token logits. Every metric runs
 batched under `torch.no_grad()` in eval mode on the device of the model's parameters, and accumulates negative
@@ -163,35 +164,3 @@ def long_context_perplexity(
             "ppl_beyond_train_len": math.exp(beyond_nll / n_beyond) if n_beyond else None,
         }
     return results
-
-
-def loss_spikes(
-    losses: Sequence[float],
-    warmup_steps: int,
-    ema_beta: float = 0.98,
-    margin: float = 0.15,
-    steps: Sequence[int] | None = None,
-) -> list[int]:
-    """Steps whose training loss exceeds its running EMA by more than `margin` nats, after warmup.
-
-    Definition (the one used on the paper's released 1.7B loss curves: "loss > EMA0.98 + 0.15 after step 5k"):
-    ema_0 = loss_0 and ema_i = beta * ema_{i-1} + (1 - beta) * loss_i. Step i is a spike when step i >= warmup_steps
-    and loss_i > ema_{i-1} + margin, the EMA taken BEFORE step i is folded in, so a spike cannot mask itself. The EMA
-    runs through warmup so it is settled when counting starts. A non-finite loss is always a spike (after warmup) and is
-    kept out of the EMA, which would otherwise stay NaN for the rest of the curve.
-
-    `steps` gives the training step of each logged loss when the curve is subsampled (the released curves log every
-    ~36th step); warmup is compared with, and the result reports, those steps. Without it, step i is the i-th loss.
-    """
-    if steps is not None and len(steps) != len(losses):
-        raise ValueError(f"loss_spikes: {len(steps)} steps for {len(losses)} losses")
-    step_of = list(steps) if steps is not None else list(range(len(losses)))
-    spikes: list[int] = []
-    ema: float | None = None
-    for step, loss in zip(step_of, losses):
-        finite = math.isfinite(loss)
-        if step >= warmup_steps and (not finite or (ema is not None and loss > ema + margin)):
-            spikes.append(step)
-        if finite:
-            ema = loss if ema is None else ema_beta * ema + (1 - ema_beta) * loss
-    return spikes

@@ -2,8 +2,9 @@
 Slurm job array through submitit (whose local executor serves for tests). The ledger does the coordination.
 
 Local CPU workers get disjoint cores, and the cores of a worker that has nothing left to train go to the workers still
-training: measured here (2 cores), two 1-thread runs side by side give 1.2x the throughput of one 2-thread run, but
-when the last run of a sweep trains alone on its one core, the idle core throws that gain away. Each local worker
+training: small runs side by side on one core each train faster together than one at a time on all the cores (a
+small model's step does not scale across cores), but when the last run of a sweep trains alone on its one core, the
+idle cores throw that gain away. Each local worker
 lists itself in a folder while it has work (`LocalWorkerRegistry`); the runs re-read it every few steps
 (`gatelab.sweep.worker.ShareFreedCores`) and widen their threads and CPU affinity to their share of the freed cores.
 """
@@ -20,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gatelab import host
 from gatelab.errors import GatelabError
 
 REGISTRY_ENV = "GATELAB_LOCAL_WORKERS"  # the folder in which this launch's local workers list themselves
@@ -92,19 +94,16 @@ def share_of_cores(pool: Sequence[int], pid: int, live: Mapping[int, Sequence[in
 
 def _alive(pid: int) -> bool:
     """Whether `pid` is a running process; a zombie (exited, not yet reaped by its launcher) is not."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
-    except FileNotFoundError:
+    if host.has_proc():
+        fields = host.process_stat(pid)
+        return fields is not None and fields[0] not in ("Z", "X")  # field 3: the state
+    try:  # no /proc (macOS): ask the kernel
+        os.kill(pid, 0)
+    except ProcessLookupError:
         return False
-    except OSError:  # no /proc (macOS): ask the kernel
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
+    except PermissionError:
         return True
+    return True
 
 
 class LocalWorkerRegistry:

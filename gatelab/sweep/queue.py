@@ -29,11 +29,10 @@ from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
 
-from gatelab.errors import GatelabError
-from gatelab.tracking import redact
+from gatelab.errors import GatelabError, redact
+from gatelab.tracking import STATUS_TAG
 
 HASH = "gatelab.hash"
-STATUS = "gatelab.status"
 HEARTBEAT = "gatelab.heartbeat"
 ATTEMPT = "gatelab.attempt"
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -59,6 +58,32 @@ class RunState:
 def _last_line(text: str | None) -> str | None:
     lines = (text or "").strip().splitlines()
     return lines[-1] if lines else None
+
+
+def _trial_storage(study: optuna.Study, trial: optuna.Trial | FrozenTrial) -> tuple[BaseStorage, int]:
+    """The storage of `study` and the id of `trial` in it, for the writes Optuna's public API does not offer.
+
+    Through the public API only the process that asked for a trial can tell it or set its attributes (`optuna.Trial`),
+    and a `FrozenTrial` is read-only. The ledger must also mark another worker's dead trial FAIL, beat on its own trial
+    from a helper thread, and read back a trial it has told; those go to the storage directly, by trial id, here only.
+    """
+    return study._storage, trial._trial_id
+
+
+def set_trial_attr(study: optuna.Study, trial: optuna.Trial | FrozenTrial, key: str, value) -> None:
+    storage, trial_id = _trial_storage(study, trial)
+    storage.set_trial_user_attr(trial_id, key, value)
+
+
+def set_trial_state(study: optuna.Study, trial: optuna.Trial | FrozenTrial, state: TrialState) -> bool:
+    """Whether this call moved the trial to `state`; raises UpdateFinishedTrialError where it had finished already."""
+    storage, trial_id = _trial_storage(study, trial)
+    return storage.set_trial_state_values(trial_id, state)
+
+
+def frozen_trial(study: optuna.Study, trial: optuna.Trial) -> FrozenTrial:
+    storage, trial_id = _trial_storage(study, trial)
+    return storage.get_trial(trial_id)
 
 
 def default_storage(runs_dir: Path, sweep_name: str) -> str:
@@ -112,8 +137,8 @@ class SweepLedger:
         for trial in self.trials():
             if trial.state == TrialState.RUNNING and now - trial.user_attrs.get(HEARTBEAT, now) > self.grace_s:
                 try:
-                    self.study._storage.set_trial_user_attr(trial._trial_id, "gatelab.error", "worker stopped beating")
-                    if not self.study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL):
+                    set_trial_attr(self.study, trial, "gatelab.error", "worker stopped beating")
+                    if not set_trial_state(self.study, trial, TrialState.FAIL):
                         continue
                 except UpdateFinishedTrialError:
                     continue  # another worker got there first
@@ -137,13 +162,13 @@ class SweepLedger:
         """The next waiting run, now RUNNING for this worker; None when nothing is waiting."""
         while any(t.state == TrialState.WAITING for t in self.trials()):
             trial = self.study.ask()
-            frozen = self.study._storage.get_trial(trial._trial_id)
+            frozen = frozen_trial(self.study, trial)
             if HASH not in frozen.user_attrs:  # nothing was waiting after all: Optuna made a fresh trial
-                self.study._storage.set_trial_user_attr(trial._trial_id, "gatelab.noop", True)
+                set_trial_attr(self.study, trial, "gatelab.noop", True)
                 self.study.tell(trial, state=TrialState.FAIL)
                 return None
             if self._blocked(frozen):
-                self.study._storage.set_trial_user_attr(trial._trial_id, "gatelab.noop", True)
+                set_trial_attr(self.study, trial, "gatelab.noop", True)
                 self.study.tell(trial, state=TrialState.FAIL)
                 continue
             for key, value in ((HEARTBEAT, time.time()), ("gatelab.worker", self.worker),
@@ -163,7 +188,7 @@ class SweepLedger:
         def beat() -> None:
             while not stop.wait(self.heartbeat_s):
                 with contextlib.suppress(Exception):  # a missed beat is retried; grace covers several
-                    self.study._storage.set_trial_user_attr(trial._trial_id, HEARTBEAT, time.time())
+                    set_trial_attr(self.study, trial, HEARTBEAT, time.time())
 
         thread = threading.Thread(target=beat, daemon=True, name="gatelab-heartbeat")
         thread.start()
@@ -175,7 +200,7 @@ class SweepLedger:
 
     def finish(self, trial: optuna.Trial, status: str, run_id: str, value: float | None,
                diverged_step: int | None = None) -> None:
-        trial.set_user_attr(STATUS, status)
+        trial.set_user_attr(STATUS_TAG, status)
         trial.set_user_attr("gatelab.mlflow_run_id", run_id)
         if diverged_step is not None:
             trial.set_user_attr("gatelab.diverged_step", diverged_step)
@@ -186,7 +211,7 @@ class SweepLedger:
         """Record a failed run; re-enqueue it while attempts remain. Returns whether it was re-enqueued."""
         trial.set_user_attr("gatelab.error", error[-2000:])
         self.study.tell(trial, state=TrialState.FAIL)
-        frozen = self.study._storage.get_trial(trial._trial_id)
+        frozen = frozen_trial(self.study, trial)
         if frozen.user_attrs.get(ATTEMPT, 1) <= retries:
             self._requeue(frozen, count_attempt=True)
             return True
@@ -194,9 +219,9 @@ class SweepLedger:
 
     def release(self, trial: optuna.Trial) -> None:
         """An interrupted run (Ctrl-C): back in the queue, not counted as an attempt."""
-        self.study._storage.set_trial_user_attr(trial._trial_id, "gatelab.error", "interrupted")
+        set_trial_attr(self.study, trial, "gatelab.error", "interrupted")
         self.study.tell(trial, state=TrialState.FAIL)
-        self._requeue(self.study._storage.get_trial(trial._trial_id), count_attempt=False)
+        self._requeue(frozen_trial(self.study, trial), count_attempt=False)
 
     def states(self, specs: Sequence) -> list[RunState]:
         """One row per spec: the newest real trial of its hash decides its status."""
@@ -215,7 +240,7 @@ class SweepLedger:
                 rows.append(RunState(spec.hash, spec.index, spec.label(), "not enqueued", 0))
                 continue
             status = {TrialState.WAITING: "pending", TrialState.RUNNING: "running",
-                      TrialState.FAIL: "failed"}.get(chosen.state, chosen.user_attrs.get(STATUS, "finished"))
+                      TrialState.FAIL: "failed"}.get(chosen.state, chosen.user_attrs.get(STATUS_TAG, "finished"))
             rows.append(RunState(
                 spec.hash, spec.index, spec.label(), status, attempts,
                 worker=chosen.user_attrs.get("gatelab.worker") if status == "running" else None,

@@ -15,8 +15,9 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from gatelab.sweep.queue import open_storage
+from gatelab.sweep.queue import open_storage, set_trial_state
 from gatelab.sweep.spec import with_values
+from gatelab.tracking import STATUS_TAG
 
 PRUNERS = {
     "none": lambda: optuna.pruners.NopPruner(),
@@ -29,10 +30,25 @@ def study_name(sweep_name: str, spec) -> str:
     return f"{sweep_name}.search.{spec.index}.{spec.hash}"
 
 
-def run_search(sweep, specs, storage: str, tracking_uri: str | None, runs_dir: Path, log=print) -> dict[str, dict]:
-    """Run (or finish) the search of every cell; returns each cell's best parameters and value."""
+def pruning_callback(trial: optuna.Trial, monitor: str = "val/loss"):
+    """optuna-integration's Lightning pruning callback, raising gatelab's `RunPruned` where it raises
+    `optuna.TrialPruned`: the training code stops a pruned run as a result without knowing Optuna."""
     from optuna_integration import PyTorchLightningPruningCallback
 
+    from gatelab.train.run import RunPruned
+
+    class PruneRun(PyTorchLightningPruningCallback):
+        def on_validation_end(self, trainer, pl_module) -> None:
+            try:
+                super().on_validation_end(trainer, pl_module)
+            except optuna.TrialPruned as pruned:
+                raise RunPruned(str(pruned)) from pruned
+
+    return PruneRun(trial, monitor=monitor)
+
+
+def run_search(sweep, specs, storage: str, tracking_uri: str | None, runs_dir: Path, log=print) -> dict[str, dict]:
+    """Run (or finish) the search of every cell; returns each cell's best parameters and value."""
     from gatelab.train.run import run
 
     search = sweep.search
@@ -44,13 +60,13 @@ def run_search(sweep, specs, storage: str, tracking_uri: str | None, runs_dir: P
             sampler=optuna.samplers.TPESampler(seed=spec.experiment.seed),
         )
         for stale in study.get_trials(states=(TrialState.RUNNING,)):  # left by a killed search: start it again
-            study._storage.set_trial_state_values(stale._trial_id, TrialState.FAIL)
+            set_trial_state(study, stale, TrialState.FAIL)
         counted = (TrialState.COMPLETE, TrialState.PRUNED)
         while len(study.get_trials(states=counted)) < search.n_trials:
             trial = study.ask()
             experiment = with_values(spec, search.suggest(trial)).experiment
             log(f"cell {spec.index} ({spec.label()}) trial {trial.number}: {trial.params}")
-            pruning = PyTorchLightningPruningCallback(trial, monitor="val/loss")
+            pruning = pruning_callback(trial)
             tags = {"optuna.study": study.study_name, "optuna.trial": str(trial.number), "gatelab.search_cell": spec.hash}
             try:
                 result = run(experiment, tracking_uri=tracking_uri, runs_dir=runs_dir, quiet=True, log=log,
@@ -60,7 +76,7 @@ def run_search(sweep, specs, storage: str, tracking_uri: str | None, runs_dir: P
                 study.tell(trial, state=TrialState.FAIL)
                 continue
             trial.set_user_attr("gatelab.mlflow_run_id", result.run_id)
-            trial.set_user_attr("gatelab.status", result.status)
+            trial.set_user_attr(STATUS_TAG, result.status)
             if result.status == "pruned":
                 study.tell(trial, state=TrialState.PRUNED)
             else:

@@ -1,6 +1,6 @@
 """A sweep worker: claim the next run from the ledger, train it, record the outcome; repeat until none is left.
 
-Many runs share one process, so Lightning and torch are imported once (6-9 s a process here). Any number of workers,
+Many runs share one process, so Lightning and torch are imported once (seconds a process). Any number of workers,
 on any number of machines, can work on one sweep: the ledger hands each run to exactly one of them.
 """
 
@@ -18,6 +18,7 @@ from pathlib import Path
 import lightning as L
 import torch
 
+from gatelab import host
 from gatelab.config import spec_hash, to_yaml
 from gatelab.errors import GatelabError
 from gatelab.sweep.executor import LocalShare
@@ -34,9 +35,9 @@ def use_cores(cores: Sequence[int]) -> None:
     torch.set_num_threads(len(cores))
     if not hasattr(os, "sched_setaffinity"):
         return
-    for task in os.listdir("/proc/self/task"):
+    for task in host.thread_ids():
         try:
-            os.sched_setaffinity(int(task), cores)
+            os.sched_setaffinity(task, cores)
         except OSError:  # that thread ended meanwhile, or a cpuset took the core away: threads still apply
             continue
 

@@ -14,7 +14,13 @@ from torch.utils.data import DataLoader, IterableDataset
 from gatelab.config import ExperimentConfig, ModelConfig, TrainConfig
 from gatelab.data.datasets import PackedDataset
 from gatelab.errors import GatelabError
+from gatelab.host import cpu_info
 from gatelab.model import build_model
+
+
+def next_token_loss(logits_BTV: torch.Tensor, targets_BT: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy in nats, computed in fp32 whatever the logits' dtype."""
+    return F.cross_entropy(logits_BTV.flatten(0, 1).float(), targets_BT.flatten())
 
 
 def lr_at(step: int, peak: float, floor: float, warmup: int, total: int) -> float:
@@ -44,7 +50,7 @@ class GatedLM(L.LightningModule):
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         input_ids_BT, targets_BT = batch
         logits_BTV, aux = self.train_forward(input_ids_BT)
-        loss = F.cross_entropy(logits_BTV.flatten(0, 1).float(), targets_BT.flatten())
+        loss = next_token_loss(logits_BTV, targets_BT)
         total = loss
         if self.moe is not None:
             total = total + self.moe.load_balance_coef * aux["load_balance"] + self.moe.z_loss_coef * aux["z_loss"]
@@ -65,7 +71,7 @@ class GatedLM(L.LightningModule):
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         input_ids_BT, targets_BT = batch
-        loss = F.cross_entropy(self.model(input_ids_BT).flatten(0, 1).float(), targets_BT.flatten())
+        loss = next_token_loss(self.model(input_ids_BT), targets_BT)
         self.log("val/loss", loss, prog_bar=True, batch_size=input_ids_BT.shape[0])
 
     def on_validation_epoch_end(self) -> None:
@@ -139,12 +145,41 @@ class TextData(L.LightningDataModule):
         return DataLoader(pairs, batch_size=self.batch_size)
 
 
-class StabilityMonitor(L.Callback):
-    """Counts loss spikes and stops a run whose loss turns non-finite or explodes, recording it as diverged.
+class SpikeRule:
+    """gatelab's one definition of a loss spike and of divergence, applied to one step's loss at a time, in order.
 
-    A spike: a step after warmup whose loss exceeds the exponential moving average of earlier losses (beta
-    `train.spike_ema`) by more than `train.spike_margin` nats. Divergence: a non-finite loss, or after warmup a loss
-    above `train.divergence_factor` times that average.
+    A spike: a step after warmup whose loss exceeds the exponential moving average of earlier losses (beta `beta`) by
+    more than `margin` nats; the average is taken before the step is folded in, so a spike cannot mask itself, and it
+    runs through warmup so it is settled when counting starts. Divergence: a non-finite loss, or after warmup a loss
+    above `factor` times that average; a diverged step is not folded in (the run stops there).
+    """
+
+    def __init__(self, warmup: int, beta: float, margin: float, factor: float, ema: float | None = None):
+        self.warmup, self.beta, self.margin, self.factor, self.ema = warmup, beta, margin, factor, ema
+
+    @classmethod
+    def from_config(cls, train: TrainConfig) -> SpikeRule:
+        return cls(train.warmup_steps, train.spike_ema, train.spike_margin, train.divergence_factor)
+
+    def describe(self) -> dict[str, str]:
+        """The rule in words, as tags on the run."""
+        return {"gatelab.spike_definition": f"loss > EMA(beta={self.beta}) of earlier losses + {self.margin} nats, "
+                                            f"after {self.warmup} warmup steps",
+                "gatelab.divergence_definition": f"non-finite loss, or loss > {self.factor} x EMA after warmup"}
+
+    def check(self, step: int, loss: float) -> str | None:
+        """'diverged', 'spike' or None for the next step's loss."""
+        after_warmup = self.ema is not None and step >= self.warmup
+        if not math.isfinite(loss) or (after_warmup and loss > self.factor * self.ema):
+            return "diverged"
+        spike = after_warmup and loss > self.ema + self.margin
+        self.ema = loss if self.ema is None else self.beta * self.ema + (1 - self.beta) * loss
+        return "spike" if spike else None
+
+
+class StabilityMonitor(L.Callback):
+    """Counts loss spikes and stops a run whose loss turns non-finite or explodes, recording it as diverged, by the
+    rule of `SpikeRule` applied to every step's loss.
 
     The step losses stay on the device and are read back together every `every` steps (default: the trainer's
     `log_every_n_steps`, so `train/spikes` is current whenever it reaches the logger) and when training ends: one
@@ -153,9 +188,10 @@ class StabilityMonitor(L.Callback):
     """
 
     def __init__(self, warmup: int, beta: float, margin: float, factor: float, every: int | None = None):
-        self.warmup, self.beta, self.margin, self.factor, self.every = warmup, beta, margin, factor, every
-        self.ema: float | None = None
+        self.rule = SpikeRule(warmup, beta, margin, factor)
+        self.every = every
         self.spikes: list[int] = []
+        self.spike_losses: list[float] = []  # the loss of each step in `spikes`
         self.diverged_step: int | None = None
         self._pending_steps: list[int] = []
         self._pending_losses: list[torch.Tensor] = []  # 0-d, on the device
@@ -165,6 +201,10 @@ class StabilityMonitor(L.Callback):
     def from_config(cls, train: TrainConfig) -> StabilityMonitor:
         """The monitor of a run with these training settings (gatelab train and gatelab bench use the same one)."""
         return cls(train.warmup_steps, train.spike_ema, train.spike_margin, train.divergence_factor)
+
+    @property
+    def ema(self) -> float | None:
+        return self.rule.ema
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.diverged_step is not None:
@@ -180,20 +220,20 @@ class StabilityMonitor(L.Callback):
         self._check(trainer)  # the last, partial interval
 
     def _check(self, trainer) -> None:
-        """The step-by-step rules over the pending steps, in order; the first divergence stops the run."""
+        """The rule over the pending steps, in order; the first divergence stops the run."""
         if not self._pending_steps:
             return
         steps, losses = self._pending_steps, self._read_back()
         self._pending_steps, self._pending_losses, self._restored_losses = [], [], []
         for step, loss in zip(steps, losses):
-            after_warmup = self.ema is not None and step >= self.warmup
-            if not math.isfinite(loss) or (after_warmup and loss > self.factor * self.ema):
+            outcome = self.rule.check(step, loss)
+            if outcome == "diverged":
                 self.diverged_step = step
                 trainer.should_stop = True
                 return
-            if after_warmup and loss > self.ema + self.margin:
+            if outcome == "spike":
                 self.spikes.append(step)
-            self.ema = loss if self.ema is None else self.beta * self.ema + (1 - self.beta) * loss
+                self.spike_losses.append(loss)
 
     def _read_back(self) -> list[float]:
         """The pending steps' losses on the host: one device sync for all of them."""
@@ -201,21 +241,21 @@ class StabilityMonitor(L.Callback):
 
     def state_dict(self) -> dict:
         # Steps not yet checked travel with the checkpoint, so a resumed run checks them as an unbroken one would.
-        return {"ema": self.ema, "spikes": self.spikes, "pending_steps": list(self._pending_steps),
-                "pending_losses": self._read_back()}
+        return {"ema": self.rule.ema, "spikes": self.spikes, "spike_losses": self.spike_losses,
+                "pending_steps": list(self._pending_steps), "pending_losses": self._read_back()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.ema, self.spikes = state["ema"], list(state["spikes"])
+        self.rule.ema, self.spikes = state["ema"], list(state["spikes"])
+        # Checkpoints written before spike losses were kept: NaN marks a loss that is not known.
+        self.spike_losses = list(state.get("spike_losses", [math.nan] * len(self.spikes)))
         self._pending_steps = list(state.get("pending_steps", []))  # absent in checkpoints from before batching
         self._restored_losses, self._pending_losses = list(state.get("pending_losses", [])), []
 
 
 def cpu_has_fast_bf16() -> bool:
-    """AMX or AVX512-BF16: bf16 autocast measured 1.3-1.7x faster than fp32 on such a CPU (issue 3)."""
-    try:
-        flags = open("/proc/cpuinfo").read()
-    except OSError:
-        return False
+    """AMX or AVX512-BF16: bf16 matmuls run in hardware, so bf16 autocast beats fp32 (elsewhere it is emulated and
+    slower)."""
+    flags = cpu_info()
     return "amx_bf16" in flags or "avx512_bf16" in flags
 
 
@@ -227,4 +267,5 @@ def resolve_precision(precision: str, accelerator: str) -> str:
     return "bf16-mixed" if cpu_has_fast_bf16() else "32-true"
 
 
-__all__ = ["GatedLM", "StabilityMonitor", "StepBatches", "TextData", "lr_at", "resolve_precision"]
+__all__ = ["GatedLM", "SpikeRule", "StabilityMonitor", "StepBatches", "TextData", "lr_at", "next_token_loss",
+           "resolve_precision"]

@@ -1,0 +1,82 @@
+"""Facts about this process and this machine, read in one place: Linux's /proc, and the checkout gatelab runs from.
+
+Every reader degrades where /proc is missing (macOS): the caller gets None, False or a portable fallback.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+
+def repo_root() -> Path:
+    """The folder above the gatelab package: the git checkout (with experiments/, sweeps/, results/) in an editable
+    install, site-packages in a wheel install."""
+    return Path(__file__).resolve().parents[1]
+
+
+def process_stat(pid: int | str = "self") -> list[str] | None:
+    """Fields 3 onwards of /proc/<pid>/stat (state, ppid, pgrp, ...): field N is at index N - 3. None if the process is
+    gone or there is no /proc. The name (field 2) may itself hold ")", so the split is after the last one."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def has_proc() -> bool:
+    return Path("/proc/self/stat").exists()
+
+
+def live_pids() -> list[int]:
+    """Every process id /proc lists; [] without /proc."""
+    try:
+        return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+    except OSError:
+        return []
+
+
+def thread_ids() -> list[int]:
+    """The threads of this process (Linux applies CPU affinity per thread); [] without /proc."""
+    try:
+        return [int(task) for task in os.listdir("/proc/self/task")]
+    except OSError:
+        return []
+
+
+def seconds_since_process_start() -> float | None:
+    """Wall seconds since this process started; None where that cannot be read.
+
+    /proc/self/stat field 22 is the start in clock ticks after boot; it is read against CLOCK_BOOTTIME, the clock it
+    counts on, rather than against /proc/stat's `btime`, which is rounded to whole seconds.
+    """
+    fields = process_stat()
+    try:
+        started = int(fields[22 - 3]) / os.sysconf("SC_CLK_TCK")
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - started
+    except (TypeError, ValueError, IndexError, AttributeError):  # AttributeError: no CLOCK_BOOTTIME off Linux
+        return None
+
+
+def peak_rss_gb() -> float:
+    """This process's largest resident set so far, in GB.
+
+    Linux's VmHWM, not getrusage's ru_maxrss: ru_maxrss survives execve, so a run started by a large process (a
+    bench, a notebook) would report its parent's size, not its own.
+    """
+    try:
+        status = Path("/proc/self/status").read_text()
+        return int(status.split("VmHWM:")[1].split()[0]) * 1024 / 1e9  # kB
+    except (OSError, IndexError, ValueError):  # no /proc (macOS): ru_maxrss, in bytes there
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e9
+
+
+def cpu_info() -> str:
+    """/proc/cpuinfo's text; "" where there is none."""
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
