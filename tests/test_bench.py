@@ -12,7 +12,7 @@ import yaml
 from gatelab import bench
 from gatelab.config import load_experiment
 from gatelab.model import resolve_model
-from tests.train.test_run import MICRO
+from tests.helpers import MICRO, REPO
 
 
 @pytest.fixture()
@@ -47,13 +47,14 @@ def test_the_step_s_gemms_are_six_flops_per_linear_weight_and_token(micro):
     assert seconds > 0 and flops == 6 * linear_weights * tokens
 
 
+@pytest.mark.slow
 def test_lightning_steps_time_every_step_after_the_first(micro, tmp_path):
     times = bench.lightning_steps(load_experiment(micro), "32-true", 5, tmp_path)
     assert len(times) == 4 and all(t > 0 for t in times)
 
 
 def test_gpu_estimate_counts_weights_optimizer_state_activations_and_logits():
-    experiment = load_experiment(bench.project_root() / "experiments" / "small.yaml")
+    experiment = load_experiment(REPO / "experiments" / "small.yaml")
     model = resolve_model(experiment)
     estimate = bench.gpu_estimate(experiment, peak_flops=1e15, utilisation=0.5)
     tokens = experiment.train.batch_size * experiment.data.seq_len
@@ -96,6 +97,7 @@ def test_markdown_lists_every_target_and_step(tmp_path):
     (["--steps", "0"], "--steps"),
     (["--lightning-steps", "3"], "--lightning-steps"),
 ])
+@pytest.mark.slow
 def test_bad_input_ends_in_one_message_before_measuring(arguments, message, tmp_path):
     result = subprocess.run([sys.executable, "-m", "gatelab", "bench", *arguments, "--out", str(tmp_path / "out")],
                             capture_output=True, text=True, timeout=120, cwd=tmp_path)

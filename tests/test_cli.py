@@ -6,7 +6,9 @@ import json
 import subprocess
 import sys
 
-from tests.conftest import REPO
+import pytest
+
+from tests.helpers import REPO
 
 
 def gatelab(*args: str) -> subprocess.CompletedProcess:
@@ -14,6 +16,7 @@ def gatelab(*args: str) -> subprocess.CompletedProcess:
                           timeout=120)
 
 
+@pytest.mark.slow
 def test_variants_json_under_the_paper_moe():
     result = gatelab("variants", "--experiment", "experiments/paper-moe-15b.yaml", "--json")
     assert result.returncode == 0, result.stderr
@@ -37,6 +40,7 @@ def test_moe_only_variant_under_a_dense_preset_is_not_applicable():
     assert row["added_params"] is None and "moe" in row["not_applicable"]
 
 
+@pytest.mark.slow
 def test_bad_input_is_one_message_and_exit_2(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\nmodel: {vocab_size: 8, n_layers: 1, d_model: 8, n_heads: 3, n_kv_heads: 2, head_dim: 4,"
@@ -49,6 +53,7 @@ def test_bad_input_is_one_message_and_exit_2(tmp_path):
     assert "qk_nrom: unknown key; did you mean 'qk_norm'" in result.stderr
 
 
+@pytest.mark.slow
 def test_claims_bad_input_writes_nothing(tmp_path):
     out = tmp_path / "claims"
     for args, message in ((["sweeps/missing.yaml"], "sweeps/missing.yaml: no such file"),
@@ -59,6 +64,7 @@ def test_claims_bad_input_writes_nothing(tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_claims_of_a_sweep_with_no_runs_marks_every_claim_not_run(tmp_path):
     out = tmp_path / "claims"
     result = gatelab("claims", "sweeps/repro-sink.yaml", "--out", str(out), "--format", "md,csv",

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from gatelab.config import ExperimentConfig, load_experiment, to_yaml, flatten
+from gatelab.config import ExperimentConfig, flatten, load_experiment, to_yaml
 from gatelab.errors import GatelabError
 from gatelab.model import build_model, resolve_model
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 PRESETS = sorted((REPO / "experiments").glob("*.yaml"))
 

@@ -13,7 +13,7 @@ from gatelab.data.corpora import DataError
 from gatelab.data.datasets import heldout_windows, train_dataset
 from gatelab.data.synthetic import BOS, DOMAIN, EOS, FIRST_ORDINARY, BigramBackcopy
 from gatelab.errors import GatelabError
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 SEQ, VOCAB = 24, 20
 CONFIG = BigramBackcopyConfig(n_triggers=3, train_sequences=300, heldout_sequences=40, zipf_exponent=1.0)

@@ -10,7 +10,6 @@ from torch import Tensor, nn
 from gatelab.eval.metrics import (
     domain_perplexities,
     long_context_perplexity,
-    loss_spikes,
     perplexity,
     sequence_nll,
 )
@@ -154,26 +153,6 @@ def test_evaluation_runs_without_grad_in_eval_mode_and_restores_training_mode():
     model.frozen = nn.Linear(1, 1).eval()
     perplexity(model, counting_windows(2, 5))
     assert model.training and not model.frozen.training
-
-
-def test_loss_spikes_on_a_hand_made_curve():
-    losses = [2.0] * 100
-    losses[5] = 4.0  # inside warmup: not counted
-    losses[30] = 2.5  # spike
-    losses[31] = 2.0  # back to normal right after: the EMA moved by only 0.01
-    losses[45] = 2.1  # a bump below the margin
-    losses[60] = 3.0  # spike
-    losses[61] = 3.0  # still far above the EMA (about 2.02): spike
-    losses[80] = float("nan")  # non-finite: spike, and kept out of the EMA
-    assert loss_spikes(losses, warmup_steps=10) == [30, 60, 61, 80]
-    assert loss_spikes(losses, warmup_steps=0) == [5, 30, 60, 61, 80]
-    assert loss_spikes(losses, warmup_steps=10, margin=0.05) == [30, 45, 60, 61, 80]
-
-
-def test_loss_spikes_report_logged_steps_of_a_subsampled_curve():
-    losses = [2.0, 2.0, 2.0, 3.0, 2.0, 3.0]
-    steps = [0, 100, 200, 300, 400, 500]
-    assert loss_spikes(losses, warmup_steps=350, steps=steps) == [500]
 
 
 def test_long_context_batches_hold_about_the_same_tokens_at_every_length():

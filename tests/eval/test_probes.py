@@ -10,7 +10,7 @@ import torch
 from gatelab.eval.probes import FirstTokenShareByQuery, ProbeRecorder, probe_model
 from gatelab.model import build_model
 from gatelab.variants import apply_variant
-from tests.conftest import micro_config
+from tests.helpers import micro_config
 
 
 def test_first_token_share_of_a_hand_built_pattern():

@@ -7,7 +7,7 @@ import torch
 from gatelab.model import build_model
 from gatelab.model.attention import Attention
 from gatelab.variants import apply_variant
-from tests.conftest import Capture, micro_config
+from tests.helpers import Capture, micro_config
 
 B, T, D, H, DK = 2, 7, 32, 4, 8
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from gatelab.errors import GatelabError
 from gatelab.model import Attention, build_model
 from gatelab.variants import VARIANTS, apply_variant
-from tests.conftest import Capture, micro_config
+from tests.helpers import Capture, micro_config
 
 torch.set_default_dtype(torch.float32)
 CASES = [(variant, ffn) for variant in VARIANTS for ffn in ("dense", "moe")

@@ -15,8 +15,15 @@ import numpy as np
 import pytest
 from scipy import special
 
-from gatelab.report.stats import (Comparison, compare, mean_std, minimum_detectable_effect, rank_agreement,
-                                  seeds_needed, sign_agreement)
+from gatelab.report.stats import (
+    Comparison,
+    compare,
+    mean_std,
+    minimum_detectable_effect,
+    rank_agreement,
+    seeds_needed,
+    sign_agreement,
+)
 
 NAN = math.nan
 

@@ -5,27 +5,29 @@ from __future__ import annotations
 import csv
 import re
 
+import pytest
 import yaml
 
-from tests.sweep.test_sweep_run import _gatelab, _write_sweep
+from tests.helpers import gatelab_cli, write_micro_sweep
 
 
+@pytest.mark.slow
 def test_table_shows_finished_diverged_failed_and_missing_runs(tmp_path):
-    sweep = _write_sweep(tmp_path, "mixed", max_steps=30, retries=0, paper="table1", include=[
+    sweep = write_micro_sweep(tmp_path, "mixed", max_steps=30, retries=0, paper="table1", include=[
         {"variant": "g1_head_sig", "seed": 0, "train.lr": 10.0, "train.warmup_steps": 0, "train.grad_clip": 0.0,
          "train.max_steps": 200},
         {"variant": "g2_elem_sig", "seed": 0, "data.domains": ["mine"],
          "data.user_files": {"mine": [str(tmp_path / "absent.txt")]}},
     ])
     runs = tmp_path / "runs"
-    ran = _gatelab("sweep", "run", str(sweep), "--runs-dir", str(runs), cwd=tmp_path)
+    ran = gatelab_cli("sweep", "run", str(sweep), "--runs-dir", str(runs), cwd=tmp_path)
     assert ran.returncode == 0, ran.stdout + ran.stderr
     definition = yaml.safe_load(sweep.read_text())
     definition["grid"]["variant"].append("g5_elem_sig")  # a cell added after the sweep ran: missing
     sweep.write_text(yaml.safe_dump(definition))
 
     out = tmp_path / "out"
-    result = _gatelab("table", str(sweep), "--format", "md,csv,latex,html", "--out", str(out), "--runs-dir",
+    result = gatelab_cli("table", str(sweep), "--format", "md,csv,latex,html", "--out", str(out), "--runs-dir",
                       str(runs), cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert {p.suffix for p in out.iterdir()} >= {".md", ".csv", ".tex", ".html", ".png"}
@@ -41,7 +43,7 @@ def test_table_shows_finished_diverged_failed_and_missing_runs(tmp_path):
 
     # Made again from the same store, every file is the same byte for byte (issue 7: results/ must be reproducible).
     first = {p.name: p.read_bytes() for p in out.iterdir()}
-    again = _gatelab("table", str(sweep), "--format", "md,csv,latex,html", "--out", str(out), "--runs-dir",
+    again = gatelab_cli("table", str(sweep), "--format", "md,csv,latex,html", "--out", str(out), "--runs-dir",
                      str(runs), cwd=tmp_path)
     assert again.returncode == 0, again.stdout + again.stderr
     assert {p.name: p.read_bytes() for p in out.iterdir()} == first

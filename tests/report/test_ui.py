@@ -17,8 +17,7 @@ import pytest
 
 from gatelab.errors import GatelabError
 from gatelab.report.ui import find_free_port, serve_ui
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers import REPO
 
 
 def _processes() -> dict[int, tuple[int, str, str]]:
@@ -55,6 +54,7 @@ def _alive(pid: int, args: str) -> bool:
     return now is not None and now[1] != "Z" and now[2] == args
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc to list processes")
 @pytest.mark.timeout(180)
 def test_gatelab_ui_answers_then_stops_on_ctrl_c_leaving_nothing(tmp_path):

@@ -11,9 +11,16 @@ from pathlib import Path
 import pytest
 
 from gatelab.sweep import executor
-from gatelab.sweep.executor import (HOME_ENV, POOL_ENV, REGISTRY_ENV, LocalShare, LocalWorkerRegistry, assign_cores,
-                                    share_of_cores)
-from tests.conftest import REPO
+from gatelab.sweep.executor import (
+    HOME_ENV,
+    POOL_ENV,
+    REGISTRY_ENV,
+    LocalShare,
+    LocalWorkerRegistry,
+    assign_cores,
+    share_of_cores,
+)
+from tests.helpers import REPO
 
 
 @pytest.mark.parametrize("cores,n_workers", [

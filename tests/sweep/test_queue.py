@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import optuna
 import pytest
 
-from gatelab.sweep.queue import HEARTBEAT, SweepLedger, ledger_states
-from tests.sweep.postgres import POSTGRES_URL, postgres_reason
+from gatelab.sweep.queue import HEARTBEAT, SweepLedger, ledger_states, set_trial_attr
+from tests.helpers import POSTGRES_URL, postgres_reason
 
 
 def _specs(n: int) -> list:
@@ -50,7 +50,7 @@ def test_a_run_whose_worker_stopped_beating_is_requeued_once(storage):
     ledger, specs = _ledger(storage, grace_s=1.0), _specs(1)
     ledger.enqueue_missing(specs)
     trial = ledger.claim()
-    ledger.study._storage.set_trial_user_attr(trial._trial_id, HEARTBEAT, time.time() - 10)
+    set_trial_attr(ledger.study, trial, HEARTBEAT, time.time() - 10)
     other = SweepLedger(storage, ledger.study.study_name, grace_s=1.0)
     assert ledger.fail_stale() == ["h0"]
     assert other.fail_stale() == []  # already taken over: never twice

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import mlflow
 import optuna
+import pytest
 import yaml
 
 from gatelab.sweep.queue import open_storage
 from gatelab.variants import VARIANTS
-from tests.conftest import REPO
-from tests.sweep.test_sweep_run import _gatelab
-from tests.train.test_run import MICRO
+from tests.helpers import MICRO, REPO, gatelab_cli
 
 
+@pytest.mark.slow
 def test_smoke_sweep_trains_and_evaluates_every_registered_variant(tmp_path):
     runs = tmp_path / "runs"
-    result = _gatelab("sweep", "run", str(REPO / "sweeps" / "smoke.yaml"), "--runs-dir", str(runs), "--workers", "2",
+    result = gatelab_cli("sweep", "run", str(REPO / "sweeps" / "smoke.yaml"), "--runs-dir", str(runs), "--workers", "2",
                       cwd=tmp_path)  # two local workers share one SQLite MLflow store and one journal ledger
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     mlflow.set_tracking_uri(f"sqlite:///{runs / 'mlflow.db'}")
@@ -25,12 +25,13 @@ def test_smoke_sweep_trains_and_evaluates_every_registered_variant(tmp_path):
     assert list((runs / "smoke" / "local-workers").iterdir()) == []  # the workers' registry goes with the launch
 
 
+@pytest.mark.slow
 def test_lr_stability_search_prunes_trials_visibly_in_optuna_and_mlflow(tmp_path):
     micro = {**MICRO, "eval": {**MICRO["eval"], "blimp_path": None}}
     preset = tmp_path / "micro.yaml"
     preset.write_text(yaml.safe_dump(micro))
     runs = tmp_path / "runs"
-    result = _gatelab("sweep", "run", str(REPO / "sweeps" / "lr-stability.yaml"), "--experiment", str(preset),
+    result = gatelab_cli("sweep", "run", str(REPO / "sweeps" / "lr-stability.yaml"), "--experiment", str(preset),
                       "--runs-dir", str(runs), cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     storage = open_storage(str(runs / "lr-stability" / "ledger.journal"))

@@ -6,35 +6,12 @@ import os
 from pathlib import Path
 
 import pytest
-import yaml
 
 from gatelab.config import spec_hash
 from gatelab.errors import GatelabError
 from gatelab.sweep.spec import expand, load_sweep, search_space, with_values
 from gatelab.variants import VARIANTS
-from tests.conftest import REPO
-
-SHIPPED = sorted((REPO / "sweeps").glob("*.yaml"))
-
-DENSE = {
-    "name": "micro", "variant": "baseline", "seed": 0,
-    "model": {"vocab_size": 64, "n_layers": 2, "d_model": 32, "n_heads": 4, "n_kv_heads": 2, "head_dim": 8,
-              "ffn": "dense", "ffn_hidden": 48},
-    "train": {"max_steps": 10, "batch_size": 2, "lr": 1.0e-3},
-    "data": {"seq_len": 16},
-}
-MOE = {**DENSE, "name": "micro-moe",
-       "model": {**DENSE["model"], "ffn": "moe", "ffn_hidden": None,
-                 "moe": {"n_experts": 4, "top_k": 2, "expert_hidden": 16}}}
-
-
-def write_sweep(tmp_path: Path, body: dict, preset: dict = DENSE, name: str = "s.yaml") -> Path:
-    (tmp_path / "presets").mkdir(exist_ok=True)
-    (tmp_path / "presets" / "micro.yaml").write_text(yaml.safe_dump(preset))
-    (tmp_path / "sweeps").mkdir(exist_ok=True)
-    path = tmp_path / "sweeps" / name
-    path.write_text(yaml.safe_dump({"name": "t", "experiment": "../presets/micro.yaml", **body}, sort_keys=False))
-    return path
+from tests.helpers import MOE, REPO, SHIPPED_SWEEPS, write_sweep
 
 
 def cells(path: Path) -> list[dict]:
@@ -45,12 +22,12 @@ def cells(path: Path) -> list[dict]:
 
 
 def test_sweeps_are_shipped():
-    names = {path.stem for path in SHIPPED}
+    names = {path.stem for path in SHIPPED_SWEEPS}
     assert {"smoke", "quickstart", "paper-table1", "paper-table2", "paper-table3-4", "paper-table6",
             "lr-stability"} <= names
 
 
-@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", SHIPPED_SWEEPS, ids=lambda p: p.stem)
 def test_every_shipped_sweep_loads_and_expands(path):
     sweep = load_sweep(path)
     specs = expand(sweep)
@@ -212,7 +189,7 @@ def test_loading_creates_no_files(tmp_path, monkeypatch):
     monkeypatch.chdir(work)
     runs = REPO / "runs"
     before = sorted(runs.rglob("*")) if runs.exists() else None
-    for path in SHIPPED:
+    for path in SHIPPED_SWEEPS:
         expand(load_sweep(path))
     expand(load_sweep(REPO / "sweeps" / "paper-table1.yaml", REPO / "experiments" / "paper-moe-15b.yaml"))
     assert list(work.iterdir()) == []

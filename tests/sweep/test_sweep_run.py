@@ -3,37 +3,22 @@
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import time
 import uuid
-from pathlib import Path
 
 import mlflow
 import pytest
 import yaml
 
-from tests.sweep.postgres import POSTGRES_URL, postgres_reason
-from tests.train.test_run import MICRO
+from tests.helpers import (
+    MICRO_SWEEP_VARIANTS,
+    POSTGRES_URL,
+    gatelab_cli,
+    postgres_reason,
+    write_micro_sweep,
+)
 
-VARIANTS = ["baseline", "g1_elem_sig", "g1_head_sig"]
-
-
-def _write_sweep(folder: Path, name: str, max_steps: int = 150, **extra) -> Path:
-    preset = {**MICRO, "train": {**MICRO["train"], "max_steps": max_steps, "checkpoint_every": 50, "log_every": 10},
-              "eval": {**MICRO["eval"], "every_n_steps": None, "blimp_path": None}}
-    (folder / "micro.yaml").write_text(yaml.safe_dump(preset))
-    sweep = {"name": name, "experiment": "micro.yaml", "grid": {"variant": VARIANTS, "seed": [0]}, **extra}
-    path = folder / "sweep.yaml"
-    path.write_text(yaml.safe_dump(sweep))
-    return path
-
-
-def _gatelab(*args: str, cwd: Path, wait: bool = True):
-    command = [sys.executable, "-m", "gatelab", *args]
-    if not wait:
-        return subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=600)
+pytestmark = pytest.mark.slow  # every test here trains in subprocesses
 
 
 def _finished_runs(uri: str, name: str):
@@ -50,23 +35,23 @@ def _wait_for(predicate, process, seconds: float = 300) -> None:
 
 
 def test_sigkill_then_rerun_finishes_every_cell_exactly_once(tmp_path):
-    sweep = _write_sweep(tmp_path, "killed")
+    sweep = write_micro_sweep(tmp_path, "killed")
     runs = tmp_path / "runs"
     options = ["--runs-dir", str(runs), "--heartbeat", "0.5", "--grace", "2"]
-    process = _gatelab("sweep", "run", str(sweep), *options, cwd=tmp_path, wait=False)
+    process = gatelab_cli("sweep", "run", str(sweep), *options, cwd=tmp_path, wait=False)
     checkpoints = lambda: list(runs.glob("killed/*/checkpoints/last.ckpt"))  # noqa: E731
     _wait_for(lambda: len(checkpoints()) >= 2, process)  # the first run is done, the second is under way
     process.send_signal(signal.SIGKILL)
     process.wait()
     interrupted = {path.parents[1].name for path in checkpoints()}
-    result = _gatelab("sweep", "run", str(sweep), *options, cwd=tmp_path)
+    result = gatelab_cli("sweep", "run", str(sweep), *options, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "resuming" in result.stdout  # the interrupted cell continued from its checkpoint
     finished = _finished_runs(f"sqlite:///{runs / 'mlflow.db'}", "killed")
-    assert sorted(finished["tags.variant"]) == sorted(VARIANTS)  # every cell once, no duplicate, none missing
+    assert sorted(finished["tags.variant"]) == sorted(MICRO_SWEEP_VARIANTS)  # every cell once, no duplicate, none missing
     assert finished["tags.gatelab.spec_hash"].is_unique
     assert len(interrupted) == 2
-    status = _gatelab("sweep", "status", str(sweep), "--runs-dir", str(runs), "--json", cwd=tmp_path)
+    status = gatelab_cli("sweep", "status", str(sweep), "--runs-dir", str(runs), "--json", cwd=tmp_path)
     assert yaml.safe_load(status.stdout)["counts"] == {"finished": 3}
 
 
@@ -77,9 +62,9 @@ def test_sigkill_then_rerun_finishes_every_cell_exactly_once(tmp_path):
     ({"grid": {"variant": [], "seed": [0]}}, "variant"),
 ])
 def test_a_bad_cell_fails_plan_and_run_before_anything_is_created(tmp_path, problem, fragment):
-    sweep = _write_sweep(tmp_path, "bad", **problem)
+    sweep = write_micro_sweep(tmp_path, "bad", **problem)
     for command in (["sweep", "plan", str(sweep)], ["sweep", "run", str(sweep), "--runs-dir", "runs"]):
-        result = _gatelab(*command, cwd=tmp_path)
+        result = gatelab_cli(*command, cwd=tmp_path)
         assert result.returncode == 2, result.stdout + result.stderr
         assert str(sweep) in result.stderr and fragment in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "runs").exists()
@@ -107,14 +92,14 @@ def tracking_database():
 
 def test_two_workers_on_postgres_share_the_sweep_and_take_over_a_killed_run(tmp_path, tracking_database):
     name = f"pg-{uuid.uuid4().hex[:8]}"
-    sweep = _write_sweep(tmp_path, name, max_steps=150)
+    sweep = write_micro_sweep(tmp_path, name, max_steps=150)
     secret_storage = POSTGRES_URL.replace("postgresql://postgres@", "postgresql://postgres:hunter2@")  # trust auth
     common = ["--storage", secret_storage, "--tracking-uri", tracking_database, "--heartbeat", "0.5", "--grace", "3",
               "--threads", "1"]
-    first = _gatelab("sweep", "worker", str(sweep), "--runs-dir", str(tmp_path / "runs-a"), *common, cwd=tmp_path,
+    first = gatelab_cli("sweep", "worker", str(sweep), "--runs-dir", str(tmp_path / "runs-a"), *common, cwd=tmp_path,
                      wait=False)
     _wait_for(lambda: any((tmp_path / "runs-a").glob(f"{name}/*/checkpoints/last.ckpt")), first)
-    second = _gatelab("sweep", "worker", str(sweep), "--runs-dir", str(tmp_path / "runs-b"), *common, cwd=tmp_path,
+    second = gatelab_cli("sweep", "worker", str(sweep), "--runs-dir", str(tmp_path / "runs-b"), *common, cwd=tmp_path,
                       wait=False)
     time.sleep(1.0)
     first.send_signal(signal.SIGKILL)  # mid-run: its run must be re-queued and finished by the second worker
@@ -123,39 +108,39 @@ def test_two_workers_on_postgres_share_the_sweep_and_take_over_a_killed_run(tmp_
     assert second.returncode == 0, output
     assert "re-queued" in output and "hunter2" not in output
     finished = _finished_runs(tracking_database, name)
-    assert sorted(finished["tags.variant"]) == sorted(VARIANTS) and finished["tags.gatelab.spec_hash"].is_unique
+    assert sorted(finished["tags.variant"]) == sorted(MICRO_SWEEP_VARIANTS) and finished["tags.gatelab.spec_hash"].is_unique
     assert not any("hunter2" in str(value) for value in finished.to_numpy().ravel())
-    status = _gatelab("sweep", "status", str(sweep), "--storage", secret_storage, cwd=tmp_path)
+    status = gatelab_cli("sweep", "status", str(sweep), "--storage", secret_storage, cwd=tmp_path)
     assert status.returncode == 0 and "hunter2" not in status.stdout + status.stderr and "3 finished" in status.stdout
 
 
 def test_submitit_local_job_array_runs_the_sweep(tmp_path):
     """The Slurm path (`--executor slurm`) is the same job array; submitit's local executor runs it here."""
-    sweep = _write_sweep(tmp_path, "array", max_steps=20)
+    sweep = write_micro_sweep(tmp_path, "array", max_steps=20)
     runs = tmp_path / "runs"
-    result = _gatelab("sweep", "run", str(sweep), "--executor", "submitit-local", "--workers", "2",
+    result = gatelab_cli("sweep", "run", str(sweep), "--executor", "submitit-local", "--workers", "2",
                       "--runs-dir", str(runs), cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "submitted workers" in result.stdout and "3 finished" in result.stdout
     assert len(list((runs / "array" / "submitit").glob("*_log.out"))) == 2  # one log per array task
     finished = _finished_runs(f"sqlite:///{runs / 'mlflow.db'}", "array")
-    assert sorted(finished["tags.variant"]) == sorted(VARIANTS)
+    assert sorted(finished["tags.variant"]) == sorted(MICRO_SWEEP_VARIANTS)
 
 
 def test_a_ddp_cell_trains_in_its_own_launch_once(tmp_path):
     """A run on 2 devices in a sweep: Lightning re-runs the command line of the process that calls `fit` for rank 1, so
     the worker trains it through `gatelab train` in a child (rank 1 must not become a second sweep worker)."""
-    sweep = _write_sweep(tmp_path, "ddpcell", max_steps=4, overrides={
+    sweep = write_micro_sweep(tmp_path, "ddpcell", max_steps=4, overrides={
         "train.devices": 2, "train.strategy": "ddp", "train.accelerator": "cpu", "train.threads": 1})
     config = yaml.safe_load(sweep.read_text())
     config["grid"]["variant"] = ["baseline"]
     sweep.write_text(yaml.safe_dump(config))
     runs = tmp_path / "runs"
-    result = _gatelab("sweep", "run", str(sweep), "--runs-dir", str(runs), cwd=tmp_path)
+    result = gatelab_cli("sweep", "run", str(sweep), "--runs-dir", str(runs), cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     finished = _finished_runs(f"sqlite:///{runs / 'mlflow.db'}", "ddpcell")
     assert list(finished["tags.variant"]) == ["baseline"] and finished.iloc[0]["params.train.devices"] == "2"
-    status = _gatelab("sweep", "status", str(sweep), "--runs-dir", str(runs), "--json", cwd=tmp_path)
+    status = gatelab_cli("sweep", "status", str(sweep), "--runs-dir", str(runs), "--json", cwd=tmp_path)
     assert yaml.safe_load(status.stdout)["counts"] == {"finished": 1}
 
 
@@ -166,6 +151,6 @@ def test_cells_a_worker_cannot_train_are_refused_before_anything_runs(tmp_path, 
     if key == "train.devices":  # several devices are fine in a grid, not in a search
         extra["search"] = {"n_trials": 2, "params": {"train.lr": {"type": "float", "low": 1e-4, "high": 1e-2,
                                                                    "log": True}}}
-    sweep = _write_sweep(tmp_path, "refused", **extra)
-    result = _gatelab("sweep", "plan", str(sweep), cwd=tmp_path)
+    sweep = write_micro_sweep(tmp_path, "refused", **extra)
+    result = gatelab_cli("sweep", "plan", str(sweep), cwd=tmp_path)
     assert result.returncode == 2 and key in result.stderr and "Traceback" not in result.stderr, result.stderr

@@ -17,10 +17,13 @@ import mlflow
 import pytest
 import torch.distributed
 
-from tests.train.test_run import _experiment, _sqlite, _train
+from tests.helpers import sqlite_uri, train_cli, write_micro_experiment
 
-pytestmark = pytest.mark.skipif(not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),
-                                reason="this torch has no gloo backend for CPU DDP")
+pytestmark = [
+    pytest.mark.slow,  # every test here trains 2-process DDP runs in subprocesses
+    pytest.mark.skipif(not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),
+                       reason="this torch has no gloo backend for CPU DDP"),
+]
 
 STEPS = 8
 # Global batch 4: 2 windows per rank under DDP. Validation every 4 steps and a checkpoint every 4 steps run under DDP
@@ -34,10 +37,10 @@ DDP = ["--set", "train.devices=2", "--set", "train.strategy=ddp"]
 def stores(tmp_path_factory):
     """Runs directories of the same experiment trained by one process and by two DDP ranks."""
     folder = tmp_path_factory.mktemp("ddp")
-    experiment = _experiment(folder, **TRAIN)
+    experiment = write_micro_experiment(folder, **TRAIN)
     # Side by side: each command spends most of its time importing on one core (rank 1 starts only when rank 0 fits).
-    single = _train(experiment, folder / "single", "--set", "eval.every_n_steps=4", wait=False)
-    ddp = _train(experiment, folder / "ddp", "--set", "eval.every_n_steps=4", *DDP, wait=False)
+    single = train_cli(experiment, folder / "single", "--set", "eval.every_n_steps=4", wait=False)
+    ddp = train_cli(experiment, folder / "ddp", "--set", "eval.every_n_steps=4", *DDP, wait=False)
     with ThreadPoolExecutor(2) as pool:  # both pipes drained at once: neither command can block on a full one
         single_stdout, ddp_stdout = pool.map(lambda process: process.communicate(timeout=600)[0], (single, ddp))
     assert single.returncode == 0, single_stdout
@@ -51,14 +54,14 @@ def test_a_strategy_that_cannot_run_here_is_refused_before_any_work(tmp_path, st
     from gatelab.errors import GatelabError
     from gatelab.train.run import run
 
-    experiment = load_experiment(_experiment(tmp_path, **TRAIN), [f"train.strategy={strategy}", "train.devices=2"])
+    experiment = load_experiment(write_micro_experiment(tmp_path, **TRAIN), [f"train.strategy={strategy}", "train.devices=2"])
     with pytest.raises(GatelabError, match=f"train.strategy: '{strategy}'"):
         run(experiment, runs_dir=tmp_path / "runs", quiet=True)
     assert not (tmp_path / "runs").exists()
 
 
 def _only_run(runs):
-    client = mlflow.MlflowClient(_sqlite(runs))
+    client = mlflow.MlflowClient(sqlite_uri(runs))
     found = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert len(found) == 1, [r.info.run_id for r in found]
     return client, found[0]
@@ -128,8 +131,8 @@ def test_a_diverging_run_stops_every_rank_at_the_same_step(tmp_path):
     """The stability monitor of each rank reads the loss synced over ranks, so all of them stop at the same step; a
     rank that went on training would wait for the others in its next all-reduce, and the command would never end."""
     runs = tmp_path / "runs"
-    experiment = _experiment(tmp_path, **{**TRAIN, "lr": 10.0, "max_steps": 200, "warmup_steps": 0, "grad_clip": 0.0})
-    result = _train(experiment, runs, *DDP)
+    experiment = write_micro_experiment(tmp_path, **{**TRAIN, "lr": 10.0, "max_steps": 200, "warmup_steps": 0, "grad_clip": 0.0})
+    result = train_cli(experiment, runs, *DDP)
     assert result.returncode == 0, result.stdout + result.stderr
     _, run = _only_run(runs)
     assert run.data.tags["gatelab.status"] == "diverged" and run.data.metrics["diverged_step"] < 200

@@ -12,7 +12,7 @@ import torch
 
 from gatelab.data.datasets import PackedDataset
 from gatelab.errors import GatelabError
-from gatelab.train.module import StabilityMonitor, StepBatches, lr_at
+from gatelab.train.module import SpikeRule, StabilityMonitor, StepBatches, lr_at
 
 
 def _windows() -> PackedDataset:
@@ -41,6 +41,39 @@ def test_warmup_then_cosine_to_the_floor():
     assert lr_at(9, 1.0, 0.1, warmup=10, total=110) == pytest.approx(1.0)
     assert lr_at(60, 1.0, 0.1, warmup=10, total=110) == pytest.approx(0.55)
     assert lr_at(110, 1.0, 0.1, warmup=10, total=110) == pytest.approx(0.1)
+
+
+def _apply_rule(losses: list[float], warmup: int, margin: float = 0.15, steps: list[int] | None = None):
+    """SpikeRule over a loss curve, one (step, loss) at a time: (spikes, diverged step, the rule after it)."""
+    rule, spikes = SpikeRule(warmup, beta=0.98, margin=margin, factor=3.0), []
+    for step, loss in zip(steps if steps is not None else range(len(losses)), losses):
+        outcome = rule.check(step, loss)
+        if outcome == "diverged":
+            return spikes, step, rule
+        if outcome == "spike":
+            spikes.append(step)
+    return spikes, None, rule
+
+
+def test_spike_rule_on_a_hand_made_curve():
+    losses = [2.0] * 100
+    losses[5] = 4.0  # inside warmup: not counted
+    losses[30] = 2.5  # spike
+    losses[31] = 2.0  # back to normal right after: the EMA moved by only 0.01
+    losses[45] = 2.1  # a bump below the margin
+    losses[60] = 3.0  # spike
+    losses[61] = 3.0  # still far above the EMA (about 2.02): spike
+    losses[80] = float("nan")  # non-finite: the run diverged there, and the loss is kept out of the EMA
+    spikes, diverged, rule = _apply_rule(losses, warmup=10)
+    assert (spikes, diverged) == ([30, 60, 61], 80) and math.isfinite(rule.ema)
+    assert _apply_rule(losses, warmup=0)[:2] == ([5, 30, 60, 61], 80)
+    assert _apply_rule(losses, warmup=10, margin=0.05)[:2] == ([30, 45, 60, 61], 80)
+
+
+def test_spike_rule_reports_the_given_steps_of_a_subsampled_curve():
+    losses = [2.0, 2.0, 2.0, 3.0, 2.0, 3.0]
+    steps = [0, 100, 200, 300, 400, 500]
+    assert _apply_rule(losses, warmup=350, steps=steps)[:2] == ([500], None)
 
 
 MONITOR = dict(warmup=5, beta=0.9, margin=0.15, factor=3.0)
@@ -94,6 +127,7 @@ def test_batched_read_back_finds_the_spikes_and_divergence_a_step_by_step_check_
     monitor = StabilityMonitor(**MONITOR, every=every)
     stopped = _train(monitor, losses)
     assert monitor.spikes == spikes and monitor.diverged_step == diverged
+    assert monitor.spike_losses == pytest.approx([losses[step] for step in spikes])
     if stopped is not None:  # at the end of the divergence's interval (None: the last, partial one, read at the end)
         assert diverged <= stopped < diverged + every and (stopped + 1) % every == 0
 
@@ -117,4 +151,13 @@ def test_a_checkpoint_inside_an_interval_resumes_to_the_same_spikes_and_divergen
     resumed.load_state_dict(state)
     _train(resumed, losses, first_step=resume_at)
     assert (resumed.spikes, resumed.diverged_step) == (unbroken.spikes, unbroken.diverged_step)
+    assert resumed.spike_losses == unbroken.spike_losses
     assert resumed.ema == unbroken.ema
+
+
+def test_a_checkpoint_without_spike_losses_restores_them_as_unknown():
+    old = {"ema": 3.0, "spikes": [12, 13], "pending_steps": [], "pending_losses": []}
+    monitor = StabilityMonitor(**MONITOR)
+    monitor.load_state_dict(old)
+    assert monitor.spikes == [12, 13] and len(monitor.spike_losses) == 2
+    assert all(math.isnan(loss) for loss in monitor.spike_losses)

@@ -13,42 +13,13 @@ import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import mlflow
 import pytest
-import yaml
 
-from tests.conftest import REPO
+from tests.helpers import BLIMP, sqlite_uri, train_cli, write_micro_experiment
 
 IMPORTED = time.monotonic()
-BLIMP = REPO.parent / "shared" / "benchmarks" / "blimp" / "data"
-MICRO = {
-    "name": "micro",
-    "variant": "g1_elem_sig",
-    "seed": 3,
-    "model": {"vocab_size": 512, "n_layers": 2, "d_model": 32, "n_heads": 2, "n_kv_heads": 1, "head_dim": 16,
-              "ffn_hidden": 64},
-    "data": {"domains": ["scripture", "speeches"], "seq_len": 32},
-    "train": {"max_steps": 16, "batch_size": 4, "warmup_steps": 2, "checkpoint_every": 4, "log_every": 1,
-              "precision": "32-true", "lr": 3e-3, "threads": 1},
-    "eval": {"every_n_steps": 8, "batch_size": 4, "max_windows_per_domain": 4, "long_context_multipliers": [1, 2], "in_context_examples": 4,
-             "probe_batches": 1, "blimp_per_paradigm": 1, "blimp_path": str(BLIMP) if BLIMP.is_dir() else None},
-}
-
-
-def _experiment(tmp_path: Path, **train) -> Path:
-    config = {**MICRO, "train": {**MICRO["train"], **train}}
-    path = tmp_path / "micro.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-def _train(experiment: Path, runs: Path, *extra: str, wait: bool = True):
-    command = [sys.executable, "-m", "gatelab", "train", str(experiment), "--quiet", "--runs-dir", str(runs), *extra]
-    if not wait:
-        return subprocess.Popen(command, cwd=runs.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    return subprocess.run(command, cwd=runs.parent, capture_output=True, text=True, timeout=600)
 
 
 def _runs(uri: str):
@@ -56,21 +27,18 @@ def _runs(uri: str):
     return mlflow.search_runs(experiment_names=["micro"])
 
 
-def _sqlite(runs: Path) -> str:
-    return f"sqlite:///{(runs / 'mlflow.db').resolve()}"
-
-
 def _phase_seconds(row) -> dict[str, float]:
     return {phase: row[f"metrics.time/{phase}_s"] for phase in ("import", "setup", "train", "eval")}
 
 
+@pytest.mark.slow
 def test_a_run_records_every_metric_and_artifact(tmp_path):
     runs = tmp_path / "runs"
     started = time.perf_counter()
-    result = _train(_experiment(tmp_path), runs)
+    result = train_cli(write_micro_experiment(tmp_path), runs)
     wall = time.perf_counter() - started
     assert result.returncode == 0, result.stdout + result.stderr
-    frame = _runs(_sqlite(runs))
+    frame = _runs(sqlite_uri(runs))
     assert len(frame) == 1
     row = frame.iloc[0]
     assert row["status"] == "FINISHED" and row["tags.gatelab.status"] == "finished"
@@ -84,12 +52,14 @@ def test_a_run_records_every_metric_and_artifact(tmp_path):
                 "probe/sparsity_gated_output_below_0.01", "unigram_ppl/avg"] + (["blimp/accuracy"] if BLIMP.is_dir() else [])
     for metric in expected:
         assert f"metrics.{metric}" in frame.columns and frame[f"metrics.{metric}"].notna().all(), metric
-    client = mlflow.MlflowClient(_sqlite(runs))
+    client = mlflow.MlflowClient(sqlite_uri(runs))
     artifacts = {a.path for folder in ("config", "eval") for a in client.list_artifacts(row["run_id"], folder)}
     assert {"config/experiment.yaml", "config/model_resolved.yaml", "eval/probes.json", "eval/loss_curve.png",
             "eval/first_token_attention.png", "eval/gate_score_histogram.png"} <= artifacts
     assert len(client.get_metric_history(row["run_id"], "train/loss")) == 16
     assert len(client.get_metric_history(row["run_id"], "val/loss")) == 2  # validation every 8 of 16 steps
+    # Each spike the monitor counted is logged at its step: as many as the count the evaluation records.
+    assert len(client.get_metric_history(row["run_id"], "train/spike")) == row["metrics.train/spikes_total"]
     assert "EMA" in row["tags.gatelab.spike_definition"]
     # Where the command's wall time went: every phase is measured, and together they fit inside the command.
     phases = _phase_seconds(row)
@@ -97,6 +67,41 @@ def test_a_run_records_every_metric_and_artifact(tmp_path):
     assert sum(phases.values()) <= wall, (phases, wall)
     # The process's peak resident memory: at least the imported libraries (hundreds of MB), at most this machine.
     assert 0.1 < row["metrics.memory/peak_rss_gb"] < 24, row["metrics.memory/peak_rss_gb"]
+
+
+def test_a_spike_between_logging_steps_is_logged_at_its_own_step_once(tmp_path):
+    """train/loss reaches MLflow every log_every steps; the monitor checks every step, and its spikes are what the run
+    logs as train/spike, so a spike on an unlogged step is still found and counted."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from gatelab.tracking import RunStore, TrackedRun, default_tracking_uri
+    from gatelab.train.module import StabilityMonitor
+    from gatelab.train.run import log_spikes
+
+    log_every = 4
+    losses = [2.0] * 30
+    losses[13], losses[22] = 2.5, 2.6  # neither step is a multiple of log_every
+    monitor = StabilityMonitor(warmup=2, beta=0.98, margin=0.15, factor=3.0)
+    trainer = SimpleNamespace(global_step=0, callback_metrics={}, log_every_n_steps=log_every, should_stop=False)
+    module = SimpleNamespace(log=lambda *args, **kwargs: None)
+    for step, loss in enumerate(losses):
+        trainer.global_step = step + 1
+        trainer.callback_metrics["train/loss"] = torch.tensor(loss)
+        monitor.on_train_batch_end(trainer, module, None, None, step)
+    monitor.on_train_end(trainer, module)
+    assert monitor.spikes == [13, 22] and monitor.diverged_step is None
+
+    uri = default_tracking_uri(tmp_path)
+    tracked = TrackedRun(uri, tmp_path, "spikes", "0123abcd")
+    tracked.open(resuming=False, tags={}, run_name="spikes")
+    log_spikes(tracked, monitor, resuming=False)
+    log_spikes(tracked, monitor, resuming=True)  # a resumed run that had logged them before it was cut off
+    tracked.end("finished")
+    steps, values = RunStore(uri, tmp_path).metric_history(tracked.run_id, "train/spike")
+    assert steps == monitor.spikes and values == pytest.approx([2.5, 2.6])
+    assert len(steps) == len(monitor.spikes)  # what the evaluation logs as train/spikes_total
 
 
 def test_imports_are_timed_for_the_first_run_of_a_process_only(monkeypatch):
@@ -108,12 +113,13 @@ def test_imports_are_timed_for_the_first_run_of_a_process_only(monkeypatch):
     assert later["time/import_s"] == 0  # a sweep worker's later runs import nothing
 
 
+@pytest.mark.slow
 def test_sigkill_then_rerun_resumes_into_the_same_run_with_the_same_result(tmp_path):
-    experiment = _experiment(tmp_path, max_steps=200, checkpoint_every=50)  # the next write is 50 steps after the kill
-    reference = _train(experiment, tmp_path / "reference")
+    experiment = write_micro_experiment(tmp_path, max_steps=200, checkpoint_every=50)  # the next write is 50 steps after the kill
+    reference = train_cli(experiment, tmp_path / "reference")
     assert reference.returncode == 0, reference.stdout
     runs = tmp_path / "runs"
-    process = _train(experiment, runs, wait=False)
+    process = train_cli(experiment, runs, wait=False)
     last = runs / "micro"
     deadline = time.time() + 300
     while time.time() < deadline and process.poll() is None and not any(last.glob("*/checkpoints/last.ckpt")):
@@ -121,30 +127,31 @@ def test_sigkill_then_rerun_resumes_into_the_same_run_with_the_same_result(tmp_p
     assert process.poll() is None, "the run ended before it could be killed: " + process.stdout.read()
     process.send_signal(signal.SIGKILL)
     process.wait()
-    killed = _runs(_sqlite(runs))
+    killed = _runs(sqlite_uri(runs))
     assert len(killed) == 1 and killed.iloc[0]["status"] == "RUNNING"  # killed: MLflow never heard the end
     started = time.perf_counter()
-    resumed = _train(experiment, runs)
+    resumed = train_cli(experiment, runs)
     resumed_wall = time.perf_counter() - started
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "resuming" in resumed.stdout
-    frame, reference_frame = _runs(_sqlite(runs)), _runs(_sqlite(tmp_path / "reference"))
+    frame, reference_frame = _runs(sqlite_uri(runs)), _runs(sqlite_uri(tmp_path / "reference"))
     assert len(frame) == 1 and frame.iloc[0]["status"] == "FINISHED"
     for metric in ("metrics.ppl/avg", "metrics.probe/f_attn", "metrics.long_ppl/x2"):
         assert abs(frame.iloc[0][metric] - reference_frame.iloc[0][metric]) <= 1e-4 * abs(reference_frame.iloc[0][metric])
-    history = mlflow.MlflowClient(_sqlite(runs)).get_metric_history(frame.iloc[0]["run_id"], "train/loss")
+    history = mlflow.MlflowClient(sqlite_uri(runs)).get_metric_history(frame.iloc[0]["run_id"], "train/loss")
     assert max(m.step for m in history) == 199
     # The times are those of the session that finished the run: the killed one never recorded its own.
     assert sum(_phase_seconds(frame.iloc[0]).values()) <= resumed_wall
 
 
+@pytest.mark.slow
 def test_a_diverging_run_is_recorded_as_diverged_without_a_traceback(tmp_path):
     runs = tmp_path / "runs"
-    result = _train(_experiment(tmp_path, lr=10.0, max_steps=200, warmup_steps=0, grad_clip=0.0), runs)
+    result = train_cli(write_micro_experiment(tmp_path, lr=10.0, max_steps=200, warmup_steps=0, grad_clip=0.0), runs)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Traceback" not in result.stdout + result.stderr
     assert "diverged at step" in result.stdout
-    row = _runs(_sqlite(runs)).iloc[0]
+    row = _runs(sqlite_uri(runs)).iloc[0]
     assert row["tags.gatelab.status"] == "diverged" and row["metrics.diverged_step"] < 200
     assert row["metrics.time/setup_s"] > 0 and row["metrics.time/train_s"] > 0 and "metrics.time/eval_s" not in row
 
@@ -178,8 +185,9 @@ def mlflow_server(tmp_path):
     server.wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_the_same_command_logs_to_a_real_mlflow_server(tmp_path, mlflow_server):
-    result = _train(_experiment(tmp_path, max_steps=6), tmp_path / "runs", "--tracking-uri", mlflow_server)
+    result = train_cli(write_micro_experiment(tmp_path, max_steps=6), tmp_path / "runs", "--tracking-uri", mlflow_server)
     assert result.returncode == 0, result.stdout + result.stderr
     frame = _runs(mlflow_server)
     assert len(frame) == 1 and frame.iloc[0]["status"] == "FINISHED"

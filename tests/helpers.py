@@ -1,0 +1,132 @@
+"""What several test modules share: the repository's paths, micro model and experiment configs, and the ways the tests
+run gatelab (as a subprocess, as users do) and find the local PostgreSQL server."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import yaml
+
+from gatelab.config import ModelConfig, MoEConfig
+
+REPO = Path(__file__).resolve().parents[1]
+BLIMP = REPO.parent / "shared" / "benchmarks" / "blimp" / "data"
+SHIPPED_SWEEPS = sorted((REPO / "sweeps").glob("*.yaml"))
+
+
+# --- micro models, in memory ----------------------------------------------------------------------------------------
+
+def micro_config(ffn: str = "dense", **changes) -> ModelConfig:
+    fields = dict(vocab_size=61, n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, head_dim=8, ffn_hidden=48)
+    if ffn == "moe":
+        fields.update(ffn="moe", ffn_hidden=None, moe=MoEConfig(n_experts=4, top_k=2, expert_hidden=16))
+    fields.update(changes)
+    return ModelConfig(**fields)
+
+
+class Capture:
+    """A probe that keeps every tensor it is given, keyed by (layer, name)."""
+
+    def __init__(self) -> None:
+        self.tensors: dict[tuple[int, str], torch.Tensor] = {}
+
+    def add(self, layer: int, name: str, tensor: torch.Tensor) -> None:
+        self.tensors[(layer, name)] = tensor.detach().clone()
+
+
+# --- a micro experiment that trains on real corpora in seconds ------------------------------------------------------
+
+MICRO = {
+    "name": "micro",
+    "variant": "g1_elem_sig",
+    "seed": 3,
+    "model": {"vocab_size": 512, "n_layers": 2, "d_model": 32, "n_heads": 2, "n_kv_heads": 1, "head_dim": 16,
+              "ffn_hidden": 64},
+    "data": {"domains": ["scripture", "speeches"], "seq_len": 32},
+    "train": {"max_steps": 16, "batch_size": 4, "warmup_steps": 2, "checkpoint_every": 4, "log_every": 1,
+              "precision": "32-true", "lr": 3e-3, "threads": 1},
+    "eval": {"every_n_steps": 8, "batch_size": 4, "max_windows_per_domain": 4, "long_context_multipliers": [1, 2],
+             "in_context_examples": 4, "probe_batches": 1, "blimp_per_paradigm": 1,
+             "blimp_path": str(BLIMP) if BLIMP.is_dir() else None},
+}
+MICRO_SWEEP_VARIANTS = ["baseline", "g1_elem_sig", "g1_head_sig"]
+
+
+def write_micro_experiment(tmp_path: Path, **train) -> Path:
+    config = {**MICRO, "train": {**MICRO["train"], **train}}
+    path = tmp_path / "micro.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def write_micro_sweep(folder: Path, name: str, max_steps: int = 150, **extra) -> Path:
+    """A sweep of MICRO_SWEEP_VARIANTS, seed 0, over the MICRO preset (no validation, no BLiMP)."""
+    preset = {**MICRO, "train": {**MICRO["train"], "max_steps": max_steps, "checkpoint_every": 50, "log_every": 10},
+              "eval": {**MICRO["eval"], "every_n_steps": None, "blimp_path": None}}
+    (folder / "micro.yaml").write_text(yaml.safe_dump(preset))
+    sweep = {"name": name, "experiment": "micro.yaml", "grid": {"variant": MICRO_SWEEP_VARIANTS, "seed": [0]}, **extra}
+    path = folder / "sweep.yaml"
+    path.write_text(yaml.safe_dump(sweep))
+    return path
+
+
+def sqlite_uri(runs: Path) -> str:
+    return f"sqlite:///{(runs / 'mlflow.db').resolve()}"
+
+
+# --- gatelab as a user runs it: a subprocess ------------------------------------------------------------------------
+
+def gatelab_cli(*args: str, cwd: Path, wait: bool = True):
+    command = [sys.executable, "-m", "gatelab", *args]
+    if not wait:
+        return subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=600)
+
+
+def train_cli(experiment: Path, runs: Path, *extra: str, wait: bool = True):
+    """`gatelab train EXPERIMENT --quiet --runs-dir RUNS ...`, run from the folder above RUNS."""
+    return gatelab_cli("train", str(experiment), "--quiet", "--runs-dir", str(runs), *extra, cwd=runs.parent,
+                       wait=wait)
+
+
+# --- sweep files in a scratch folder --------------------------------------------------------------------------------
+
+DENSE = {
+    "name": "micro", "variant": "baseline", "seed": 0,
+    "model": {"vocab_size": 64, "n_layers": 2, "d_model": 32, "n_heads": 4, "n_kv_heads": 2, "head_dim": 8,
+              "ffn": "dense", "ffn_hidden": 48},
+    "train": {"max_steps": 10, "batch_size": 2, "lr": 1.0e-3},
+    "data": {"seq_len": 16},
+}
+MOE = {**DENSE, "name": "micro-moe",
+       "model": {**DENSE["model"], "ffn": "moe", "ffn_hidden": None,
+                 "moe": {"n_experts": 4, "top_k": 2, "expert_hidden": 16}}}
+
+
+def write_sweep(tmp_path: Path, body: dict, preset: dict = DENSE, name: str = "s.yaml") -> Path:
+    (tmp_path / "presets").mkdir(exist_ok=True)
+    (tmp_path / "presets" / "micro.yaml").write_text(yaml.safe_dump(preset))
+    (tmp_path / "sweeps").mkdir(exist_ok=True)
+    path = tmp_path / "sweeps" / name
+    path.write_text(yaml.safe_dump({"name": "t", "experiment": "../presets/micro.yaml", **body}, sort_keys=False))
+    return path
+
+
+# --- the local PostgreSQL server of the multi-worker tests (127.0.0.1:5432, trust auth, database `test`) ------------
+
+POSTGRES_URL = os.environ.get("GATELAB_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def postgres_reason() -> str | None:
+    """None when the server answers, else why the PostgreSQL tests are skipped."""
+    try:
+        import psycopg
+
+        psycopg.connect(POSTGRES_URL, connect_timeout=3).close()
+    except Exception as error:  # no driver, no server, refused: all mean "skip, and say why"
+        return f"no PostgreSQL at {POSTGRES_URL} ({type(error).__name__}: {str(error).strip()[:120]})"
+    return None
