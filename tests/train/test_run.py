@@ -98,10 +98,23 @@ def test_a_spike_between_logging_steps_is_logged_at_its_own_step_once(tmp_path):
     tracked.open(resuming=False, tags={}, run_name="spikes")
     log_spikes(tracked, monitor, resuming=False)
     log_spikes(tracked, monitor, resuming=True)  # a resumed run that had logged them before it was cut off
+    tracked.log_series("train/loss", list(range(0, 30, log_every)), losses[::log_every])  # what Lightning logs
+    tracked.log_metrics({"train/spikes_total": float(len(monitor.spikes))}, step=30)  # what the evaluation logs
     tracked.end("finished")
-    steps, values = RunStore(uri, tmp_path).metric_history(tracked.run_id, "train/spike")
+    store = RunStore(uri, tmp_path)
+    steps, values = store.metric_history(tracked.run_id, "train/spike")
     assert steps == monitor.spikes and values == pytest.approx([2.5, 2.6])
-    assert len(steps) == len(monitor.spikes)  # what the evaluation logs as train/spikes_total
+
+    # `gatelab table`'s loss-curve plot marks the same spikes, at their own steps, though neither step was logged.
+    from gatelab.report.report import _loss_curves
+    from gatelab.report.tables import RunRecord
+
+    spec = SimpleNamespace(settings=lambda: {}, experiment=SimpleNamespace(variant="baseline"))
+    record = RunRecord(spec, "finished", tracked.run_id, {"train/spikes_total": float(len(monitor.spikes))})
+    logged_steps, _, report_spikes = _loss_curves([record], store)["baseline"]
+    assert 13 not in logged_steps and 22 not in logged_steps
+    assert report_spikes == [13, 22] == monitor.spikes
+    assert len(report_spikes) == record.metrics["train/spikes_total"]
 
 
 def test_imports_are_timed_for_the_first_run_of_a_process_only(monkeypatch):
