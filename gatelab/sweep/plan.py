@@ -11,6 +11,10 @@ vocabularies-to-width ratios leaving it out would undercount the tiny presets by
 routed experts counted at top_k / n_experts. Switch-Head experts are counted in full: gatelab computes every expert's
 projection and then mixes them. The attention term is the QK^T and AV matmuls without the causal halving, as PaLM.
 
+What a run will see: `corpus_tokens`, the training tokens its corpus holds (`corpus_count` says whether that is exact,
+an estimate or unknown: `gatelab.data.budget`), and `passes` = tokens / corpus_tokens. A run above one pass repeats
+its training data, and gets a warning line under the table.
+
 Estimated seconds = FLOPs / throughput, the training loop only: process start, data loading, evaluation and probes
 come on top (results/bench/ has measured figures).
 """
@@ -25,6 +29,7 @@ from typing import Any
 
 from gatelab import paper as paper_tables
 from gatelab.config import ExperimentConfig, ModelConfig
+from gatelab.data.budget import CorpusCounter, format_tokens, repeat_warning
 from gatelab.sweep.spec import RunSpec, format_value, load_sweep
 
 # A rough default for a small CPU in bf16 autocast, in the Lightning loop; measured figures live in results/bench/
@@ -76,6 +81,7 @@ def plan_rows(specs: Sequence[RunSpec], paper: str | None = None, flops_per_seco
     from gatelab.model.params import resolve_model
 
     count = ParameterCounter()
+    count_corpus = CorpusCounter()
     paper_added = paper_tables.added_params(paper)
     rows = []
     for spec in specs:
@@ -87,6 +93,7 @@ def plan_rows(specs: Sequence[RunSpec], paper: str | None = None, flops_per_seco
         tokens = experiment.train.max_steps * experiment.train.batch_size * experiment.data.seq_len
         flops = training_flops(model, active, tokens, experiment.data.seq_len)
         throughput = flops_per_second or default_flops_per_second(experiment)
+        corpus = count_corpus(experiment.data, experiment.model.vocab_size)
         row: dict[str, Any] = {
             "index": spec.index,
             "label": spec.label(),
@@ -98,6 +105,10 @@ def plan_rows(specs: Sequence[RunSpec], paper: str | None = None, flops_per_seco
             "added_params": added,
             "active_params": active,
             "tokens": tokens,
+            "corpus_tokens": corpus.tokens,
+            "corpus_count": corpus.how,
+            "corpus_note": corpus.note,
+            "passes": corpus.passes(tokens),
             "flops": flops,
             "flops_per_second": throughput,
             "seconds": flops / throughput,
@@ -120,6 +131,45 @@ def plan_totals(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _index_ranges(indices: Sequence[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2, 5"."""
+    spans: list[list[int]] = []
+    for index in sorted(indices):
+        if spans and index == spans[-1][1] + 1:
+            spans[-1][1] = index
+        else:
+            spans.append([index, index])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+def _runs(indices: Sequence[int]) -> str:
+    return f"run {indices[0]}" if len(indices) == 1 else f"runs {_index_ranges(indices)}"
+
+
+def corpus_warnings(rows: Sequence[dict[str, Any]], specs: Sequence[RunSpec]) -> list[str]:
+    """One warning per distinct case of runs that would pass over their corpus more than once (same corpus count and
+    tokens: the same factor), and one line per distinct way a corpus was estimated or could not be counted."""
+    cases: dict[tuple, list[int]] = {}
+    experiments = {spec.index: spec.experiment for spec in specs}
+    for row in rows:
+        if row["passes"] is not None and row["passes"] > 1:
+            cases.setdefault((row["tokens"], row["corpus_tokens"], row["corpus_count"]), []).append(row["index"])
+    lines = []
+    for (tokens, corpus_tokens, how), indices in cases.items():
+        experiment = experiments[indices[0]]
+        subject = _runs(indices)
+        lines.append("warning: " + repeat_warning(subject, experiment.data, tokens, corpus_tokens,
+                                                  experiment.train.batch_size * experiment.data.seq_len,
+                                                  estimated=how == "estimate"))
+    for how, mark in (("estimate", "~"), ("unknown", "?")):
+        notes: dict[str, list[int]] = {}
+        for row in rows:
+            if row["corpus_count"] == how:
+                notes.setdefault(row["corpus_note"], []).append(row["index"])
+        lines += [f"corpus {mark} ({_runs(indices)}): {note}" for note, indices in notes.items()]
+    return lines
+
+
 def plan_json(rows: Sequence[dict[str, Any]], **extra: Any) -> dict[str, Any]:
     return {"runs": list(rows), "totals": plan_totals(rows), **extra}
 
@@ -131,12 +181,6 @@ def _params(count: int, signed: bool = False) -> str:
             return f"{count / scale:{sign}.2f}{suffix}"
     return f"{count:{sign}d}"
 
-
-def _amount(value: float) -> str:
-    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
-        if value >= scale:
-            return f"{value / scale:.3g}{suffix}"
-    return f"{value:.3g}"
 
 
 def _duration(seconds: float) -> str:
@@ -166,7 +210,7 @@ def render_plan(rows: Sequence[dict[str, Any]], as_json: bool = False, *, title:
     with_trials = any(row["trials"] > 1 for row in rows)
     table = Table(box=None, title=title, title_justify="left")
     columns = ["#", "variant", "seed", "overrides", "total", "added"] + (["paper added"] if with_paper else []) \
-        + ["tokens", "FLOPs", "est. time"] + (["trials"] if with_trials else [])
+        + ["tokens", "corpus", "passes", "FLOPs", "est. time"] + (["trials"] if with_trials else [])
     for column in columns:
         table.add_column(column, justify="left" if column in ("variant", "overrides") else "right")
     for row in rows:
@@ -175,14 +219,17 @@ def render_plan(rows: Sequence[dict[str, Any]], as_json: bool = False, *, title:
         if with_paper:
             paper = row.get("paper_added_m")
             cells.append("n/a" if paper is None else f"{paper:+g}M")
-        cells += [_amount(row["tokens"]), f"{row['flops']:.2e}", _duration(row["seconds"])]
+        mark = {"estimate": "~", "unknown": "?"}.get(row["corpus_count"], "")
+        corpus = "?" if row["corpus_tokens"] is None else mark + format_tokens(row["corpus_tokens"])
+        passes = "?" if row["passes"] is None else f"{mark}{row['passes']:.3g}"
+        cells += [format_tokens(row["tokens"]), corpus, passes, f"{row['flops']:.2e}", _duration(row["seconds"])]
         if with_trials:
             cells.append(str(row["trials"]))
         table.add_row(*cells)
     console.print(table)
     totals = plan_totals(rows)
     throughputs = sorted({row["flops_per_second"] for row in rows})
-    console.print(f"{totals['runs']} runs, {_amount(totals['tokens'])} tokens, {totals['flops']:.2e} FLOPs, about "
+    console.print(f"{totals['runs']} runs, {format_tokens(totals['tokens'])} tokens, {totals['flops']:.2e} FLOPs, about "
                   f"{_duration(totals['seconds'])} of training at "
                   f"{', '.join(f'{t:.2g}' for t in throughputs)} FLOP/s (evaluation and start-up not included)",
                   highlight=False)
@@ -197,6 +244,7 @@ def cli_plan(sweep_path: Path, experiment: Path | None = None, as_json: bool = F
     trials = sweep.search.n_trials if sweep.search else 1
     rows = plan_rows(sweep.runs, paper=sweep.paper, flops_per_second=flops_per_second, trials=trials)
     notes = [str(duplicate) for duplicate in sweep.duplicates]
+    warnings = corpus_warnings(rows, sweep.runs)
     if sweep.search:
         notes.append(f"each row is an Optuna search of {trials} trials over "
                      f"{', '.join(sweep.search.params)} ({sweep.search.direction} {sweep.search.metric})")
@@ -206,11 +254,11 @@ def cli_plan(sweep_path: Path, experiment: Path | None = None, as_json: bool = F
     title = f"{sweep.name}: {len(rows)} runs on {sweep.experiment_path}"
     title += f" (paper {sweep.paper})" if sweep.paper else ""
     extra = {"sweep": sweep.name, "experiment": str(sweep.experiment_path), "paper": sweep.paper,
-             "duplicates": [str(d) for d in sweep.duplicates]}
-    render_plan(rows, as_json, title=title, notes=notes, extra=extra)
+             "duplicates": [str(d) for d in sweep.duplicates], "warnings": warnings}
+    render_plan(rows, as_json, title=title, notes=warnings + notes, extra=extra)
 
 
 __all__ = [
-    "CPU_FLOPS", "GPU_FLOPS", "ParameterCounter", "active_parameters", "cli_plan",
+    "CPU_FLOPS", "GPU_FLOPS", "ParameterCounter", "active_parameters", "cli_plan", "corpus_warnings",
     "plan_json", "plan_rows", "plan_totals", "render_plan", "training_flops",
 ]

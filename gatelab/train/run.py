@@ -15,6 +15,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 
 from gatelab import host, tracking
 from gatelab.config import ExperimentConfig, ModelConfig, flatten, spec_hash, to_yaml
+from gatelab.data.budget import repeat_warning
 from gatelab.data.corpora import default_data_dir, prepare_corpora
 from gatelab.data.datasets import heldout_windows, tokenize_corpus, train_dataset
 from gatelab.data.synthetic import DOMAIN as BIGRAM_BACKCOPY, BigramBackcopy
@@ -93,7 +94,8 @@ def load_data(experiment: ExperimentConfig, log=print, warn=print):
     """(tokenizer, corpus, domains): corpora, tokenizer and token streams, each prepared once and cached under the data
     directory; for `data.task: bigram_backcopy` (None, the synthetic corpus generated in memory, its one domain).
 
-    `warn` reports what changes the result (a missing domain) even when `log` is silenced.
+    `warn` reports what changes the result (a missing domain, training data that would repeat) even when `log` is
+    silenced.
     """
     data = experiment.data
     if data.task == "bigram_backcopy":
@@ -101,7 +103,9 @@ def load_data(experiment: ExperimentConfig, log=print, warn=print):
         log(f"bigram-backcopy: triggers {task.trigger_ids.tolist()}, entropy rate {task.entropy_rate:.3f} nats, "
             f"{data.bigram_backcopy.train_sequences:,}/{data.bigram_backcopy.heldout_sequences:,} sequences "
             "(train/heldout)")
-        return None, task.corpus(data.seq_len), [BIGRAM_BACKCOPY]
+        corpus = task.corpus(data.seq_len)
+        _warn_if_repeated(experiment, corpus, [BIGRAM_BACKCOPY], warn)
+        return None, corpus, [BIGRAM_BACKCOPY]
     with _one_process_at_a_time(Path(data.data_dir).expanduser() if data.data_dir else default_data_dir()):
         manifest = prepare_corpora(data.data_dir, [d for d in data.domains if d not in data.user_files], log=log)
         if data.user_files:
@@ -117,7 +121,18 @@ def load_data(experiment: ExperimentConfig, log=print, warn=print):
             raise GatelabError(f"data.domains: none of {', '.join(data.domains)} could be prepared")
         tokenizer = load_or_train_tokenizer(manifest, experiment.model.vocab_size, domains=present, log=log)
         corpus = tokenize_corpus(manifest, tokenizer, present, log=log)
+    _warn_if_repeated(experiment, corpus, present, warn)
     return tokenizer, corpus, present
+
+
+def _warn_if_repeated(experiment: ExperimentConfig, corpus, domains: list[str], warn) -> None:
+    """The plan's warning, now with the exact count: this run would pass over its training tokens more than once."""
+    train, seq_len = experiment.train, experiment.data.seq_len
+    corpus_tokens = sum(len(corpus.tokens(domain, "train")) for domain in domains)
+    message = repeat_warning("this run", experiment.data, train.max_steps * train.batch_size * seq_len, corpus_tokens,
+                             train.batch_size * seq_len)
+    if message:
+        warn(f"warning: {message}")
 
 
 @contextmanager

@@ -324,7 +324,10 @@ def test_training_data_carries_on_without_the_missing_domains(no_tools: Path, tm
     data = tiny.data.model_copy(
         update={"domains": ["speeches", "notes"], "data_dir": str(no_tools), "user_files": {"notes": notes}}
     )
-    experiment = tiny.model_copy(update={"data": data, "model": tiny.model.model_copy(update={"vocab_size": 300})})
+    # One step of one short window: well within the notes' training tokens, so the one warning is the missing domain's.
+    one_window = tiny.train.model_copy(update={"max_steps": 1, "batch_size": 1})
+    experiment = tiny.model_copy(update={"data": data.model_copy(update={"seq_len": 16}), "train": one_window,
+                                         "model": tiny.model.model_copy(update={"vocab_size": 300})})
     warnings: list[str] = []
     _, _, present = load_data(experiment, log=lambda *_: None, warn=warnings.append)
     assert present == ["notes"]

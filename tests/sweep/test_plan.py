@@ -14,6 +14,7 @@ from gatelab.sweep.plan import (
     CPU_FLOPS,
     GPU_FLOPS,
     cli_plan,
+    corpus_warnings,
     plan_rows,
     plan_totals,
     render_plan,
@@ -59,7 +60,9 @@ def test_plan_json_shape(tmp_path, capsys):
     assert set(plan["totals"]) == {"runs", "tokens", "flops", "seconds", "hours"}
     row = plan["runs"][3]
     assert {"index", "label", "hash", "variant", "seed", "overrides", "total_params", "added_params", "active_params",
-            "tokens", "flops", "flops_per_second", "seconds", "trials", "paper_added_m"} <= set(row)
+            "tokens", "flops", "flops_per_second", "seconds", "trials", "paper_added_m", "corpus_tokens", "corpus_count",
+            "passes"} <= set(row)
+    assert isinstance(plan["warnings"], list)
     assert (row["index"], row["variant"], row["seed"], row["overrides"]) == (3, "g1_elem_sig", 0, "train.lr=0.002")
     assert row["label"] == "g1_elem_sig s0 train.lr=0.002" and row["paper_added_m"] == 201
     assert plan["totals"]["runs"] == 4 and plan["totals"]["tokens"] == 4 * 10 * 2 * 16
@@ -131,3 +134,46 @@ def test_table_rendering(tmp_path):
     assert "g1_head_sig" in text and "paper added" in text and "+1.6M" in text
     assert "2 runs" in text and "FLOP/s" in text
     assert "cell 2 {seed: 0} is the same run as cell 0" in text
+
+
+def _bigram_sweep(tmp_path, train_sequences: int, max_steps: int, batch_size: int = 1):
+    """Two runs on a generated corpus of train_sequences x 17 tokens, each training max_steps x batch_size x 16."""
+    return write_sweep(tmp_path, {"grid": {"variant": ["baseline", "g1_elem_sig"]}, "overrides": {
+        "data.task": "bigram_backcopy", "data.bigram_backcopy.train_sequences": train_sequences,
+        "train.max_steps": max_steps, "train.batch_size": batch_size}})
+
+
+def test_plan_json_says_what_each_run_will_see(tmp_path, capsys):
+    cli_plan(_bigram_sweep(tmp_path, train_sequences=10, max_steps=17), as_json=True)
+    plan = json.loads(capsys.readouterr().out)
+    row = plan["runs"][0]
+    assert (row["tokens"], row["corpus_tokens"], row["corpus_count"]) == (17 * 16, 10 * 17, "exact")
+    assert row["passes"] == pytest.approx(1.6)
+    assert plan["warnings"] == [("warning: runs 0-1 would pass over their corpus 1.6x (272 training tokens from 170): "
+                                 "raise data.bigram_backcopy.train_sequences, or lower train.max_steps to 10 for one pass")]
+
+
+def test_the_repeat_warning_appears_above_one_pass_only(tmp_path):
+    def plan_text(train_sequences: int, max_steps: int) -> str:
+        sweep = load_sweep(_bigram_sweep(tmp_path, train_sequences, max_steps))
+        out = io.StringIO()
+        rows = plan_rows(expand(sweep))
+        render_plan(rows, notes=corpus_warnings(rows, expand(sweep)), console=Console(file=out, width=300))
+        return out.getvalue()
+
+    above = plan_text(train_sequences=16, max_steps=34)  # 34 x 16 tokens against 16 x 17: two passes
+    assert "corpus" in above and "passes" in above
+    assert "runs 0-1 would pass over their corpus 2x" in above and "lower train.max_steps to 17" in above
+    at_one = plan_text(train_sequences=16, max_steps=17)  # 17 x 16 = 16 x 17: exactly one pass
+    assert "would pass over" not in at_one and "warning" not in at_one
+
+
+def test_unprepared_corpora_show_a_question_mark_and_how_to_count(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("GATELAB_DATA_DIR", str(tmp_path / "no-data"))
+    cli_plan(write_sweep(tmp_path, {"grid": {"variant": ["baseline"]}}))
+    out = capsys.readouterr().out
+    assert " ? " in out and "run `gatelab data prepare` to count the corpus" in out and "would pass" not in out
+    cli_plan(write_sweep(tmp_path, {"grid": {"variant": ["baseline"]}}), as_json=True)
+    row = json.loads(capsys.readouterr().out)["runs"][0]
+    assert (row["corpus_tokens"], row["corpus_count"], row["passes"]) == (None, "unknown", None)
+    assert not (tmp_path / "no-data").exists()
