@@ -90,7 +90,9 @@ class SwitchHeadConfig(StrictModel):
 class ModelConfig(StrictModel):
     """A pre-norm decoder-only transformer: RMSNorm, RoPE, SwiGLU, GQA, QK-norm; dense or MoE FFN."""
 
-    vocab_size: PositiveInt
+    # `auto`: the size of `data.tokenizer` (a file or Hub name) rounded up to a multiple of 128, set when the experiment
+    # is validated, so a run's params and spec hash record the integer.
+    vocab_size: PositiveInt | Literal["auto"]
     n_layers: PositiveInt
     d_model: PositiveInt
     n_heads: PositiveInt  # query heads, q
@@ -153,9 +155,17 @@ class DataConfig(StrictModel):
 
     With `task: bigram_backcopy` the text keys (domains, data_dir, user_files) are unused: the sequences are generated
     in memory from `bigram_backcopy` and the vocabulary is `model.vocab_size`.
+
+    `tokenizer` is `bpe` (a byte-level BPE trained here to `model.vocab_size`), the path of a `tokenizer.json`, or a
+    Hugging Face tokenizer name such as `Qwen/Qwen3-0.6B` (fetched where the Hub is reachable). Documents are framed
+    `bos_token text eos_token`; unset, they are found among the common names, and a tokenizer with only an end-of-text
+    token (GPT-2, Qwen) uses it for both (README, 'Decisions the paper leaves open').
     """
 
     task: Literal["text", "bigram_backcopy"] = "text"
+    tokenizer: str = "bpe"
+    bos_token: str | None = None  # only with a tokenizer file or name
+    eos_token: str | None = None
     domains: list[str] = ["speeches", "fiction", "nonfiction", "scripture", "code"]
     data_dir: str | None = None  # default: $GATELAB_DATA_DIR, else ~/.cache/gatelab/data
     user_files: dict[str, list[str]] = {}  # extra domains from the user's own text files: {domain: [paths]}
@@ -225,6 +235,11 @@ class ExperimentConfig(StrictModel):
 
     @model_validator(mode="after")
     def _check(self) -> ExperimentConfig:
+        if self.data.task == "bigram_backcopy" and self.model.vocab_size == "auto":
+            raise ValueError("model.vocab_size 'auto' takes the size of data.tokenizer, which data.task "
+                             "'bigram_backcopy' does not use: give an integer")
+        if self.data.task == "text":
+            self._check_tokenizer()
         if self.data.task == "bigram_backcopy":
             n_triggers = self.data.bigram_backcopy.n_triggers
             if self.model.vocab_size - 2 <= n_triggers + 2:
@@ -237,6 +252,28 @@ class ExperimentConfig(StrictModel):
                 raise ValueError("eval.blimp_path must be unset with data.task 'bigram_backcopy': BLiMP scores English "
                                  "sentences through a text tokenizer, and the synthetic task has neither")
         return self
+
+    def _check_tokenizer(self) -> None:
+        data, model = self.data, self.model
+        if data.tokenizer == "bpe":
+            if model.vocab_size == "auto":
+                raise ValueError("model.vocab_size 'auto' needs data.tokenizer to be a tokenizer.json or a "
+                                 "Hugging Face name: with data.tokenizer 'bpe' the BPE is trained to model.vocab_size, "
+                                 "so give an integer")
+            if data.bos_token is not None or data.eos_token is not None:
+                raise ValueError("data.bos_token and data.eos_token apply to a tokenizer.json or Hugging Face "
+                                 "data.tokenizer; with 'bpe' documents are framed by <|bos|> and <|eos|>: unset them")
+            return
+        from gatelab.data.tokenizer import load_foreign_tokenizer
+
+        size = load_foreign_tokenizer(data.tokenizer, data.bos_token, data.eos_token).vocab_size  # GatelabError as is
+        rounded = -(-size // 128) * 128
+        if model.vocab_size == "auto":
+            model.vocab_size = rounded
+        elif size > model.vocab_size:
+            raise ValueError(f"data.tokenizer {data.tokenizer} has {size} tokens, more than model.vocab_size "
+                             f"({model.vocab_size}): set model.vocab_size to auto (or {rounded}, its size rounded up "
+                             "to a multiple of 128)")
 
 
 # --- loading, overriding and error messages -------------------------------------------------------------------------
@@ -276,7 +313,7 @@ def _describe(error: dict[str, Any], root: type[BaseModel]) -> str:
     message = error["msg"].removeprefix("Value error, ")
     if error["type"] not in ("value_error", "missing") and "input" in error:
         message += f" (got {error['input']!r})"
-    return f"{path}: {message}"
+    return f"{path}: {message}" if loc else message  # a whole-experiment check names its keys itself
 
 
 def format_validation_error(error: ValidationError, source: str, root: type[BaseModel] = ExperimentConfig) -> str:
@@ -333,6 +370,8 @@ def experiment_from_dict(data: dict[str, Any], source: str) -> ExperimentConfig:
         return ExperimentConfig.model_validate(data)
     except ValidationError as exc:
         raise GatelabError(format_validation_error(exc, source)) from None
+    except GatelabError as exc:  # a data.tokenizer that does not load: one line, not a validation report
+        raise GatelabError(f"{source}: {exc}") from None
 
 
 def load_experiment(path: str | Path, overrides: typing.Sequence[str] = ()) -> ExperimentConfig:
@@ -354,10 +393,19 @@ def to_yaml(config: BaseModel) -> str:
 def spec_hash(experiment: ExperimentConfig) -> str:
     """A content hash of everything that decides a run's result (not where it is tracked): the run's identity."""
     payload = experiment.model_dump(mode="json", exclude={"tracking"})
+    data = payload["data"]
     if experiment.data.task == "text":
         # The synthetic task's keys came later: left out of text runs, they keep the hashes those runs were recorded
         # under (a sweep finds its finished runs by hash).
-        del payload["data"]["task"], payload["data"]["bigram_backcopy"]
+        del data["task"], data["bigram_backcopy"]
+    if experiment.data.task == "text" and experiment.data.tokenizer != "bpe":
+        from gatelab.data.tokenizer import load_foreign_tokenizer
+
+        # A file by its bytes, not its path: moving it keeps the run, editing it makes another.
+        data["tokenizer"] = load_foreign_tokenizer(data["tokenizer"], data["bos_token"], data["eos_token"]).identity
+    else:
+        # The trained BPE (or none, for the synthetic task), as before these keys existed: the same hashes.
+        del data["tokenizer"], data["bos_token"], data["eos_token"]
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

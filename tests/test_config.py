@@ -90,3 +90,20 @@ def test_missing_and_malformed_files(tmp_path):
 def test_flatten_gives_dotted_params():
     flat = flatten(load_experiment(REPO / "experiments" / "tiny.yaml"))
     assert flat["model.n_layers"] == 4 and flat["train.lr"] == 2e-3
+
+
+# Today's spec hashes of the shipped presets (default variant): a sweep finds its finished runs by hash, so a new config
+# key must leave them unchanged while it holds its default (README, run identity).
+GOLDEN_SPEC_HASHES = {
+    "tiny.yaml": "02fbd8eb72ce111b",
+    "tiny-moe.yaml": "dc181b06f0859cce",
+    "sink-bb.yaml": "5acad39dc949c976",
+    "small.yaml": "7c17bfcd0a674659",
+}
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN_SPEC_HASHES))
+def test_shipped_presets_keep_their_spec_hashes(name):
+    from gatelab.config import spec_hash
+
+    assert spec_hash(load_experiment(REPO / "experiments" / name)) == GOLDEN_SPEC_HASHES[name]

@@ -6,7 +6,9 @@ token sidecars of its domains' training splits are there (``n_tokens`` of each `
 estimate from the manifest: each training split's characters over a characters-per-token ratio, plus the BOS and EOS
 every document is framed with. The ratio comes from the nearest vocabulary size among the token caches of the same
 text on disk and the figures measured on the built-in corpora below. A `bigram_backcopy` corpus is generated, so its
-size is known exactly. Unprepared domains cannot be counted: the count is None.
+size is known exactly. Unprepared domains cannot be counted: the count is None. A `data.tokenizer` file or Hub name is
+exact from the token cache of that tokenizer's fingerprint, else estimated at the BPE's ratio for `vocab_size` (a rough
+figure for a tokenizer trained on other text).
 """
 
 from __future__ import annotations
@@ -161,6 +163,8 @@ class CorpusCounter:
         unprepared = [d for d in domains if d not in state.manifest.domains]
         if unprepared:
             return CorpusCount(None, "unknown", f"{', '.join(unprepared)} not prepared in {state.root}: {PREPARE_HINT}")
+        if data.tokenizer != "bpe":
+            return self._foreign(state, data, domains, vocab_size)
         exact = self._exact(state, domains, vocab_size)
         if exact is not None:
             return CorpusCount(exact, "exact", f"token cache of {', '.join(domains)} in {state.root}")
@@ -175,6 +179,16 @@ class CorpusCounter:
             return None
         counts = [state.train_tokens(cached[0], domain) for domain in domains]
         return None if None in counts else sum(counts)
+
+    def _foreign(self, state: _DataDir, data: DataConfig, domains: list[str], vocab_size: int) -> CorpusCount:
+        from gatelab.data.tokenizer import load_foreign_tokenizer, tokenizer_fingerprint
+
+        fingerprint = tokenizer_fingerprint(load_foreign_tokenizer(data.tokenizer, data.bos_token,
+                                                                   data.eos_token).tokenizer)
+        counts = [state.train_tokens(fingerprint, domain) for domain in domains]
+        if None not in counts:
+            return CorpusCount(sum(counts), "exact", f"token cache of {', '.join(domains)} in {state.root}")
+        return self._estimate(state, domains, vocab_size)
 
     @staticmethod
     def _estimate(state: _DataDir, domains: list[str], vocab_size: int) -> CorpusCount:

@@ -3,8 +3,9 @@
 Each split of each domain is tokenized once into ``<data_dir>/tokens/<tokenizer fingerprint>/<domain>.<split>.bin``
 (raw uint16 when the vocabulary fits, else uint32, read back as a numpy memmap) with a sidecar
 ``<domain>.<split>.json`` holding document ids and offsets. Every document is stored as
-``<|bos|> text <|eos|>``, so documents stay separated and a window can start at a document boundary.
-The sidecar records the split file's checksum: a rebuilt corpus or another tokenizer never reuses stale tokens.
+``<|bos|> text <|eos|>`` (a foreign tokenizer's own framing tokens instead, see `load_foreign_tokenizer`), so documents
+stay separated and a window can start at a document boundary. The sidecar records the split file's checksum and the
+framing ids: a rebuilt corpus, another tokenizer or other framing never reuses stale tokens.
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)
 
 
-def _load_split(directory: Path, domain: str, split: str, source_sha256: str) -> TokenSplit | None:
+def _load_split(directory: Path, domain: str, split: str, source_sha256: str, framing: tuple[int, int]
+                ) -> TokenSplit | None:
     """The cached split, or None when it is absent, incomplete or made from other text."""
     meta_path = directory / f"{domain}.{split}.json"
     bin_path = directory / f"{domain}.{split}.bin"
@@ -90,6 +92,8 @@ def _load_split(directory: Path, domain: str, split: str, source_sha256: str) ->
         if (
             meta["format"] != _TOKENS_FORMAT
             or meta["source_sha256"] != source_sha256
+            # Sidecars written before the ids were recorded framed with the trained BPE's <|bos|> and <|eos|>.
+            or (meta.get("bos_id", framing[0]), meta.get("eos_id", framing[1])) != framing
             or bin_path.stat().st_size != meta["n_tokens"] * dtype.itemsize
         ):
             return None
@@ -107,10 +111,10 @@ def _batches(docs: Iterator[Document], size: int) -> Iterator[list[Document]]:
 
 
 def _encode_split(
-    manifest: CorpusManifest, tokenizer: Tokenizer, directory: Path, domain: str, split: str
+    manifest: CorpusManifest, tokenizer: Tokenizer, directory: Path, domain: str, split: str, framing: tuple[int, int]
 ) -> TokenSplit:
-    dtype = token_dtype(tokenizer.get_vocab_size())
-    bos, eos = bos_id(tokenizer), eos_id(tokenizer)
+    dtype = token_dtype(_id_count(tokenizer))
+    bos, eos = framing
     # A copy that reads "<|eos|>" written inside a document as plain text, so text can never forge a boundary.
     encoder = Tokenizer.from_str(tokenizer.to_str())
     encoder.encode_special_tokens = True
@@ -132,6 +136,8 @@ def _encode_split(
         "dtype": dtype.name,
         "n_tokens": starts[-1],
         "source_sha256": getattr(manifest.record(domain), split).sha256,
+        "bos_id": bos,
+        "eos_id": eos,
         "doc_ids": ids,
         "doc_starts": starts,
     }
@@ -141,27 +147,37 @@ def _encode_split(
     return TokenSplit(domain, split, tokens, np.asarray(starts, dtype=np.int64), tuple(ids))
 
 
+def _id_count(tokenizer: Tokenizer) -> int:
+    """The largest id + 1: a foreign tokenizer's added tokens may sit beyond its base vocabulary."""
+    return max(tokenizer.get_vocab_size(), max(tokenizer.get_vocab(with_added_tokens=True).values()) + 1)
+
+
 def tokenize_corpus(
-    manifest: CorpusManifest, tokenizer: Tokenizer, domains: Sequence[str] | None = None, log: Log = print
+    manifest: CorpusManifest, tokenizer: Tokenizer, domains: Sequence[str] | None = None, log: Log = print,
+    framing: tuple[int, int] | None = None,
 ) -> TokenCorpus:
-    """Tokenize both splits of each domain (default: every prepared domain) once; later calls memory-map them."""
+    """Tokenize both splits of each domain (default: every prepared domain) once; later calls memory-map them.
+
+    `framing` is the (BOS, EOS) ids that open and close each document; default the trained BPE's <|bos|> and <|eos|>.
+    """
+    framing = (bos_id(tokenizer), eos_id(tokenizer)) if framing is None else framing
     chosen = list(manifest.available_domains if domains is None else domains)
     directory = manifest.data_dir / "tokens" / tokenizer_fingerprint(tokenizer)
     directory.mkdir(parents=True, exist_ok=True)
     splits: dict[tuple[str, str], TokenSplit] = {}
     for domain in chosen:
         for split in SPLITS:
-            cached = _load_split(directory, domain, split, getattr(manifest.record(domain), split).sha256)
+            cached = _load_split(directory, domain, split, getattr(manifest.record(domain), split).sha256, framing)
             if cached is None:
                 log(f"tokenizing {domain}/{split} into {directory}")
-                cached = _encode_split(manifest, tokenizer, directory, domain, split)
+                cached = _encode_split(manifest, tokenizer, directory, domain, split, framing)
             splits[(domain, split)] = cached
     log(
         "tokens: "
         + ", ".join(f"{d} {len(splits[(d, 'train')].tokens):,}/{len(splits[(d, 'heldout')].tokens):,}" for d in chosen)
         + " (train/heldout)"
     )
-    return TokenCorpus(directory, tokenizer.get_vocab_size(), bos_id(tokenizer), eos_id(tokenizer), splits)
+    return TokenCorpus(directory, _id_count(tokenizer), *framing, splits)
 
 
 class PackedDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):

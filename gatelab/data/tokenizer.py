@@ -1,4 +1,5 @@
-"""A byte-level BPE tokenizer trained locally on the training splits, cached by what it was trained on.
+"""A byte-level BPE tokenizer trained locally on the training splits, cached by what it was trained on; or a foreign
+tokenizer (a tokenizer.json file, a Hugging Face name) that `data.tokenizer` names, with its document framing tokens.
 
 Byte-level BPE encodes any text (code, old spellings, em dashes) without an unknown token, and training it here
 keeps the whole pipeline offline. The cache key hashes the training split checksums, the vocabulary size and every
@@ -10,7 +11,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -139,3 +143,104 @@ def pad_id(tokenizer: Tokenizer) -> int:
 def tokenizer_fingerprint(tokenizer: Tokenizer) -> str:
     """A hash of the tokenizer's full serialized state: token caches built with it are keyed by this."""
     return hashlib.sha256(tokenizer.to_str().encode()).hexdigest()[:16]
+
+
+# --- a tokenizer that is not trained here: a tokenizer.json file, or a Hugging Face tokenizer by name ----------------
+
+# `data.tokenizer`'s default: the byte-level BPE above, trained to `model.vocab_size`.
+TRAINED_BPE = "bpe"
+# Documents are framed `<bos> text <eos>`. A foreign tokenizer's names for those tokens, in the order they are tried:
+# GPT-2 and Qwen have only `<|endoftext|>` (their pretraining separates documents with it alone, so it serves as
+# both), Llama 3 `<|begin_of_text|>`/`<|end_of_text|>`, Llama 2 and Mistral `<s>`/`</s>`.
+BOS_CANDIDATES = ("<|begin_of_text|>", "<s>", "<|bos|>", BOS)
+EOS_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<|eos|>", EOS)
+_HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+@dataclass(frozen=True)
+class ForeignTokenizer:
+    """A tokenizer `data.tokenizer` names, loaded, with what a run needs of it besides the encoder itself."""
+
+    tokenizer: Tokenizer
+    identity: str  # what the spec hash records: "sha256:<hex>" of a file's bytes, or the Hub name
+    vocab_size: int  # the largest id + 1 (added tokens included), which the embedding must cover
+    bos: str
+    eos: str
+
+    @property
+    def bos_id(self) -> int:
+        return self.tokenizer.token_to_id(self.bos)
+
+    @property
+    def eos_id(self) -> int:
+        return self.tokenizer.token_to_id(self.eos)
+
+
+def is_hub_name(spec: str) -> bool:
+    """`Qwen/Qwen3-0.6B` names a Hub tokenizer; an existing file, a name ending in .json or starting like a path does
+    not."""
+    if spec.endswith(".json") or spec.startswith(("/", "~", ".")) or Path(spec).expanduser().exists():
+        return False
+    return _HUB_NAME.fullmatch(spec) is not None
+
+
+def _hub_file(name: str) -> Path:
+    fix = (f"download https://huggingface.co/{name}/resolve/main/tokenizer.json on a machine with network and set "
+           "data.tokenizer: /path/to/tokenizer.json")
+    try:
+        from huggingface_hub import hf_hub_download
+
+        return Path(hf_hub_download(name, "tokenizer.json", etag_timeout=5))
+    except ImportError:
+        reason = "huggingface_hub is not installed"
+    except Exception as exc:  # noqa: BLE001  offline, unreachable, unknown repo or no tokenizer.json: one answer
+        reason = type(exc).__name__
+        if reason == "LocalEntryNotFoundError":
+            reason = "the Hub is unreachable and the file is not in the local Hugging Face cache"
+    raise DataError(f"data.tokenizer: {name}: cannot fetch its tokenizer.json from the Hugging Face Hub ({reason}); "
+                    f"{fix}")
+
+
+_LOADED: dict[tuple[str, ...], tuple[Tokenizer, str]] = {}
+
+
+def _load_file(path: Path, spec: str) -> tuple[Tokenizer, str]:
+    """(tokenizer, sha256 of the file's bytes), cached by path, size and modification time: configs load it often."""
+    if not path.is_file():
+        raise DataError(f"data.tokenizer: {spec}: no such file; give `bpe`, the path of a tokenizer.json, or a Hugging "
+                        "Face name such as Qwen/Qwen3-0.6B")
+    stat = path.stat()
+    key = (str(path.resolve()), str(stat.st_size), str(stat.st_mtime_ns))
+    if key not in _LOADED:
+        raw = path.read_bytes()
+        try:
+            tokenizer = Tokenizer.from_str(raw.decode("utf-8"))
+        except Exception as exc:  # noqa: BLE001  the tokenizers library raises bare Exception on a bad file
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise DataError(f"data.tokenizer: {spec}: not a tokenizer.json the tokenizers library can load "
+                            f"({reason})") from None
+        _LOADED[key] = (tokenizer, hashlib.sha256(raw).hexdigest())
+    return _LOADED[key]
+
+
+def _framing_token(tokenizer: Tokenizer, spec: str, key: str, given: str | None,
+                   candidates: tuple[str, ...]) -> str | None:
+    if given is not None:
+        if tokenizer.token_to_id(given) is None:
+            raise DataError(f"data.{key}: {given!r} is not a token of data.tokenizer {spec}")
+        return given
+    return next((token for token in candidates if tokenizer.token_to_id(token) is not None), None)
+
+
+def load_foreign_tokenizer(spec: str, bos_token: str | None = None, eos_token: str | None = None) -> ForeignTokenizer:
+    """The tokenizer of a `data.tokenizer` file path or Hub name, with its framing tokens: `eos_token` (default: the
+    first of EOS_CANDIDATES it has) and `bos_token` (default: the first of BOS_CANDIDATES, else the EOS token)."""
+    hub = is_hub_name(spec)
+    tokenizer, sha256 = _load_file(_hub_file(spec) if hub else Path(spec).expanduser(), spec)
+    eos = _framing_token(tokenizer, spec, "eos_token", eos_token, EOS_CANDIDATES)
+    if eos is None:
+        raise DataError(f"data.tokenizer: {spec} has none of the end-of-document tokens {', '.join(EOS_CANDIDATES)}; "
+                        "name its own with data.eos_token (and data.bos_token if it has one)")
+    bos = _framing_token(tokenizer, spec, "bos_token", bos_token, BOS_CANDIDATES) or eos
+    vocab_size = max(tokenizer.get_vocab(with_added_tokens=True).values()) + 1
+    return ForeignTokenizer(tokenizer, spec if hub else f"sha256:{sha256}", vocab_size, bos, eos)

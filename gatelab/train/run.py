@@ -19,7 +19,7 @@ from gatelab.data.budget import repeat_warning
 from gatelab.data.corpora import default_data_dir, prepare_corpora
 from gatelab.data.datasets import heldout_windows, tokenize_corpus, train_dataset
 from gatelab.data.synthetic import DOMAIN as BIGRAM_BACKCOPY, BigramBackcopy
-from gatelab.data.tokenizer import load_or_train_tokenizer
+from gatelab.data.tokenizer import TRAINED_BPE, load_foreign_tokenizer, load_or_train_tokenizer
 from gatelab.errors import GatelabError
 from gatelab.model import count_parameters, resolve_model
 from gatelab.tracking import TrackedRun
@@ -119,8 +119,14 @@ def load_data(experiment: ExperimentConfig, log=print, warn=print):
                  "(run `gatelab data prepare` to see why)")
         if not present:
             raise GatelabError(f"data.domains: none of {', '.join(data.domains)} could be prepared")
-        tokenizer = load_or_train_tokenizer(manifest, experiment.model.vocab_size, domains=present, log=log)
-        corpus = tokenize_corpus(manifest, tokenizer, present, log=log)
+        if data.tokenizer == TRAINED_BPE:
+            tokenizer, framing = load_or_train_tokenizer(manifest, experiment.model.vocab_size, present, log=log), None
+        else:
+            foreign = load_foreign_tokenizer(data.tokenizer, data.bos_token, data.eos_token)
+            tokenizer, framing = foreign.tokenizer, (foreign.bos_id, foreign.eos_id)
+            log(f"tokenizer {data.tokenizer} ({foreign.vocab_size} ids), documents framed "
+                f"{foreign.bos} ... {foreign.eos}")
+        corpus = tokenize_corpus(manifest, tokenizer, present, log=log, framing=framing)
     _warn_if_repeated(experiment, corpus, present, warn)
     return tokenizer, corpus, present
 

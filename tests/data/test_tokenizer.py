@@ -95,3 +95,189 @@ def test_training_reads_only_the_training_split(manifest: CorpusManifest) -> Non
 def test_vocab_size_too_small_is_a_clean_error(manifest: CorpusManifest) -> None:
     with pytest.raises(DataError, match="vocab_size 100"):
         load_or_train_tokenizer(manifest, 100)
+
+
+# --- data.tokenizer: a tokenizer.json file or a Hugging Face name ---------------------------------------------------
+
+
+def write_foreign_tokenizer(path: Path, vocab_size: int = 300) -> Path:
+    """A GPT-2-like tokenizer.json: byte-level BPE whose only special token is <|endoftext|>."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    rng = random.Random(3)
+    words = "river stone lantern quiet harbour orchard signal meadow copper window".split()
+    texts = [" ".join(rng.choice(words) for _ in range(200)) for _ in range(20)]
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(path))
+    return path
+
+
+def write_experiment(tmp_path: Path, tokenizer: str, vocab_size: object = "auto", **data: object) -> Path:
+    import yaml
+
+    from tests.helpers import DENSE
+
+    tree = {**DENSE, "model": {**DENSE["model"], "vocab_size": vocab_size},
+            "data": {**DENSE["data"], "tokenizer": tokenizer, **data}}
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    return path
+
+
+@pytest.fixture
+def foreign(tmp_path: Path) -> Path:
+    return write_foreign_tokenizer(tmp_path / "tok" / "tokenizer.json")
+
+
+def test_a_tokenizer_file_sets_vocab_size_auto_and_frames_with_its_end_of_text(tmp_path: Path, foreign: Path) -> None:
+    from gatelab.config import flatten, load_experiment
+
+    loaded = tokmod.load_foreign_tokenizer(str(foreign))
+    assert 256 < loaded.vocab_size <= 300
+    assert loaded.bos == loaded.eos == "<|endoftext|>"  # no BOS of its own: the EOS serves both, as GPT-2 and Qwen
+    experiment = load_experiment(write_experiment(tmp_path, str(foreign)))
+    assert experiment.model.vocab_size == 384  # rounded up to a multiple of 128
+    assert flatten(experiment)["model.vocab_size"] == 384
+    assert load_experiment(write_experiment(tmp_path, str(foreign), vocab_size=300)).model.vocab_size == 300
+
+
+def test_the_spec_hash_follows_the_file_content_not_its_path(tmp_path: Path, foreign: Path) -> None:
+    import shutil
+
+    from gatelab.config import load_experiment, spec_hash
+
+    first = spec_hash(load_experiment(write_experiment(tmp_path, str(foreign))))
+    moved = tmp_path / "elsewhere" / "renamed.json"
+    moved.parent.mkdir()
+    shutil.move(foreign, moved)
+    assert spec_hash(load_experiment(write_experiment(tmp_path, str(moved)))) == first
+    moved.write_text(moved.read_text() + "\n")  # any edit is another tokenizer as far as identity goes
+    assert spec_hash(load_experiment(write_experiment(tmp_path, str(moved)))) != first
+    bpe = spec_hash(load_experiment(write_experiment(tmp_path, "bpe", vocab_size=384)))
+    assert bpe != first
+
+
+def test_a_tokenizer_larger_than_the_model_vocabulary_is_one_error(tmp_path: Path, foreign: Path) -> None:
+    from gatelab.config import load_experiment
+    from gatelab.errors import GatelabError
+
+    size = tokmod.load_foreign_tokenizer(str(foreign)).vocab_size
+    with pytest.raises(GatelabError) as error:
+        load_experiment(write_experiment(tmp_path, str(foreign), vocab_size=256))
+    message = str(error.value)
+    assert f"data.tokenizer {foreign} has {size} tokens" in message
+    assert "model.vocab_size (256)" in message and "auto" in message and "384" in message
+
+
+def test_auto_needs_a_tokenizer_to_take_the_size_from(tmp_path: Path) -> None:
+    from gatelab.config import load_experiment
+    from gatelab.errors import GatelabError
+
+    with pytest.raises(GatelabError, match=r"model.vocab_size 'auto'.*data.tokenizer"):
+        load_experiment(write_experiment(tmp_path, "bpe"))
+    with pytest.raises(GatelabError, match=r"model.vocab_size 'auto'.*bigram_backcopy"):
+        load_experiment(write_experiment(tmp_path, "bpe", task="bigram_backcopy"))
+    with pytest.raises(GatelabError, match=r"data.bos_token and data.eos_token"):
+        load_experiment(write_experiment(tmp_path, "bpe", vocab_size=320, eos_token="<|endoftext|>"))
+
+
+def test_a_missing_or_broken_tokenizer_file_names_key_and_path(tmp_path: Path) -> None:
+    from gatelab.config import load_experiment
+    from gatelab.errors import GatelabError
+
+    absent = tmp_path / "absent" / "tokenizer.json"
+    with pytest.raises(GatelabError, match=rf"data.tokenizer: {absent}: no such file") as error:
+        load_experiment(write_experiment(tmp_path, str(absent)))
+    assert "\n" not in str(error.value)
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"not": "a tokenizer"}')
+    with pytest.raises(GatelabError, match=rf"data.tokenizer: {broken}: not a tokenizer.json"):
+        load_experiment(write_experiment(tmp_path, str(broken)))
+
+
+def test_framing_tokens_can_be_named_and_must_exist(tmp_path: Path, foreign: Path) -> None:
+    from gatelab.config import load_experiment
+    from gatelab.errors import GatelabError
+
+    with pytest.raises(GatelabError, match=r"data.eos_token: '</s>' is not a token"):
+        load_experiment(write_experiment(tmp_path, str(foreign), eos_token="</s>"))
+    # A tokenizer without any end-of-text token needs data.eos_token.
+    from tokenizers import Tokenizer, models
+
+    bare = tmp_path / "bare.json"
+    Tokenizer(models.WordLevel({"a": 0, "b": 1, "[UNK]": 2}, unk_token="[UNK]")).save(str(bare))
+    with pytest.raises(GatelabError, match=r"none of the end-of-document tokens.*data.eos_token"):
+        load_experiment(write_experiment(tmp_path, str(bare)))
+    experiment = load_experiment(write_experiment(tmp_path, str(bare), eos_token="b", bos_token="a"))
+    assert experiment.model.vocab_size == 128
+
+
+def test_a_hub_name_offline_is_one_line_with_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from huggingface_hub import constants
+
+    from gatelab.config import load_experiment
+    from gatelab.errors import GatelabError
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # fails at once instead of waiting on the network
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf"))
+    assert tokmod.is_hub_name("Qwen/Qwen3-0.6B") and not tokmod.is_hub_name("tok/tokenizer.json")
+    with pytest.raises(GatelabError) as error:
+        load_experiment(write_experiment(tmp_path, "Qwen/Qwen3-0.6B"))
+    message = str(error.value)
+    assert "\n" not in message
+    assert "data.tokenizer: Qwen/Qwen3-0.6B" in message
+    assert "huggingface.co/Qwen/Qwen3-0.6B/resolve/main/tokenizer.json" in message
+    assert "set data.tokenizer: /path/to/tokenizer.json" in message
+
+
+def test_load_data_tokenizes_with_the_file_tokenizer(tmp_path: Path, foreign: Path) -> None:
+    from gatelab.config import load_experiment
+    from gatelab.data.budget import CorpusCounter
+    from gatelab.train.run import load_data
+
+    files = {"prose": [str(p) for p in write_domain(tmp_path / "in", "prose", "river stone quiet".split(), 12, 4)]}
+    path = write_experiment(tmp_path, str(foreign), domains=["prose"], data_dir=str(tmp_path / "data"),
+                            user_files=files)
+    experiment = load_experiment(path)
+    tokenizer, corpus, domains = load_data(experiment, log=lambda *_: None, warn=lambda *_: None)
+    loaded = tokmod.load_foreign_tokenizer(str(foreign))
+    assert domains == ["prose"]
+    assert tokenizer_fingerprint(tokenizer) == tokenizer_fingerprint(loaded.tokenizer)
+    assert corpus.directory == tmp_path / "data" / "tokens" / tokenizer_fingerprint(loaded.tokenizer)
+    end = tokenizer.token_to_id("<|endoftext|>")
+    assert corpus.bos_id == corpus.eos_id == end
+    train = corpus.get("prose", "train")
+    for i in range(len(train.doc_ids)):
+        ids = train.document(i)
+        assert ids[0] == end and ids[-1] == end and end not in ids[1:-1].tolist()
+    assert int(max(train.tokens)) < experiment.model.vocab_size
+    count = CorpusCounter()(experiment.data, experiment.model.vocab_size)  # the plan's count: now this cache, exactly
+    assert (count.tokens, count.how) == (len(train.tokens), "exact")
+
+
+@pytest.mark.slow
+def test_gatelab_train_on_a_bad_tokenizer_exits_2_with_one_message_and_writes_nothing(
+    tmp_path: Path, foreign: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.helpers import train_cli
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the subprocess fails at once instead of waiting on the network
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    cases = {
+        "too large": (str(foreign), 256, "more than model.vocab_size (256)"),
+        "hub name offline": ("Qwen/Qwen3-0.6B", "auto", "set data.tokenizer: /path/to/tokenizer.json"),
+    }
+    for name, (tokenizer, vocab_size, expected) in cases.items():
+        case = tmp_path / name.replace(" ", "_")
+        case.mkdir()
+        result = train_cli(write_experiment(case, tokenizer, vocab_size=vocab_size), case / "runs")
+        output = result.stdout + result.stderr
+        assert result.returncode == 2, (name, output)
+        assert output.count("error:") == 1 and expected in output and "Traceback" not in output, (name, output)
+        assert not (case / "runs").exists(), name
