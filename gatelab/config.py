@@ -150,6 +150,48 @@ class BigramBackcopyConfig(StrictModel):
     data_seed: int = 0  # the chain and the sequences; the run's seed only orders the training windows
 
 
+_DOMAIN_NAME = r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$"  # a folder name: no "..", no "/"
+
+
+class CorpusFields(StrictModel):
+    """Which columns of a `files` or `hf` source make a document, and how its documents fall into domains.
+
+    `id_field` names the column of document ids; unset, a document's id is a hash of its text, so the held-out split
+    is still fixed by content alone (README, 'Your own corpus'). `domain_field` names a column whose values name the
+    evaluation domains (each value one domain); unset, the whole source is the one domain `domain`.
+    `max_documents` keeps the first N documents the source yields (files in sorted order, rows in file order): a
+    deterministic sample of a big corpus that a small run cannot use up anyway.
+    """
+
+    text_field: str = "text"
+    id_field: str | None = None
+    domain_field: str | None = None
+    domain: str = Field("corpus", pattern=_DOMAIN_NAME)
+    max_documents: PositiveInt | None = None
+
+    @model_validator(mode="after")
+    def _check_domain(self) -> CorpusFields:
+        if self.domain_field is not None and "domain" in self.model_fields_set:
+            raise ValueError("set domain_field (a column that names each document's domain) or domain (one name for "
+                             "the whole source), not both")
+        return self
+
+
+class FilesSourceConfig(CorpusFields):
+    """`data.source: files`: globs of .parquet, .jsonl, .jsonl.gz, .json or .txt files (a .txt file is one document)."""
+
+    paths: list[str] = []
+
+
+class HFSourceConfig(CorpusFields):
+    """`data.source: hf`: a dataset on the Hugging Face Hub (or a local folder of its shards), streamed."""
+
+    dataset: str  # e.g. HuggingFaceFW/fineweb-edu
+    config: str | None = None  # e.g. sample-10BT
+    split: str = "train"
+    revision: str | None = None  # a commit, tag or branch: pin it, or the run's identity follows the Hub's main
+
+
 class DataConfig(StrictModel):
     """Which text a run trains and evaluates on, or the synthetic task that replaces it (`task`).
 
@@ -171,6 +213,34 @@ class DataConfig(StrictModel):
     user_files: dict[str, list[str]] = {}  # extra domains from the user's own text files: {domain: [paths]}
     seq_len: PositiveInt = 256
     bigram_backcopy: BigramBackcopyConfig = BigramBackcopyConfig()
+    # Where the text comes from: the built-in corpora, the user's files (`files`) or a Hub dataset (`hf`), both read
+    # with the `datasets` library into a folder of their own under data_dir (gatelab.data.external). With files or hf,
+    # `domains` names the source's domains to train and evaluate on, and left unset (or []) means all it has.
+    source: Literal["builtin", "files", "hf"] = "builtin"
+    files: FilesSourceConfig | None = None
+    hf: HFSourceConfig | None = None
+
+    @model_validator(mode="after")
+    def _check_source(self) -> DataConfig:
+        if self.source != "files" and self.files is not None:
+            raise ValueError(f"data.files is set but data.source is '{self.source}': set data.source: files, or "
+                             "remove data.files")
+        if self.source != "hf" and self.hf is not None:
+            raise ValueError(f"data.hf is set but data.source is '{self.source}': set data.source: hf, or remove "
+                             "data.hf")
+        if self.source == "files" and (self.files is None or not self.files.paths):
+            raise ValueError("data.source is 'files' but data.files.paths is empty: list globs of .parquet, .jsonl, "
+                             ".jsonl.gz, .json or .txt files, e.g. paths: ['~/corpus/*.parquet']")
+        if self.source == "hf" and self.hf is None:
+            raise ValueError("data.source is 'hf' but data.hf is missing: give at least data.hf.dataset, e.g. "
+                             "HuggingFaceFW/fineweb-edu")
+        if self.source != "builtin":
+            if self.user_files:
+                raise ValueError(f"data.user_files adds domains to the built-in corpora; with data.source "
+                                 f"'{self.source}' put those files in the source instead (data.files.paths)")
+            if "domains" not in self.model_fields_set:
+                self.domains = []  # every domain the source has; the built-in names would not be there
+        return self
 
 
 class TrainConfig(StrictModel):
@@ -398,6 +468,14 @@ def spec_hash(experiment: ExperimentConfig) -> str:
         # The synthetic task's keys came later: left out of text runs, they keep the hashes those runs were recorded
         # under (a sweep finds its finished runs by hash).
         del data["task"], data["bigram_backcopy"]
+    if experiment.data.source == "builtin":
+        # As `task` above: a built-in run keeps the hash it had before data.source existed.
+        del data["source"], data["files"], data["hf"]
+    else:
+        from gatelab.data.external import source_identity
+
+        # The text itself, cheaply: each file's path, size and mtime (files), or the dataset's coordinates (hf).
+        data[experiment.data.source] = source_identity(experiment.data)
     if experiment.data.task == "text" and experiment.data.tokenizer != "bpe":
         from gatelab.data.tokenizer import load_foreign_tokenizer
 
@@ -423,7 +501,8 @@ def flatten(config: BaseModel | dict[str, Any], prefix: str = "") -> dict[str, A
 
 
 __all__ = [
-    "BigramBackcopyConfig", "DataConfig", "EvalConfig", "ExperimentConfig", "GateConfig", "GatePosition", "ModelConfig",
+    "BigramBackcopyConfig", "CorpusFields", "DataConfig", "EvalConfig", "ExperimentConfig", "FilesSourceConfig",
+    "GateConfig", "GatePosition", "HFSourceConfig", "ModelConfig",
     "MoEConfig", "SwitchHeadConfig", "TrackingConfig", "TrainConfig", "experiment_from_dict", "flatten",
     "format_validation_error", "load_experiment", "parse_assignment", "read_yaml", "set_dotted", "spec_hash", "to_yaml",
 ]

@@ -142,7 +142,12 @@ class CorpusCounter:
         return self._counts[key]
 
     def _data_dir(self, data: DataConfig) -> _DataDir:
-        root = Path(data.data_dir).expanduser() if data.data_dir else default_data_dir()
+        if data.source != "builtin":
+            from gatelab.data.external import corpus_dir
+
+            root = corpus_dir(data)  # a files or hf source keeps its own manifest, counted as the built-in one
+        else:
+            root = Path(data.data_dir).expanduser() if data.data_dir else default_data_dir()
         if root not in self._dirs:
             state = _DataDir(root)
             try:
@@ -159,7 +164,10 @@ class CorpusCounter:
         state = self._data_dir(data)
         if state.manifest is None:
             return CorpusCount(None, "unknown", f"{state.manifest_error}; {PREPARE_HINT}")
-        domains = list(dict.fromkeys(data.domains))
+        domains = list(dict.fromkeys(data.domains)) or list(state.manifest.domains)  # []: all the source has
+        if not domains:
+            return CorpusCount(None, "unknown", f"the {data.source} source is not prepared in {state.root}: "
+                                                "`gatelab data prepare --experiment PRESET` prepares it")
         unprepared = [d for d in domains if d not in state.manifest.domains]
         if unprepared:
             return CorpusCount(None, "unknown", f"{', '.join(unprepared)} not prepared in {state.root}: {PREPARE_HINT}")

@@ -43,6 +43,7 @@ __all__ = [
     "DataError",
     "Document",
     "DomainRecord",
+    "DomainWriter",
     "Fetched",
     "Log",
     "MissingRecord",
@@ -287,6 +288,88 @@ def _write_domain(data_dir: Path, domain: str, docs: list[Document], sources: Se
         _write_split(data_dir, domain, "train", train),
         _write_split(data_dir, domain, "heldout", heldout),
     )
+
+
+class DomainWriter:
+    """`_write_domain` for a stream too big to hold: each document goes to its split file as it comes.
+
+    Differences from `split_documents`: the split files keep the stream's order (sorting needs every document at once),
+    and memory grows with the number of documents (an 8-byte digest of each id and each text, for the duplicate checks),
+    not with their text. The held-out rule is the same: a document is held out when its id hashes below
+    `heldout_fraction`, and when fewer than `min_heldout` do, the lowest-hashing training documents are moved over at
+    `close` (a second pass over the training file, which only a small domain needs). `abort` deletes the half files.
+    """
+
+    def __init__(self, folder: Path, domain: str, heldout_fraction: float = HELDOUT_FRACTION,
+                 min_heldout: int = MIN_HELDOUT_DOCS) -> None:
+        self.folder, self.domain = folder, domain
+        self.heldout_fraction, self.min_heldout = heldout_fraction, min_heldout
+        folder.mkdir(parents=True, exist_ok=True)
+        self._paths = {split: folder / f"{split}.jsonl.{os.getpid()}.tmp" for split in SPLITS}
+        self._files = {split: path.open("w", encoding="utf-8") for split, path in self._paths.items()}
+        self._ids: set[bytes] = set()
+        self._texts: set[bytes] = set()
+        self._lowest_train: list[tuple[float, str]] = []  # the min_heldout lowest-scoring training ids, for close()
+        self.counts = {split: [0, 0] for split in SPLITS}  # documents, chars
+
+    def add(self, doc: Document) -> None:
+        """Write one document to its split; a text seen before (under any id) is skipped, a repeated id is an error."""
+        text_digest = hashlib.sha256(doc.text.encode()).digest()[:8]
+        if text_digest in self._texts:
+            return
+        id_digest = hashlib.sha256(doc.id.encode()).digest()[:8]
+        if id_digest in self._ids:
+            raise DataError(f"document id {doc.id!r} appears twice; every document id in a domain must be unique")
+        self._texts.add(text_digest)
+        self._ids.add(id_digest)
+        score = heldout_score(doc.id)
+        split = "heldout" if score < self.heldout_fraction else "train"
+        if split == "train":
+            self._lowest_train = sorted([*self._lowest_train, (score, doc.id)])[: self.min_heldout]
+        self._files[split].write(doc.to_json() + "\n")
+        self.counts[split][0] += 1
+        self.counts[split][1] += len(doc.text)
+
+    def close(self, data_dir: Path, sources: Sequence[str]) -> DomainRecord:
+        """Finish both split files under their names in `folder` and return the domain's record (paths relative to
+        `data_dir`)."""
+        for f in self._files.values():
+            f.close()
+        total = self.counts["train"][0] + self.counts["heldout"][0]
+        if total < self.min_heldout + 1:
+            self.abort()
+            raise DataError(f"domain {self.domain!r} from {', '.join(sources)}: only {total} distinct document(s); a "
+                            f"domain needs at least {self.min_heldout + 1} ({self.min_heldout} held out, at least 1 "
+                            "for training)")
+        short = self.min_heldout - self.counts["heldout"][0]
+        if short > 0:
+            self._move_to_heldout({doc_id for _, doc_id in self._lowest_train[:short]})
+        records = {}
+        for split, tmp in self._paths.items():
+            final = self.folder / f"{split}.jsonl"
+            os.replace(tmp, final)
+            documents, chars = self.counts[split]
+            records[split] = SplitRecord(final.relative_to(data_dir).as_posix(), documents, chars, sha256_file(final))
+        return DomainRecord(tuple(sources), records["train"], records["heldout"])
+
+    def _move_to_heldout(self, ids: set[str]) -> None:
+        kept = self._paths["train"].with_name(self._paths["train"].name + ".kept")
+        with self._paths["train"].open(encoding="utf-8") as src, kept.open("w", encoding="utf-8") as train, \
+                self._paths["heldout"].open("a", encoding="utf-8") as heldout:
+            for lineno, line in enumerate(src, 1):
+                doc = Document.from_json(line, f"{src.name}:{lineno}")
+                moving = doc.id in ids
+                (heldout if moving else train).write(line)
+                for split, sign in (("heldout", 1), ("train", -1)):
+                    if moving:
+                        self.counts[split][0] += sign
+                        self.counts[split][1] += sign * len(doc.text)
+        os.replace(kept, self._paths["train"])
+
+    def abort(self) -> None:
+        for split, f in self._files.items():
+            f.close()
+            self._paths[split].unlink(missing_ok=True)
 
 
 # What a failed fetch can raise: missing tools, network or disk trouble, and malformed archives.

@@ -106,19 +106,31 @@ def load_data(experiment: ExperimentConfig, log=print, warn=print):
         corpus = task.corpus(data.seq_len)
         _warn_if_repeated(experiment, corpus, [BIGRAM_BACKCOPY], warn)
         return None, corpus, [BIGRAM_BACKCOPY]
-    with _one_process_at_a_time(Path(data.data_dir).expanduser() if data.data_dir else default_data_dir()):
-        manifest = prepare_corpora(data.data_dir, [d for d in data.domains if d not in data.user_files], log=log)
-        if data.user_files:
-            from gatelab.data.corpora import domains_from_files
+    if data.source != "builtin":
+        from gatelab.data.external import prepare_source, source_identity
 
-            manifest = domains_from_files(data.user_files, data.data_dir, log=log)
-        present = [d for d in data.domains if d in manifest.available_domains]
-        missing = [d for d in data.domains if d not in present]
-        if missing:
-            warn(f"domains missing, carrying on without them: {', '.join(missing)} "
-                 "(run `gatelab data prepare` to see why)")
-        if not present:
-            raise GatelabError(f"data.domains: none of {', '.join(data.domains)} could be prepared")
+        source_identity(data)  # a glob that matches nothing fails here, before the data directory is touched
+    with _one_process_at_a_time(Path(data.data_dir).expanduser() if data.data_dir else default_data_dir()):
+        if data.source != "builtin":
+            manifest = prepare_source(data, log=log)
+            present = list(data.domains) or manifest.available_domains
+            unknown = [d for d in present if d not in manifest.available_domains]
+            if unknown:  # unlike a built-in domain, one of the user's can only be missing by a typo
+                raise GatelabError(f"data.domains: {', '.join(unknown)} not in the {data.source} source, whose "
+                                   f"domains are {', '.join(manifest.available_domains)}")
+        else:
+            manifest = prepare_corpora(data.data_dir, [d for d in data.domains if d not in data.user_files], log=log)
+            if data.user_files:
+                from gatelab.data.corpora import domains_from_files
+
+                manifest = domains_from_files(data.user_files, data.data_dir, log=log)
+            present = [d for d in data.domains if d in manifest.available_domains]
+            missing = [d for d in data.domains if d not in present]
+            if missing:
+                warn(f"domains missing, carrying on without them: {', '.join(missing)} "
+                     "(run `gatelab data prepare` to see why)")
+            if not present:
+                raise GatelabError(f"data.domains: none of {', '.join(data.domains)} could be prepared")
         if data.tokenizer == TRAINED_BPE:
             tokenizer, framing = load_or_train_tokenizer(manifest, experiment.model.vocab_size, present, log=log), None
         else:
