@@ -28,11 +28,9 @@ import json
 import os
 import re
 import shutil
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from gatelab.config import CorpusFields, DataConfig, FilesSourceConfig, HFSourceConfig
 from gatelab.data.corpora import (
@@ -44,6 +42,7 @@ from gatelab.data.corpora import (
     SourceRecord,
     default_data_dir,
 )
+from gatelab.data.hub import hub_unreachable
 
 # The `datasets` builder for each file type. A .txt file is one document (sample_by="document"), as in
 # data.user_files: a line is rarely a document.
@@ -200,14 +199,9 @@ def _offline_hint(hf: HFSourceConfig, reason: str) -> DataError:
 
 def _check_hub(hf: HFSourceConfig) -> None:
     """Fail in seconds when the Hub is out of reach: `datasets` itself retries for about half a minute."""
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on") or \
-            os.environ.get("HF_DATASETS_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
-        raise _offline_hint(hf, "HF_HUB_OFFLINE is set")
-    endpoint = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    try:
-        socket.create_connection((endpoint.hostname, endpoint.port or 443), timeout=5).close()
-    except OSError as exc:
-        raise _offline_hint(hf, f"{endpoint.hostname}: {exc.strerror or exc}") from None
+    reason = hub_unreachable()
+    if reason is not None:
+        raise _offline_hint(hf, reason)
 
 
 def _hub_rows(hf: HFSourceConfig) -> Iterator[tuple[str, dict[str, Any]]]:

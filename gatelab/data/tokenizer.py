@@ -19,6 +19,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from gatelab.data.corpora import CorpusManifest, DataError, Log, heldout_score
+from gatelab.data.hub import hub_unreachable
 
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
 SPECIAL_TOKENS = (BOS, EOS, PAD)
@@ -190,13 +191,18 @@ def _hub_file(name: str) -> Path:
     try:
         from huggingface_hub import hf_hub_download
 
-        return Path(hf_hub_download(name, "tokenizer.json", etag_timeout=5))
+        try:  # a copy in the local Hugging Face cache needs no network
+            return Path(hf_hub_download(name, "tokenizer.json", local_files_only=True))
+        except Exception:  # noqa: BLE001  not cached: ask the Hub, if it can be reached at all
+            pass
+        unreachable = hub_unreachable()
+        if unreachable is None:
+            return Path(hf_hub_download(name, "tokenizer.json", etag_timeout=5))
+        reason = f"the Hub is unreachable ({unreachable}) and the file is not in the local Hugging Face cache"
     except ImportError:
         reason = "huggingface_hub is not installed"
-    except Exception as exc:  # noqa: BLE001  offline, unreachable, unknown repo or no tokenizer.json: one answer
+    except Exception as exc:  # noqa: BLE001  unknown repo, no tokenizer.json, a dropped connection: one answer
         reason = type(exc).__name__
-        if reason == "LocalEntryNotFoundError":
-            reason = "the Hub is unreachable and the file is not in the local Hugging Face cache"
     raise DataError(f"data.tokenizer: {name}: cannot fetch its tokenizer.json from the Hugging Face Hub ({reason}); "
                     f"{fix}")
 

@@ -226,6 +226,7 @@ def test_a_hub_name_offline_is_one_line_with_the_fix(tmp_path: Path, monkeypatch
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # fails at once instead of waiting on the network
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # gatelab's own reachability check answers without the network too
     assert tokmod.is_hub_name("Qwen/Qwen3-0.6B") and not tokmod.is_hub_name("tok/tokenizer.json")
     with pytest.raises(GatelabError) as error:
         load_experiment(write_experiment(tmp_path, "Qwen/Qwen3-0.6B"))
@@ -233,7 +234,7 @@ def test_a_hub_name_offline_is_one_line_with_the_fix(tmp_path: Path, monkeypatch
     assert "\n" not in message
     assert "data.tokenizer: Qwen/Qwen3-0.6B" in message
     assert "huggingface.co/Qwen/Qwen3-0.6B/resolve/main/tokenizer.json" in message
-    assert "set data.tokenizer: /path/to/tokenizer.json" in message
+    assert "set data.tokenizer: /path/to/tokenizer.json" in message and "HF_HUB_OFFLINE is set" in message
 
 
 def test_load_data_tokenizes_with_the_file_tokenizer(tmp_path: Path, foreign: Path) -> None:
