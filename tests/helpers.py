@@ -78,6 +78,28 @@ def sqlite_uri(runs: Path) -> str:
     return f"sqlite:///{(runs / 'mlflow.db').resolve()}"
 
 
+# --- a tokenizer.json of another family (GPT-2-like), made here ----------------------------------------------------
+
+def write_foreign_tokenizer(path: Path, vocab_size: int = 300) -> Path:
+    """A GPT-2-like tokenizer.json: byte-level BPE whose only special token is <|endoftext|>."""
+    import random
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    rng = random.Random(3)
+    words = "river stone lantern quiet harbour orchard signal meadow copper window".split()
+    texts = [" ".join(rng.choice(words) for _ in range(200)) for _ in range(20)]
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(path))
+    return path
+
+
 # --- gatelab as a user runs it: a subprocess ------------------------------------------------------------------------
 
 def gatelab_cli(*args: str, cwd: Path, wait: bool = True):

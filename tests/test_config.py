@@ -2,19 +2,47 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from gatelab.config import ExperimentConfig, flatten, load_experiment, to_yaml
+from gatelab.config import ExperimentConfig, flatten, load_experiment, spec_hash, to_yaml
 from gatelab.errors import GatelabError
 from gatelab.model import build_model, resolve_model
-from tests.helpers import REPO
+from tests.helpers import REPO, write_foreign_tokenizer
 
 PRESETS = sorted((REPO / "experiments").glob("*.yaml"))
 
 
+@pytest.fixture
+def recipe_files(tmp_path, monkeypatch):
+    """What a preset of `data.source: files` asks the user to download, made small under a temporary home: a parquet
+    shard at each of its globs and a tokenizer.json at its `data.tokenizer`, so the shipped paths themselves load."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+
+    def make(path) -> None:
+        data = __import__("yaml").safe_load(path.read_text()).get("data", {})
+        if data.get("source") != "files":
+            return
+        for pattern in data["files"]["paths"]:
+            shard = Path(pattern.replace("*", "part-0")).expanduser()
+            shard.parent.mkdir(parents=True, exist_ok=True)
+            pq.write_table(pa.Table.from_pylist([{"id": "doc-0", "text": "a document"}]), shard)
+        if data.get("tokenizer", "bpe") != "bpe":
+            write_foreign_tokenizer(Path(data["tokenizer"]).expanduser())
+
+    return make
+
+
 @pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.name)
-def test_every_shipped_experiment_loads_and_round_trips(path):
+def test_every_shipped_experiment_loads_and_round_trips(path, recipe_files):
+    recipe_files(path)
     experiment = load_experiment(path)
+    if experiment.data.source == "files":  # the recipe's files resolve: a run identity, and the tokenizer's size
+        assert len(spec_hash(experiment)) == 16 and experiment.model.vocab_size % 128 == 0
     assert isinstance(experiment, ExperimentConfig)
     assert ExperimentConfig.model_validate(__import__("yaml").safe_load(to_yaml(experiment))) == experiment
     assert resolve_model(experiment).n_layers == experiment.model.n_layers

@@ -65,8 +65,11 @@ def repeat_warning(subject: str, data: DataConfig, train_tokens: int, corpus_tok
         return None
     passes = train_tokens / corpus_tokens
     about = "about " if estimated else ""
-    more = ("raise data.bigram_backcopy.train_sequences" if data.task == "bigram_backcopy"
-            else "add text (data.user_files, named in data.domains)")
+    more = {"files": "add files to data.files.paths (or raise data.files.max_documents)",
+            "hf": "use a larger split of data.hf (or raise data.hf.max_documents)",
+            }.get(data.source, "add text (data.user_files, named in data.domains)")
+    if data.task == "bigram_backcopy":
+        more = "raise data.bigram_backcopy.train_sequences"
     one_pass = corpus_tokens // tokens_per_step
     fewer = (f"or lower train.max_steps to {one_pass:,} for one pass" if one_pass
              else f"one step ({format_tokens(tokens_per_step)} tokens) already holds more than the corpus")

@@ -141,3 +141,11 @@ def test_training_warns_at_its_start_with_the_exact_count(prepared):
         load_data(experiment, log=_quiet, warn=warnings.append)
         assert bool(warnings) is warned, warnings
     assert warnings[0].startswith("warning: this run would pass over its corpus 3") and "one pass" in warnings[0]
+
+
+def test_the_warning_says_how_to_add_data_to_each_kind_of_source():
+    builtin = repeat_warning("this run", DataConfig(), 2_000, 1_000, 100)
+    files_data = DataConfig.model_validate({"source": "files", "files": {"paths": ["x/*.parquet"]}})
+    files = repeat_warning("this run", files_data, 2_000, 1_000, 100)
+    assert "data.user_files" in builtin and "data.files.paths" in files and "data.user_files" not in files
+    assert "lower train.max_steps to 10 for one pass" in files

@@ -21,6 +21,7 @@ from gatelab.data.tokenizer import (
     tokenizer_key,
     training_texts,
 )
+from tests.helpers import write_foreign_tokenizer
 
 VOCAB = 320
 
@@ -98,24 +99,6 @@ def test_vocab_size_too_small_is_a_clean_error(manifest: CorpusManifest) -> None
 
 
 # --- data.tokenizer: a tokenizer.json file or a Hugging Face name ---------------------------------------------------
-
-
-def write_foreign_tokenizer(path: Path, vocab_size: int = 300) -> Path:
-    """A GPT-2-like tokenizer.json: byte-level BPE whose only special token is <|endoftext|>."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    rng = random.Random(3)
-    words = "river stone lantern quiet harbour orchard signal meadow copper window".split()
-    texts = [" ".join(rng.choice(words) for _ in range(200)) for _ in range(20)]
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tokenizer.train_from_iterator(texts, trainer=trainer)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tokenizer.save(str(path))
-    return path
 
 
 def write_experiment(tmp_path: Path, tokenizer: str, vocab_size: object = "auto", **data: object) -> Path:
