@@ -308,7 +308,8 @@ def _child(command: list[str], cwd: Path, timeout: float = 3600) -> float:
 
 def _run_timings(runs_dir: Path) -> list[dict[str, float]]:
     """The `time/*` and `memory/*` metrics of every finished run in a runs folder's MLflow store."""
-    return tracking.RunStore(f"sqlite:///{runs_dir / 'mlflow.db'}", runs_dir).finished_run_metrics(("time/", "memory/"))
+    store = tracking.RunStore(f"sqlite:///{runs_dir / 'mlflow.db'}", runs_dir)
+    return store.finished_run_metrics(("time/", "memory/"))
 
 
 def run_cost(preset: str, steps: int, step_s: float, preset_steps: int, folder: Path) -> dict:

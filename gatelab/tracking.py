@@ -49,23 +49,6 @@ def prepare_store(uri: str) -> None:
     client(uri).search_experiments(max_results=1)
 
 
-def experiment_id(mlflow_client: MlflowClient, name: str, runs_dir: Path) -> str:
-    found = mlflow_client.get_experiment_by_name(name)
-    if found is not None:
-        return found.experiment_id
-    artifacts = None
-    if not mlflow_client.tracking_uri.startswith(("http://", "https://")):  # a server chooses its own artifact store
-        artifacts = (runs_dir / "mlartifacts").resolve().as_uri()
-    return mlflow_client.create_experiment(name, artifact_location=artifacts)
-
-
-def find_run(mlflow_client: MlflowClient, experiment: str, spec_hash: str) -> str | None:
-    """The newest MLflow run of this spec hash, so a resumed run continues the same MLflow run."""
-    runs = mlflow_client.search_runs([experiment], filter_string=f"tags.`{SPEC_HASH_TAG}` = '{spec_hash}'",
-                                     order_by=["attributes.start_time DESC"], max_results=1)
-    return runs[0].info.run_id if runs else None
-
-
 class RunStore:
     """One MLflow tracking store seen as gatelab's runs: find them, read them back, log a report beside them."""
 
@@ -75,10 +58,20 @@ class RunStore:
 
     def experiment_id(self, name: str) -> str:
         """The experiment of this name, created (with its artifacts under runs_dir for a local store) if missing."""
-        return experiment_id(self.client, name, self.runs_dir)
+        found = self.client.get_experiment_by_name(name)
+        if found is not None:
+            return found.experiment_id
+        artifacts = None
+        if not self.uri.startswith(("http://", "https://")):  # a server chooses its own artifact store
+            artifacts = (self.runs_dir / "mlartifacts").resolve().as_uri()
+        return self.client.create_experiment(name, artifact_location=artifacts)
 
     def find_run(self, experiment_name: str, spec_hash: str) -> str | None:
-        return find_run(self.client, self.experiment_id(experiment_name), spec_hash)
+        """The newest MLflow run of this spec hash, so a resumed run continues the same MLflow run."""
+        runs = self.client.search_runs([self.experiment_id(experiment_name)],
+                                       filter_string=f"tags.`{SPEC_HASH_TAG}` = '{spec_hash}'",
+                                       order_by=["attributes.start_time DESC"], max_results=1)
+        return runs[0].info.run_id if runs else None
 
     def sweep_runs(self, experiment_name: str) -> pd.DataFrame:
         """Every gatelab run of an experiment, newest first, as `mlflow.search_runs` lays it out: run_id, status,

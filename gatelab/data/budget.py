@@ -13,7 +13,6 @@ figure for a tokenizer trained on other text).
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,20 +113,14 @@ class _DataDir:
         return self._sidecars[(fingerprint, domain)]
 
     def _read_sidecar(self, fingerprint: str, domain: str) -> int | None:
-        from gatelab.data.datasets import _TOKENS_FORMAT
+        from gatelab.data.datasets import cached_split_meta
 
-        directory = self.root / "tokens" / fingerprint
         try:
-            meta = json.loads((directory / f"{domain}.train.json").read_text(encoding="utf-8"))
-            n_tokens = meta["n_tokens"]
-            itemsize = {"uint16": 2, "uint32": 4}[meta["dtype"]]
-            if (meta["format"] != _TOKENS_FORMAT or not isinstance(n_tokens, int)
-                    or meta["source_sha256"] != self.manifest.record(domain).train.sha256
-                    or (directory / f"{domain}.train.bin").stat().st_size != n_tokens * itemsize):
-                return None
-        except (OSError, ValueError, KeyError, TypeError, DataError):
+            source_sha256 = self.manifest.record(domain).train.sha256
+        except DataError:
             return None
-        return n_tokens
+        meta = cached_split_meta(self.root / "tokens" / fingerprint, domain, "train", source_sha256)
+        return None if meta is None else meta["n_tokens"]
 
 
 class CorpusCounter:

@@ -79,29 +79,38 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)
 
 
-def _load_split(directory: Path, domain: str, split: str, source_sha256: str, framing: tuple[int, int]
-                ) -> TokenSplit | None:
-    """The cached split, or None when it is absent, incomplete or made from other text."""
-    meta_path = directory / f"{domain}.{split}.json"
+def cached_split_meta(directory: Path, domain: str, split: str, source_sha256: str) -> dict | None:
+    """The sidecar of a cached split (n_tokens, dtype, doc_starts, ...) when the split is whole and was made from this
+    text, else None: absent, damaged, cut short, or tokenized from another version of the split file."""
     bin_path = directory / f"{domain}.{split}.bin"
-    if not meta_path.is_file() or not bin_path.is_file():
-        return None
     try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        dtype = np.dtype(meta["dtype"])
+        meta = json.loads((directory / f"{domain}.{split}.json").read_text(encoding="utf-8"))
         if (
             meta["format"] != _TOKENS_FORMAT
             or meta["source_sha256"] != source_sha256
-            # Sidecars written before the ids were recorded framed with the trained BPE's <|bos|> and <|eos|>.
-            or (meta.get("bos_id", framing[0]), meta.get("eos_id", framing[1])) != framing
-            or bin_path.stat().st_size != meta["n_tokens"] * dtype.itemsize
+            or not isinstance(meta["n_tokens"], int)
+            or bin_path.stat().st_size != meta["n_tokens"] * np.dtype(meta["dtype"]).itemsize
         ):
             return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # a damaged sidecar is rebuilt like a missing one
+    return meta
+
+
+def _load_split(directory: Path, domain: str, split: str, source_sha256: str, framing: tuple[int, int]
+                ) -> TokenSplit | None:
+    """The cached split, or None when it is absent, incomplete or made from other text or framing."""
+    meta = cached_split_meta(directory, domain, split, source_sha256)
+    # Sidecars written before the ids were recorded framed with the trained BPE's <|bos|> and <|eos|>.
+    if meta is None or (meta.get("bos_id", framing[0]), meta.get("eos_id", framing[1])) != framing:
+        return None
+    try:
         starts = np.asarray(meta["doc_starts"], dtype=np.int64)
         ids = tuple(meta["doc_ids"])
     except (ValueError, KeyError, TypeError):
-        return None  # a damaged sidecar is rebuilt like a missing one
-    tokens = np.memmap(bin_path, dtype=dtype, mode="r", shape=(meta["n_tokens"],))
+        return None
+    tokens = np.memmap(directory / f"{domain}.{split}.bin", dtype=np.dtype(meta["dtype"]), mode="r",
+                       shape=(meta["n_tokens"],))
     return TokenSplit(domain, split, tokens, starts, ids)
 
 

@@ -125,7 +125,7 @@ def _first_bad_line(path: Path) -> tuple[int, str] | None:
     return None
 
 
-def _columns(dataset, where: str) -> list[str]:
+def _columns(dataset) -> list[str]:
     if dataset.column_names is not None:
         return list(dataset.column_names)
     first = next(iter(dataset), None)
@@ -151,17 +151,15 @@ def _file_rows(files: FilesSourceConfig) -> Iterator[tuple[str, dict[str, Any]]]
         extra = {"sample_by": "document"} if builder == "text" else {}
         try:
             dataset = datasets.load_dataset(builder, data_files=[str(path)], split="train", streaming=True, **extra)
-            columns = _columns(dataset, str(path))
+            columns = _columns(dataset)
         except UnicodeDecodeError:
             raise _utf8_error(path) from None
         except Exception as exc:  # noqa: BLE001  pyarrow and datasets raise many types for a malformed file
             raise DataError(f"{path}: unreadable as {builder} ({type(exc).__name__}: {_first_line(exc)})") from None
-        if builder == "text":
-            columns = ["text"]  # the file's whole text; text_field names a column of the other types
+        if builder == "text":  # one column, the file's whole text: text_field names a column of the other types
             if files.id_field or files.domain_field:
                 raise DataError(f"{path}: a .txt file has no columns for data.files.id_field or domain_field; "
                                 "give ids and domains in .jsonl or .parquet files")
-            _check_columns(columns, files.model_copy(update={"text_field": "text"}), "data.files", str(path))
         else:
             _check_columns(columns, files, "data.files", str(path))
         opened.append((path, dataset, builder))
@@ -213,7 +211,7 @@ def _hub_rows(hf: HFSourceConfig) -> Iterator[tuple[str, dict[str, Any]]]:
     try:
         dataset = datasets.load_dataset(str(Path(hf.dataset).expanduser()) if local else hf.dataset, hf.config,
                                         split=hf.split, streaming=True, revision=hf.revision)
-        columns = _columns(dataset, where)
+        columns = _columns(dataset)
     except ConnectionError as exc:
         raise _offline_hint(hf, _first_line(exc)) from None
     except Exception as exc:  # noqa: BLE001  unknown dataset, config or split: datasets has no common error type

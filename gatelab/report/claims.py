@@ -356,15 +356,15 @@ def make_claims(sweep_paths: Sequence[Path], out_dir: Path, formats: Sequence[st
     from gatelab.report.tables import collect_runs, data_stamp
     from gatelab.sweep.queue import ledger_states
     from gatelab.sweep.spec import expand, load_sweep
-    from gatelab.tracking import default_tracking_uri
+    from gatelab.tracking import RunStore, default_tracking_uri
 
     check_formats(formats)
-    uri = tracking_uri or default_tracking_uri(runs_dir)
+    store = RunStore(tracking_uri or default_tracking_uri(runs_dir), runs_dir)
     records: dict[str, list[RunRecord]] = {}
     for path in sweep_paths:
         sweep = load_sweep(path)
         specs = expand(sweep)
-        records[sweep.name] = collect_runs(specs, uri, sweep.name, ledger_states(storage, runs_dir, sweep.name, specs))
+        records[sweep.name] = collect_runs(specs, store, sweep.name, ledger_states(storage, runs_dir, sweep.name, specs))
     known = {claim.sweep for claim in CLAIMS}
     unused = sorted(set(records) - known)
     if unused:

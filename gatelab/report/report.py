@@ -65,15 +65,14 @@ def make_report(sweep_path: Path, experiment: Path | None, formats: list[str], o
     check_formats(formats)  # a wrong format is an error before any download or plot
     sweep = load_sweep(sweep_path, experiment)
     specs = expand(sweep)
-    uri = tracking_uri or default_tracking_uri(runs_dir)
-    store = RunStore(uri, runs_dir)
-    records = collect_runs(specs, uri, sweep.name, ledger_states(storage, runs_dir, sweep.name, specs))
+    store = RunStore(tracking_uri or default_tracking_uri(runs_dir), runs_dir)
+    records = collect_runs(specs, store, sweep.name, ledger_states(storage, runs_dir, sweep.name, specs))
     comparison = build_comparison(records, sweep.paper)
     out = out_dir or Path("results") / sweep.name
     out.mkdir(parents=True, exist_ok=True)
 
     numbers = comparison.numbers
-    payloads = probe_payloads(records, uri)
+    payloads = probe_payloads(records, store)
     groups = dict.fromkeys(r.group for r in records)  # in the sweep's order (not a set's): a re-made plot is identical
     means = {g: {int(m.split("x")[1]): np.mean([r.metrics[m] for r in records if r.group == g and m in r.metrics])
                  for m in sorted({m for r in records if r.group == g for m in r.metrics if m.startswith("long_ppl/x")})}

@@ -51,9 +51,9 @@ class RunRecord:
         return f"baseline{' ' + settings if settings else ''}"
 
 
-def collect_runs(specs, tracking_uri: str, sweep_name: str, ledger_states=None) -> list[RunRecord]:
+def collect_runs(specs, store: RunStore, sweep_name: str, ledger_states=None) -> list[RunRecord]:
     """Each spec with its MLflow run (matched by spec hash) and its status (the ledger's, where there is one)."""
-    runs = RunStore(tracking_uri).sweep_runs(sweep_name)
+    runs = store.sweep_runs(sweep_name)
     by_hash = {}
     for _, row in runs.iterrows():
         by_hash.setdefault(row[f"tags.{SPEC_HASH_TAG}"], row)  # the newest run of each spec
@@ -262,9 +262,8 @@ def build_comparison(records: list[RunRecord], paper: str | None, metric: str = 
                             comparison_notes(rows, agreement, ranked_settings, paper, metric), agreement)
 
 
-def probe_payloads(records: list[RunRecord], tracking_uri: str) -> dict[str, dict]:
+def probe_payloads(records: list[RunRecord], store: RunStore) -> dict[str, dict]:
     """Per group, the probes.json of its first finished run (per-layer F-Attn, gate histograms)."""
-    store = RunStore(tracking_uri)
     payloads = {}
     for record in records:
         if record.status != "finished" or record.group in payloads or record.run_id is None:
