@@ -17,6 +17,8 @@ from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gatelab.errors import GatelabError
+
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
 
@@ -81,22 +83,47 @@ def missing_note(paper: str | None) -> list[str]:
     return [f"The paper's {paper} numbers are not shown: {path} is missing." for path in missing_files(paper)]
 
 
-def read_rows(table: str) -> list[dict[str, str]] | None:
-    """The rows of one table (a TABLES key) as strings; None where its CSV is missing."""
+def _text(table: str) -> tuple[str, str] | None:
+    """(path, text) of one table's CSV (a TABLES key); None where it is missing, an error naming it where it is not
+    text."""
     path = paper_file(TABLES[table].file)
     if not path.is_file():
         return None
-    return list(csv.DictReader(io.StringIO(path.read_text(encoding="utf-8"), newline="")))
+    try:
+        return str(path), path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise _damaged(str(path), f"not readable as UTF-8 text ({error})") from None
+
+
+def _damaged(path: str, why: str) -> GatelabError:
+    fix = f"unset ${PAPER_DIR_ENV}" if os.environ.get(PAPER_DIR_ENV) else "reinstall gatelab"
+    return GatelabError(f"the paper's table {path}: {why}; restore the file ({fix}: the package ships the paper's "
+                        "CSVs)")
+
+
+def read_rows(table: str) -> list[dict[str, str]] | None:
+    """The rows of one table (a TABLES key) as strings; None where its CSV is missing."""
+    found = _text(table)
+    return None if found is None else list(csv.DictReader(io.StringIO(found[1], newline="")))
 
 
 def read_frame(table: str) -> pd.DataFrame | None:
-    """One table (a TABLES key) as pandas reads its CSV; None where the CSV is missing."""
+    """One table (a TABLES key) as pandas reads its CSV, with its `id` and perplexity columns checked; None where the
+    CSV is missing."""
     import pandas as pd
 
-    path = paper_file(TABLES[table].file)
-    if not path.is_file():
+    found = _text(table)
+    if found is None:
         return None
-    return pd.read_csv(io.StringIO(path.read_text(encoding="utf-8")))
+    path, text = found
+    try:
+        frame = pd.read_csv(io.StringIO(text))
+    except (pd.errors.ParserError, pd.errors.EmptyDataError) as error:
+        raise _damaged(path, f"not a readable CSV ({str(error).strip().splitlines()[0]})") from None
+    missing = [c for c in ("id", TABLES[table].ppl) if c is not None and c not in frame.columns]
+    if missing:
+        raise _damaged(path, f"no column {', '.join(map(repr, missing))} (its columns: {', '.join(frame.columns)})")
+    return frame
 
 
 def added_params(table: str | None) -> dict[str, float | None] | None:

@@ -59,3 +59,19 @@ def test_a_missing_folder_is_a_note_not_a_silent_gap(tmp_path, monkeypatch):
     (note,) = paper.missing_note("table1")
     assert "table1" in note and str(tmp_path / "paper_table1_moe.csv") in note and "missing" in note
     assert paper.missing_note("table1-3-4") and len(paper.missing_note("table1-3-4")) == 3
+
+
+@pytest.mark.parametrize("damage, why", [(b"garbage\xff,,\n", "not readable as UTF-8"),
+                                         (b"name,Avg PPL\nbaseline,6.0\n", "no column 'id'"),
+                                         (b"id,Avg PPL\n\"baseline,6.0\n", "not a readable CSV")])
+def test_a_damaged_paper_file_is_one_error_naming_it_and_the_fix(tmp_path, monkeypatch, damage, why):
+    monkeypatch.delenv(paper.PAPER_DIR_ENV, raising=False)
+    for name in SHIPPED:
+        (tmp_path / name).write_bytes(paper.paper_file(name).read_bytes())
+    (tmp_path / paper.TABLES["table1"].file).write_bytes(damage)
+    monkeypatch.setenv(paper.PAPER_DIR_ENV, str(tmp_path))
+    with pytest.raises(GatelabError, match=rf"{paper.TABLES['table1'].file}: {why}.*unset \$GATELAB_PAPER_DIR"):
+        paper.reference("table1")
+    if why.startswith("not readable"):  # the plan's added-parameter column reads the same file as rows
+        with pytest.raises(GatelabError, match=why):
+            paper.added_params("table1")
