@@ -127,26 +127,33 @@ app.add_typer(data_app, name="data")
 
 @data_app.command("prepare")
 def data_prepare(
+    experiment_file: Annotated[Optional[Path], typer.Argument(
+        metavar="[EXPERIMENT]", help="a preset: make its corpus, tokenizer and token shards, e.g. experiments/tiny.yaml")
+    ] = None,
     data_dir: Annotated[Optional[Path], typer.Option(help="default: $GATELAB_DATA_DIR, else ~/.cache/gatelab/data")] = None,
-    domain: Annotated[list[str], typer.Option(help="only these domains (repeatable)")] = [],
-    experiment: Annotated[Optional[Path], typer.Option(help="prepare this preset's data.source: files or hf")] = None,
+    domain: Annotated[list[str], typer.Option(help="without EXPERIMENT: only these built-in domains (repeatable)")] = [],
+    experiment: Annotated[Optional[Path], typer.Option(help="the same as EXPERIMENT", hidden=True)] = None,
+    set_: Annotated[list[str], typer.Option("--set", help="override a key of EXPERIMENT: key.path=value")] = [],
 ) -> None:
-    """Fetch the corpora (npm, Debian, the Python standard library), split them into domains and cache them."""
-    from gatelab.data.corpora import prepare_corpora
-
+    """Make the data a run trains on, once: with EXPERIMENT, its corpus, tokenizer and token shards (resumable: run
+    it again after an interruption and the finished shards are kept); without, the built-in corpora only."""
+    preset = experiment_file or experiment
     try:
-        if experiment is not None:
+        if preset is not None:
             from gatelab.config import load_experiment
-            from gatelab.data.external import prepare_source
+            from gatelab.data.prepare import BarProgress, load_data
 
-            data = load_experiment(experiment).data
-            if data.source != "builtin":
-                if data_dir is not None:
-                    data = data.model_copy(update={"data_dir": str(data_dir)})
-                prepare_source(data)
-                return
-            data_dir = data_dir or data.data_dir
-            domain = domain or [d for d in data.domains if d not in data.user_files]
+            overrides = list(set_) + ([f"data.data_dir={data_dir}"] if data_dir is not None else [])
+            config = load_experiment(preset, overrides)
+            bar = BarProgress() if sys.stderr.isatty() else None
+            try:
+                load_data(config, log=typer.echo, warn=typer.echo, progress=bar)
+            finally:
+                if bar is not None:
+                    bar.stop()
+            return
+        from gatelab.data.corpora import prepare_corpora
+
         manifest = prepare_corpora(data_dir, domain or None)
     except GatelabError as error:
         _fail(error)

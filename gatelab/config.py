@@ -14,7 +14,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    model_validator,
+)
 
 from gatelab.errors import GatelabError
 
@@ -219,6 +228,9 @@ class DataConfig(StrictModel):
     source: Literal["builtin", "files", "hf"] = "builtin"
     files: FilesSourceConfig | None = None
     hf: HFSourceConfig | None = None
+    # How the tokens are stored and read, not which: neither changes a run's batches, so neither is in its spec hash.
+    shard_mb: PositiveFloat = 64.0  # MiB of text per token shard, the unit a killed prepare resumes from
+    loader_workers: NonNegativeInt = 0  # DataLoader worker processes assembling batches (a GPU run wants a few)
 
     @model_validator(mode="after")
     def _check_source(self) -> DataConfig:
@@ -464,6 +476,7 @@ def spec_hash(experiment: ExperimentConfig) -> str:
     """A content hash of everything that decides a run's result (not where it is tracked): the run's identity."""
     payload = experiment.model_dump(mode="json", exclude={"tracking"})
     data = payload["data"]
+    del data["shard_mb"], data["loader_workers"]  # storage and speed: the same batches either way
     if experiment.data.task == "text":
         # The synthetic task's keys came later: left out of text runs, they keep the hashes those runs were recorded
         # under (a sweep finds its finished runs by hash).

@@ -106,21 +106,20 @@ class _DataDir:
         return self._tokenizers
 
     def train_tokens(self, fingerprint: str, domain: str) -> int | None:
-        """n_tokens of the domain's cached training split under that tokenizer, if its sidecar is whole and made from
-        the manifest's text (the checks `datasets._load_split` makes before it trusts one), else None."""
+        """n_tokens of the domain's cached training split under that tokenizer, if its shards were finished from the
+        manifest's text, else None."""
         if (fingerprint, domain) not in self._sidecars:
             self._sidecars[(fingerprint, domain)] = self._read_sidecar(fingerprint, domain)
         return self._sidecars[(fingerprint, domain)]
 
     def _read_sidecar(self, fingerprint: str, domain: str) -> int | None:
-        from gatelab.data.datasets import cached_split_meta
+        from gatelab.data.datasets import cached_split_tokens
 
         try:
             source_sha256 = self.manifest.record(domain).train.sha256
         except DataError:
             return None
-        meta = cached_split_meta(self.root / "tokens" / fingerprint, domain, "train", source_sha256)
-        return None if meta is None else meta["n_tokens"]
+        return cached_split_tokens(self.root / "tokens" / fingerprint, domain, "train", source_sha256)
 
 
 class CorpusCounter:

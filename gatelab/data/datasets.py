@@ -1,21 +1,18 @@
-"""Token streams on disk, seed-ordered training windows, held-out evaluation windows and a unigram baseline.
+"""Token streams, seed-ordered training windows, held-out evaluation windows and a unigram baseline.
 
-Each split of each domain is tokenized once into ``<data_dir>/tokens/<tokenizer fingerprint>/<domain>.<split>.bin``
-(raw uint16 when the vocabulary fits, else uint32, read back as a numpy memmap) with a sidecar
-``<domain>.<split>.json`` holding document ids and offsets. Every document is stored as
-``<|bos|> text <|eos|>`` (a foreign tokenizer's own framing tokens instead, see `load_foreign_tokenizer`), so documents
-stay separated and a window can start at a document boundary. The sidecar records the split file's checksum and the
+Each split of each domain is tokenized once into shards under ``<data_dir>/tokens/<tokenizer fingerprint>/`` (see
+`gatelab.data.shards`: the layout, resumable writing, and `TokenStream`, the memory-mapped reader). Every document is
+stored as ``<|bos|> text <|eos|>`` (a foreign tokenizer's own framing tokens instead, see `load_foreign_tokenizer`), so
+documents stay separated and a window can start at a document boundary. A split records its text's checksum and the
 framing ids: a rebuilt corpus, another tokenizer or other framing never reuses stale tokens.
 """
 
 from __future__ import annotations
 
-import itertools
-import json
 import math
-import os
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -23,25 +20,47 @@ import torch
 from tokenizers import Tokenizer
 from torch.utils.data import Dataset
 
-from gatelab.data.corpora import SPLITS, CorpusManifest, DataError, Document, Log, atomic_write_text
+from gatelab.data.corpora import SPLITS, CorpusManifest, DataError, Log
+from gatelab.data.shards import (
+    SHARD_BYTES,
+    LoadedSplit,
+    Progress,
+    SplitShards,
+    id_count,
+    load_split,
+    token_dtype,
+    write_manifest,
+    write_split,
+)
 from gatelab.data.tokenizer import bos_id, eos_id, tokenizer_fingerprint
 
-_TOKENS_FORMAT = 1
-_ENCODE_BATCH_DOCS = 64
+__all__ = ["PackedDataset", "TokenCorpus", "TokenSplit", "heldout_windows", "long_context_windows", "token_dtype",
+           "tokenize_corpus", "train_dataset", "unigram_perplexity"]
 
 
 @dataclass(frozen=True)
 class TokenSplit:
-    """One domain's split as a token stream: document i is ``tokens[doc_starts[i]:doc_starts[i + 1]]``."""
+    """One domain's split as a token stream: document i is ``tokens[doc_starts[i]:doc_starts[i + 1]]``.
+
+    `tokens` is a `shards.TokenStream` for a prepared corpus, or an array for one made in memory; both slice like an
+    array. `unigram_counts` (token counts of the split) is None where it has not been counted.
+    """
 
     domain: str
     split: str
     tokens: np.ndarray
     doc_starts: np.ndarray  # int64, n_docs + 1 entries, the last is len(tokens)
-    doc_ids: tuple[str, ...]
+    doc_ids: Sequence[str]
+    unigram_counts: np.ndarray | None = field(default=None, compare=False)
 
     def document(self, index: int) -> np.ndarray:
-        return self.tokens[self.doc_starts[index] : self.doc_starts[index + 1]]
+        return self.tokens[int(self.doc_starts[index]) : int(self.doc_starts[index + 1])]
+
+    def counts(self, vocab_size: int) -> np.ndarray:
+        """Token counts of the split, `vocab_size` entries (counted here when the split was made in memory)."""
+        if self.unigram_counts is not None:
+            return self.unigram_counts[:vocab_size]
+        return np.bincount(np.asarray(self.tokens, dtype=np.int64), minlength=vocab_size)[:vocab_size]
 
 
 @dataclass(frozen=True)
@@ -74,119 +93,69 @@ class TokenCorpus:
         return self.get(domain, split).tokens
 
 
-def token_dtype(vocab_size: int) -> np.dtype:
-    """uint16 halves disk and memory for vocabularies up to 65,536 ids; larger ones need uint32."""
-    return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)
+def split_folder(directory: Path, domain: str, split: str) -> Path:
+    return directory / f"{domain}.{split}"
 
 
-def cached_split_meta(directory: Path, domain: str, split: str, source_sha256: str) -> dict | None:
-    """The sidecar of a cached split (n_tokens, dtype, doc_starts, ...) when the split is whole and was made from this
-    text, else None: absent, damaged, cut short, or tokenized from another version of the split file."""
-    bin_path = directory / f"{domain}.{split}.bin"
-    try:
-        meta = json.loads((directory / f"{domain}.{split}.json").read_text(encoding="utf-8"))
-        if (
-            meta["format"] != _TOKENS_FORMAT
-            or meta["source_sha256"] != source_sha256
-            or not isinstance(meta["n_tokens"], int)
-            or bin_path.stat().st_size != meta["n_tokens"] * np.dtype(meta["dtype"]).itemsize
-        ):
-            return None
-    except (OSError, ValueError, KeyError, TypeError):
-        return None  # a damaged sidecar is rebuilt like a missing one
-    return meta
+def cached_split_tokens(directory: Path, domain: str, split: str, source_sha256: str) -> int | None:
+    """The token count of a whole split made from this text (any framing), else None: for the plan's budget."""
+    record = SplitShards.read(split_folder(directory, domain, split) / "split.json")
+    return record.tokens if record is not None and record.source_sha256 == source_sha256 else None
 
 
-def _load_split(directory: Path, domain: str, split: str, source_sha256: str, framing: tuple[int, int]
-                ) -> TokenSplit | None:
-    """The cached split, or None when it is absent, incomplete or made from other text or framing."""
-    meta = cached_split_meta(directory, domain, split, source_sha256)
-    # Sidecars written before the ids were recorded framed with the trained BPE's <|bos|> and <|eos|>.
-    if meta is None or (meta.get("bos_id", framing[0]), meta.get("eos_id", framing[1])) != framing:
-        return None
-    try:
-        starts = np.asarray(meta["doc_starts"], dtype=np.int64)
-        ids = tuple(meta["doc_ids"])
-    except (ValueError, KeyError, TypeError):
-        return None
-    tokens = np.memmap(directory / f"{domain}.{split}.bin", dtype=np.dtype(meta["dtype"]), mode="r",
-                       shape=(meta["n_tokens"],))
-    return TokenSplit(domain, split, tokens, starts, ids)
-
-
-def _batches(docs: Iterator[Document], size: int) -> Iterator[list[Document]]:
-    while batch := list(itertools.islice(docs, size)):
-        yield batch
-
-
-def _encode_split(
-    manifest: CorpusManifest, tokenizer: Tokenizer, directory: Path, domain: str, split: str, framing: tuple[int, int]
-) -> TokenSplit:
-    dtype = token_dtype(_id_count(tokenizer))
-    bos, eos = framing
-    # A copy that reads "<|eos|>" written inside a document as plain text, so text can never forge a boundary.
-    encoder = Tokenizer.from_str(tokenizer.to_str())
-    encoder.encode_special_tokens = True
-    bin_path = directory / f"{domain}.{split}.bin"
-    tmp = bin_path.with_name(f"{bin_path.name}.{os.getpid()}.tmp")  # one per process: concurrent writers never collide
-    ids: list[str] = []
-    starts = [0]
-    with tmp.open("wb") as out:
-        for batch in _batches(manifest.documents(domain, split), _ENCODE_BATCH_DOCS):
-            ids.extend(d.id for d in batch)
-            for enc in encoder.encode_batch([d.text for d in batch], add_special_tokens=False):
-                doc = np.empty(len(enc.ids) + 2, dtype=dtype)
-                doc[0], doc[1:-1], doc[-1] = bos, enc.ids, eos
-                out.write(doc.tobytes())
-                starts.append(starts[-1] + len(doc))
-    os.replace(tmp, bin_path)
-    meta = {
-        "format": _TOKENS_FORMAT,
-        "dtype": dtype.name,
-        "n_tokens": starts[-1],
-        "source_sha256": getattr(manifest.record(domain), split).sha256,
-        "bos_id": bos,
-        "eos_id": eos,
-        "doc_ids": ids,
-        "doc_starts": starts,
-    }
-    # The sidecar is written last: its presence with a matching size means the .bin is complete.
-    atomic_write_text(directory / f"{domain}.{split}.json", json.dumps(meta))
-    tokens = np.memmap(bin_path, dtype=dtype, mode="r", shape=(starts[-1],))
-    return TokenSplit(domain, split, tokens, np.asarray(starts, dtype=np.int64), tuple(ids))
-
-
-def _id_count(tokenizer: Tokenizer) -> int:
-    """The largest id + 1: a foreign tokenizer's added tokens may sit beyond its base vocabulary."""
-    return max(tokenizer.get_vocab_size(), max(tokenizer.get_vocab(with_added_tokens=True).values()) + 1)
+def _as_split(domain: str, split: str, loaded: LoadedSplit) -> TokenSplit:
+    return TokenSplit(domain, split, loaded.tokens, loaded.doc_starts, loaded.doc_ids, loaded.unigram_counts)
 
 
 def tokenize_corpus(
     manifest: CorpusManifest, tokenizer: Tokenizer, domains: Sequence[str] | None = None, log: Log = print,
-    framing: tuple[int, int] | None = None,
+    framing: tuple[int, int] | None = None, shard_bytes: int = SHARD_BYTES, progress: Progress | None = None,
 ) -> TokenCorpus:
-    """Tokenize both splits of each domain (default: every prepared domain) once; later calls memory-map them.
+    """Tokenize both splits of each domain (default: every prepared domain) into shards once; later calls
+    memory-map them. A prepare that was killed is resumed: its finished shards are kept.
 
     `framing` is the (BOS, EOS) ids that open and close each document; default the trained BPE's <|bos|> and <|eos|>.
+    `progress.advance` hears of every batch of documents encoded (or shard kept).
     """
     framing = (bos_id(tokenizer), eos_id(tokenizer)) if framing is None else framing
     chosen = list(manifest.available_domains if domains is None else domains)
-    directory = manifest.data_dir / "tokens" / tokenizer_fingerprint(tokenizer)
+    fingerprint = tokenizer_fingerprint(tokenizer)
+    directory = manifest.data_dir / "tokens" / fingerprint
     directory.mkdir(parents=True, exist_ok=True)
+    progress = progress or Progress()
+    progress.start(sum((manifest.data_dir / getattr(manifest.record(d), s).path).stat().st_size
+                       for d in chosen for s in SPLITS))
     splits: dict[tuple[str, str], TokenSplit] = {}
+    written: dict[tuple[str, str], SplitShards] = {}
     for domain in chosen:
         for split in SPLITS:
-            cached = _load_split(directory, domain, split, getattr(manifest.record(domain), split).sha256, framing)
-            if cached is None:
-                log(f"tokenizing {domain}/{split} into {directory}")
-                cached = _encode_split(manifest, tokenizer, directory, domain, split, framing)
-            splits[(domain, split)] = cached
+            source = getattr(manifest.record(domain), split)
+            folder = split_folder(directory, domain, split)
+            loaded = load_split(folder, source.sha256, framing)
+            if loaded is None:
+                log(f"tokenizing {domain}/{split} into {folder}")
+                started = time.perf_counter()
+                loaded = write_split(tokenizer, manifest.data_dir / source.path, source.sha256, folder, framing,
+                                     shard_bytes, progress, log)
+                seconds = time.perf_counter() - started
+                log(f"  {loaded.record.documents:,} documents, {loaded.record.tokens:,} tokens in "
+                    f"{len(loaded.record.shards)} shard(s), {seconds:.1f} s "
+                    f"({loaded.record.tokens / max(seconds, 1e-9):,.0f} tokens/s)")
+                written[(domain, split)] = loaded.record
+            else:
+                progress.advance(loaded.record.documents, loaded.record.tokens,
+                                 (manifest.data_dir / source.path).stat().st_size)
+            splits[(domain, split)] = _as_split(domain, split, loaded)
+    if written:
+        sources = {name: {"version": rec.version, "artifacts": [a.file for a in rec.artifacts]}
+                   for name, rec in manifest.sources.items()}
+        write_manifest(directory, fingerprint, id_count(tokenizer), framing, sources, written)
     log(
         "tokens: "
         + ", ".join(f"{d} {len(splits[(d, 'train')].tokens):,}/{len(splits[(d, 'heldout')].tokens):,}" for d in chosen)
         + " (train/heldout)"
     )
-    return TokenCorpus(directory, _id_count(tokenizer), *framing, splits)
+    return TokenCorpus(directory, id_count(tokenizer), *framing, splits)
 
 
 class PackedDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -248,6 +217,23 @@ def train_dataset(
     return PackedDataset({d: corpus.tokens(d, "train") for d in chosen}, seq_len, seed, epochs, corpus.window_tokens)
 
 
+def check_windows(corpus: TokenCorpus, domains: Sequence[str], seq_len: int) -> None:
+    """A DataError naming `data.seq_len` unless the training text holds a window of ``seq_len + 1`` tokens and every
+    domain's held-out text holds one (what training and evaluation will cut), so a run fails before it starts."""
+    width = seq_len + 1
+    train = {d: len(corpus.tokens(d, "train")) for d in domains}
+    heldout = {d: len(corpus.tokens(d, "heldout")) for d in domains}
+    if corpus.window_tokens is None and max(train.values(), default=0) < width:
+        raise DataError(f"data.seq_len {seq_len}: the training text holds no window of {width} tokens ("
+                        + ", ".join(f"{d}: {n:,}" for d, n in train.items())
+                        + " tokens); lower data.seq_len or add text to the corpus")
+    short = {d: n for d, n in heldout.items() if n < width}
+    if short:
+        raise DataError(f"data.seq_len {seq_len}: the held-out text of {', '.join(short)} holds no window of {width} "
+                        "tokens (" + ", ".join(f"{d}: {n:,}" for d, n in short.items()) + " tokens); lower "
+                        "data.seq_len, add text, or leave the domain out of data.domains")
+
+
 def heldout_windows(corpus: TokenCorpus, domain: str, seq_len: int, max_windows: int) -> np.ndarray:
     """Up to `max_windows` non-overlapping held-out windows of ``seq_len + 1`` tokens, int64 ``(n, seq_len + 1)``.
 
@@ -296,16 +282,18 @@ def long_context_windows(
     }
 
 
-def unigram_perplexity(train_tokens: np.ndarray, heldout_tokens: np.ndarray, vocab_size: int) -> float:
-    """Perplexity of an add-one smoothed unigram model fitted on `train_tokens`, on `heldout_tokens`.
+def unigram_perplexity(train_counts: np.ndarray, heldout_counts: np.ndarray) -> float:
+    """Perplexity on the held-out tokens of an add-one smoothed unigram model fitted on the training tokens, from the
+    two splits' token counts (`TokenSplit.counts`), so no pass over the tokens is needed.
 
     The floor a language model must clear: a trained model should reach at most half of it.
     """
-    heldout = np.asarray(heldout_tokens, dtype=np.int64)
-    if heldout.size == 0:
+    heldout = np.asarray(heldout_counts, dtype=np.float64)
+    if heldout.sum() == 0:
         raise DataError("unigram_perplexity needs at least one held-out token")
-    counts = np.bincount(np.asarray(train_tokens, dtype=np.int64), minlength=vocab_size).astype(np.float64) + 1.0
-    if len(counts) > vocab_size or heldout.max() >= vocab_size:
-        raise DataError(f"token ids reach {max(len(counts) - 1, int(heldout.max()))}, beyond vocab_size {vocab_size}")
-    log_probs = np.log(counts / counts.sum())
-    return math.exp(-float(log_probs[heldout].mean()))
+    if len(heldout) != len(train_counts):
+        raise DataError(f"unigram_perplexity: counts over {len(train_counts)} and {len(heldout)} ids; count both "
+                        "splits over the same vocabulary")
+    smoothed = np.asarray(train_counts, dtype=np.float64) + 1.0
+    log_probs = np.log(smoothed / smoothed.sum())
+    return math.exp(-float(heldout @ log_probs) / float(heldout.sum()))

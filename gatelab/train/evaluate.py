@@ -32,8 +32,8 @@ def evaluate(model, experiment: ExperimentConfig, tokenizer, corpus, domains: li
                for d in domains}
     for domain, value in domain_perplexities(model, windows, evaluation.batch_size).items():
         metrics[f"ppl/{domain}"] = value
-    unigram = [unigram_perplexity(corpus.tokens(d, "train"), corpus.tokens(d, "heldout"), corpus.vocab_size)
-               for d in domains]
+    unigram = [unigram_perplexity(corpus.get(d, "train").counts(corpus.vocab_size),
+                                  corpus.get(d, "heldout").counts(corpus.vocab_size)) for d in domains]
     metrics["unigram_ppl/avg"] = float(np.mean(unigram))
 
     if LONG_CONTEXT_DOMAIN in domains:

@@ -103,6 +103,11 @@ class StepBatches(IterableDataset):
     is `steps_per_epoch` batches, the interval between validations, so per-epoch tools (Optuna's Lightning pruning
     callback reports per epoch) see each validation as its own step. Under DDP, B is the global batch and each of
     the `world_size` processes takes its own contiguous slice of it, so the run sees the same data on any device count.
+
+    With DataLoader worker processes, worker w of W assembles steps w, w + W, ... of the epoch, and the DataLoader
+    hands out its workers' batches in turn, so the order is the same as with none. A worker is started when the epoch
+    is iterated (not persistent), after the trainer restored its step; pickled into a spawned worker, the stream
+    carries that step as a number.
     """
 
     def __init__(self, windows: PackedDataset, batch_size: int, steps_per_epoch: int, start_step,
@@ -115,29 +120,40 @@ class StepBatches(IterableDataset):
         self.local_batch = batch_size // world_size
         self.offset = rank * self.local_batch
 
+    def _first_step(self) -> int:
+        return self.start_step() if callable(self.start_step) else self.start_step
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "start_step": self._first_step()}
+
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        first = step * self.batch_size + self.offset
+        inputs, targets = zip(*(self.windows[(first + i) % len(self.windows)] for i in range(self.local_batch)))
+        return torch.stack(inputs), torch.stack(targets)
+
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        step = self.start_step()
+        step = self._first_step()
         end = (step // self.steps_per_epoch + 1) * self.steps_per_epoch
-        for step in range(step, end):
-            first = step * self.batch_size + self.offset
-            indices = [(first + i) % len(self.windows) for i in range(self.local_batch)]
-            inputs, targets = zip(*(self.windows[i] for i in indices))
-            yield torch.stack(inputs), torch.stack(targets)
+        worker = torch.utils.data.get_worker_info()
+        workers, me = (1, 0) if worker is None else (worker.num_workers, worker.id)
+        for step in range(step + me, end, workers):
+            yield self.batch(step)
 
 
 class TextData(L.LightningDataModule):
     """Training batches by step; validation on held-out windows of every domain (`val/loss`)."""
 
     def __init__(self, windows: PackedDataset, batch_size: int, steps_per_epoch: int,
-                 validation_windows: torch.Tensor | None = None):
+                 validation_windows: torch.Tensor | None = None, loader_workers: int = 0):
         super().__init__()
         self.windows, self.batch_size, self.steps_per_epoch = windows, batch_size, steps_per_epoch
-        self.validation_windows = validation_windows
+        self.validation_windows, self.loader_workers = validation_windows, loader_workers
 
     def train_dataloader(self) -> DataLoader:
         stream = StepBatches(self.windows, self.batch_size, self.steps_per_epoch, lambda: self.trainer.global_step,
                              rank=self.trainer.global_rank, world_size=self.trainer.world_size)
-        return DataLoader(stream, batch_size=None)
+        return DataLoader(stream, batch_size=None, num_workers=self.loader_workers,
+                          pin_memory=torch.cuda.is_available())
 
     def val_dataloader(self) -> DataLoader:
         windows = self.validation_windows if self.validation_windows is not None else torch.zeros(0, 2, dtype=torch.long)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -15,11 +14,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 
 from gatelab import host, tracking
 from gatelab.config import ExperimentConfig, ModelConfig, flatten, spec_hash, to_yaml
-from gatelab.data.budget import repeat_warning
-from gatelab.data.corpora import default_data_dir, prepare_corpora
-from gatelab.data.datasets import heldout_windows, tokenize_corpus, train_dataset
-from gatelab.data.synthetic import DOMAIN as BIGRAM_BACKCOPY, BigramBackcopy
-from gatelab.data.tokenizer import TRAINED_BPE, load_foreign_tokenizer, load_or_train_tokenizer
+from gatelab.data.datasets import heldout_windows, train_dataset
+from gatelab.data.prepare import load_data
 from gatelab.errors import GatelabError
 from gatelab.model import count_parameters, resolve_model
 from gatelab.tracking import TrackedRun
@@ -88,84 +84,6 @@ def recorded_result(experiment: ExperimentConfig, tracking_uri: str | None = Non
                     runs_dir: Path = Path("runs")) -> RunResult | None:
     """What MLflow records of this experiment's run, if it ended (finished or diverged); None otherwise."""
     return _recorded_outcome(_tracked_run(experiment, tracking_uri, runs_dir))
-
-
-def load_data(experiment: ExperimentConfig, log=print, warn=print):
-    """(tokenizer, corpus, domains): corpora, tokenizer and token streams, each prepared once and cached under the data
-    directory; for `data.task: bigram_backcopy` (None, the synthetic corpus generated in memory, its one domain).
-
-    `warn` reports what changes the result (a missing domain, training data that would repeat) even when `log` is
-    silenced.
-    """
-    data = experiment.data
-    if data.task == "bigram_backcopy":
-        task = BigramBackcopy.from_config(data.bigram_backcopy, experiment.model.vocab_size)
-        log(f"bigram-backcopy: triggers {task.trigger_ids.tolist()}, entropy rate {task.entropy_rate:.3f} nats, "
-            f"{data.bigram_backcopy.train_sequences:,}/{data.bigram_backcopy.heldout_sequences:,} sequences "
-            "(train/heldout)")
-        corpus = task.corpus(data.seq_len)
-        _warn_if_repeated(experiment, corpus, [BIGRAM_BACKCOPY], warn)
-        return None, corpus, [BIGRAM_BACKCOPY]
-    if data.source != "builtin":
-        from gatelab.data.external import prepare_source, source_identity
-
-        source_identity(data)  # a glob that matches nothing fails here, before the data directory is touched
-    with _one_process_at_a_time(Path(data.data_dir).expanduser() if data.data_dir else default_data_dir()):
-        if data.source != "builtin":
-            manifest = prepare_source(data, log=log)
-            present = list(data.domains) or manifest.available_domains
-            unknown = [d for d in present if d not in manifest.available_domains]
-            if unknown:  # unlike a built-in domain, one of the user's can only be missing by a typo
-                raise GatelabError(f"data.domains: {', '.join(unknown)} not in the {data.source} source, whose "
-                                   f"domains are {', '.join(manifest.available_domains)}")
-        else:
-            manifest = prepare_corpora(data.data_dir, [d for d in data.domains if d not in data.user_files], log=log)
-            if data.user_files:
-                from gatelab.data.corpora import domains_from_files
-
-                manifest = domains_from_files(data.user_files, data.data_dir, log=log)
-            present = [d for d in data.domains if d in manifest.available_domains]
-            missing = [d for d in data.domains if d not in present]
-            if missing:
-                warn(f"domains missing, carrying on without them: {', '.join(missing)} "
-                     "(run `gatelab data prepare` to see why)")
-            if not present:
-                raise GatelabError(f"data.domains: none of {', '.join(data.domains)} could be prepared")
-        if data.tokenizer == TRAINED_BPE:
-            tokenizer, framing = load_or_train_tokenizer(manifest, experiment.model.vocab_size, present, log=log), None
-        else:
-            foreign = load_foreign_tokenizer(data.tokenizer, data.bos_token, data.eos_token)
-            tokenizer, framing = foreign.tokenizer, (foreign.bos_id, foreign.eos_id)
-            log(f"tokenizer {data.tokenizer} ({foreign.vocab_size} ids), documents framed "
-                f"{foreign.bos} ... {foreign.eos}")
-        corpus = tokenize_corpus(manifest, tokenizer, present, log=log, framing=framing)
-    _warn_if_repeated(experiment, corpus, present, warn)
-    return tokenizer, corpus, present
-
-
-def _warn_if_repeated(experiment: ExperimentConfig, corpus, domains: list[str], warn) -> None:
-    """The plan's warning, now with the exact count: this run would pass over its training tokens more than once."""
-    train, seq_len = experiment.train, experiment.data.seq_len
-    corpus_tokens = sum(len(corpus.tokens(domain, "train")) for domain in domains)
-    message = repeat_warning("this run", experiment.data, train.max_steps * train.batch_size * seq_len, corpus_tokens,
-                             train.batch_size * seq_len)
-    if message:
-        warn(f"warning: {message}")
-
-
-@contextmanager
-def _one_process_at_a_time(data_dir: Path):
-    """Holds an exclusive lock on the data directory while a process prepares (or merely checks) its cache.
-
-    Processes building a cold cache at once (the ranks torchrun starts, runs side by side) would each tokenize every
-    corpus; one at a time, the later ones find everything cached.
-    """
-    import fcntl
-
-    data_dir.mkdir(parents=True, exist_ok=True)
-    with open(data_dir / ".prepare.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also when its process dies
-        yield
 
 
 def quiet_lightning() -> None:
@@ -301,7 +219,8 @@ def _module_and_data(experiment: ExperimentConfig, model_config: ModelConfig, co
                                                                  experiment.eval.max_windows_per_domain))
                                 for d in domains])
     windows = train_dataset(corpus, experiment.data.seq_len, experiment.seed, domains)
-    return module, TextData(windows, experiment.train.batch_size, every or experiment.train.max_steps, validation)
+    return module, TextData(windows, experiment.train.batch_size, every or experiment.train.max_steps, validation,
+                            loader_workers=experiment.data.loader_workers)
 
 
 def log_spikes(tracked: TrackedRun, stability: StabilityMonitor, resuming: bool) -> None:
@@ -355,7 +274,6 @@ def run(experiment: ExperimentConfig, tracking_uri: str | None = None, runs_dir:
     model_config = resolve_model(experiment)
     digest = spec_hash(experiment)
     run_dir = runs_dir / experiment.name / f"{experiment.variant}-s{experiment.seed}-{digest}"
-    run_dir.mkdir(parents=True, exist_ok=True)
     checkpoint = run_dir / "checkpoints" / "last.ckpt"
     resuming = checkpoint.exists()
 
@@ -371,6 +289,7 @@ def run(experiment: ExperimentConfig, tracking_uri: str | None = None, runs_dir:
         log = lambda *_: None  # noqa: E731  rank 0 says everything once
 
     tokenizer, corpus, domains = load_data(experiment, log=log if not quiet else (lambda *_: None), warn=log)
+    run_dir.mkdir(parents=True, exist_ok=True)  # after the data: bad input leaves no run folder behind
 
     tracked = None
     if rank == 0:

@@ -61,7 +61,7 @@ def test_without_this_tokenizer_the_count_is_an_estimate_from_the_nearest_cache(
 @pytest.mark.parametrize("damage", ["corrupt", "missing", "stale"])
 def test_a_damaged_sidecar_falls_back_to_the_estimate(prepared, damage):
     data, _ = prepared
-    sidecar = next(Path(data.data_dir, "tokens").glob("*/left.train.json"))
+    sidecar = next(Path(data.data_dir, "tokens").glob("*/left.train/split.json"))
     if damage == "corrupt":
         sidecar.write_text("{not json", encoding="utf-8")
     elif damage == "missing":
@@ -76,7 +76,7 @@ def test_a_damaged_sidecar_falls_back_to_the_estimate(prepared, damage):
 
 def test_the_measured_ratios_stand_in_when_nothing_is_cached(prepared):
     data, _ = prepared
-    for path in Path(data.data_dir, "tokens").glob("*/*.json"):
+    for path in Path(data.data_dir, "tokens").glob("*/*/split.json"):
         path.unlink()
     count = CorpusCounter()(data, 16384)
     assert count.how == "estimate" and "built-in corpora as a stand-in at vocab 16384" in count.note

@@ -21,6 +21,7 @@ from gatelab.data.datasets import (
     train_dataset,
     unigram_perplexity,
 )
+from gatelab.data.shards import TokenStream
 from gatelab.data.tokenizer import load_or_train_tokenizer
 
 SEQ = 16
@@ -54,8 +55,9 @@ def test_documents_are_framed_and_decode_back(setup: tuple[CorpusManifest, Token
             docs = list(manifest.documents(domain, split))
             assert part.tokens.dtype == np.uint16
             assert list(part.doc_ids) == [d.id for d in docs]
-            assert int((part.tokens == corpus.bos_id).sum()) == len(docs)
-            assert int((part.tokens == corpus.eos_id).sum()) == len(docs)
+            tokens = np.asarray(part.tokens)
+            assert int((tokens == corpus.bos_id).sum()) == len(docs)
+            assert int((tokens == corpus.eos_id).sum()) == len(docs)
             for i, doc in enumerate(docs):
                 ids = part.document(i)
                 assert ids[0] == corpus.bos_id and ids[-1] == corpus.eos_id
@@ -70,10 +72,10 @@ def test_tokens_are_cached(setup: tuple[CorpusManifest, TokenCorpus], monkeypatc
     def no_encoding(*_: object) -> None:
         raise AssertionError("cached token files should have been memory-mapped, not re-encoded")
 
-    monkeypatch.setattr(dsmod, "_encode_split", no_encoding)
+    monkeypatch.setattr(dsmod, "write_split", no_encoding)
     again = tokenize_corpus(manifest, tok, log=lambda _: None)
-    assert isinstance(again.tokens("left", "train"), np.memmap)
-    assert np.array_equal(again.tokens("left", "train"), corpus.tokens("left", "train"))
+    assert isinstance(again.tokens("left", "train"), TokenStream)
+    assert np.array_equal(np.asarray(again.tokens("left", "train")), np.asarray(corpus.tokens("left", "train")))
 
 
 def _items(dataset: PackedDataset) -> list[tuple[list[int], list[int]]]:
@@ -151,15 +153,19 @@ def test_long_context_windows(setup: tuple[CorpusManifest, TokenCorpus]) -> None
 def test_unigram_perplexity() -> None:
     rng = np.random.default_rng(0)
     vocab = 500
-    uniform = unigram_perplexity(rng.integers(0, vocab, 500_000), rng.integers(0, vocab, 50_000), vocab)
+
+    def counts(tokens: np.ndarray) -> np.ndarray:
+        return np.bincount(tokens, minlength=vocab)
+
+    uniform = unigram_perplexity(counts(rng.integers(0, vocab, 500_000)), counts(rng.integers(0, vocab, 50_000)))
     assert uniform == pytest.approx(vocab, rel=0.02)
-    skewed_train = rng.zipf(1.5, 200_000) % vocab
-    skewed_held = rng.zipf(1.5, 20_000) % vocab
-    assert unigram_perplexity(skewed_train, skewed_held, vocab) < vocab / 4
-    with pytest.raises(DataError, match="beyond vocab_size"):
-        unigram_perplexity(np.array([0, 1]), np.array([vocab]), vocab)
-
-
-def test_no_window_fits_is_a_clean_error() -> None:
-    with pytest.raises(DataError, match="no window of 9 tokens"):
-        PackedDataset({"tiny": np.arange(5, dtype=np.uint16)}, seq_len=8, seed=0)
+    skewed_train, skewed_held = rng.zipf(1.5, 200_000) % vocab, rng.zipf(1.5, 20_000) % vocab
+    skewed = unigram_perplexity(counts(skewed_train), counts(skewed_held))
+    assert skewed < vocab / 4
+    # The counts' formula is the mean log-probability of the held-out tokens, token by token.
+    smoothed = counts(skewed_train) + 1.0
+    assert skewed == pytest.approx(np.exp(-np.log(smoothed / smoothed.sum())[skewed_held].mean()), rel=1e-12)
+    with pytest.raises(DataError, match="same vocabulary"):
+        unigram_perplexity(counts(np.array([0, 1])), np.bincount([vocab], minlength=vocab + 1))
+    with pytest.raises(DataError, match="at least one held-out token"):
+        unigram_perplexity(counts(np.array([0, 1])), np.zeros(vocab))

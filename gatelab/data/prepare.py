@@ -1,0 +1,128 @@
+"""Everything a run needs before it trains: corpora, tokenizer and token shards, each made once under the data
+directory and cached; `gatelab data prepare EXPERIMENT` and `gatelab train` both come through `load_data`.
+
+One process at a time prepares a data directory (an exclusive lock on it), so workers and DDP ranks that start on a
+cold cache never race: the later ones find everything made.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from gatelab.config import ExperimentConfig
+from gatelab.data.budget import repeat_warning
+from gatelab.data.corpora import default_data_dir, prepare_corpora
+from gatelab.data.datasets import check_windows, tokenize_corpus
+from gatelab.data.shards import Progress
+from gatelab.data.synthetic import DOMAIN as BIGRAM_BACKCOPY, BigramBackcopy
+from gatelab.data.tokenizer import TRAINED_BPE, load_foreign_tokenizer, load_or_train_tokenizer
+from gatelab.errors import GatelabError
+
+
+def load_data(experiment: ExperimentConfig, log=print, warn=print, progress: Progress | None = None):
+    """(tokenizer, corpus, domains): corpora, tokenizer and token streams, each prepared once and cached under the data
+    directory; for `data.task: bigram_backcopy` (None, the synthetic corpus generated in memory, its one domain).
+
+    `warn` reports what changes the result (a missing domain, training data that would repeat) even when `log` is
+    silenced; `progress` hears how tokenizing goes (`BarProgress` draws a bar).
+    """
+    data = experiment.data
+    if data.task == "bigram_backcopy":
+        task = BigramBackcopy.from_config(data.bigram_backcopy, experiment.model.vocab_size)
+        log(f"bigram-backcopy: triggers {task.trigger_ids.tolist()}, entropy rate {task.entropy_rate:.3f} nats, "
+            f"{data.bigram_backcopy.train_sequences:,}/{data.bigram_backcopy.heldout_sequences:,} sequences "
+            "(train/heldout)")
+        corpus = task.corpus(data.seq_len)
+        _warn_if_repeated(experiment, corpus, [BIGRAM_BACKCOPY], warn)
+        return None, corpus, [BIGRAM_BACKCOPY]
+    if data.source != "builtin":
+        from gatelab.data.external import prepare_source, source_identity
+
+        source_identity(data)  # a glob that matches nothing fails here, before the data directory is touched
+    with _one_process_at_a_time(Path(data.data_dir).expanduser() if data.data_dir else default_data_dir()):
+        if data.source != "builtin":
+            manifest = prepare_source(data, log=log)
+            present = list(data.domains) or manifest.available_domains
+            unknown = [d for d in present if d not in manifest.available_domains]
+            if unknown:  # unlike a built-in domain, one of the user's can only be missing by a typo
+                raise GatelabError(f"data.domains: {', '.join(unknown)} not in the {data.source} source, whose "
+                                   f"domains are {', '.join(manifest.available_domains)}")
+        else:
+            manifest = prepare_corpora(data.data_dir, [d for d in data.domains if d not in data.user_files], log=log)
+            if data.user_files:
+                from gatelab.data.corpora import domains_from_files
+
+                manifest = domains_from_files(data.user_files, data.data_dir, log=log)
+            present = [d for d in data.domains if d in manifest.available_domains]
+            missing = [d for d in data.domains if d not in present]
+            if missing:
+                warn(f"domains missing, carrying on without them: {', '.join(missing)} "
+                     "(run `gatelab data prepare` to see why)")
+            if not present:
+                raise GatelabError(f"data.domains: none of {', '.join(data.domains)} could be prepared")
+        if data.tokenizer == TRAINED_BPE:
+            tokenizer, framing = load_or_train_tokenizer(manifest, experiment.model.vocab_size, present, log=log), None
+        else:
+            foreign = load_foreign_tokenizer(data.tokenizer, data.bos_token, data.eos_token)
+            tokenizer, framing = foreign.tokenizer, (foreign.bos_id, foreign.eos_id)
+            log(f"tokenizer {data.tokenizer} ({foreign.vocab_size} ids), documents framed "
+                f"{foreign.bos} ... {foreign.eos}")
+        corpus = tokenize_corpus(manifest, tokenizer, present, log=log, framing=framing,
+                                 shard_bytes=int(data.shard_mb * (1 << 20)), progress=progress)
+    check_windows(corpus, present, data.seq_len)
+    _warn_if_repeated(experiment, corpus, present, warn)
+    return tokenizer, corpus, present
+
+
+def _warn_if_repeated(experiment: ExperimentConfig, corpus, domains: list[str], warn) -> None:
+    """The plan's warning, now with the exact count: this run would pass over its training tokens more than once."""
+    train, seq_len = experiment.train, experiment.data.seq_len
+    corpus_tokens = sum(len(corpus.tokens(domain, "train")) for domain in domains)
+    message = repeat_warning("this run", experiment.data, train.max_steps * train.batch_size * seq_len, corpus_tokens,
+                             train.batch_size * seq_len)
+    if message:
+        warn(f"warning: {message}")
+
+
+@contextmanager
+def _one_process_at_a_time(data_dir: Path):
+    """Holds an exclusive lock on the data directory while a process prepares (or merely checks) its cache.
+
+    Processes building a cold cache at once (the ranks torchrun starts, runs side by side) would each tokenize every
+    corpus; one at a time, the later ones find everything cached.
+    """
+    import fcntl
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    with open(data_dir / ".prepare.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also when its process dies
+        yield
+
+
+class BarProgress(Progress):
+    """A rich progress bar over the text to tokenize: documents, tokens/s and time left (by bytes of text covered)."""
+
+    def __init__(self) -> None:
+        from rich.progress import BarColumn, Progress as Bar, TextColumn, TimeRemainingColumn
+
+        self._bar = Bar(TextColumn("tokenizing"), BarColumn(), TextColumn("{task.fields[documents]:>12,} documents"),
+                        TextColumn("{task.fields[rate]:>12,.0f} tokens/s"), TimeRemainingColumn(), transient=False)
+        self._task = None
+        self._documents = self._tokens = 0
+        self._since = time.perf_counter()
+
+    def start(self, total_bytes: int) -> None:
+        self._bar.start()
+        self._task = self._bar.add_task("tokenizing", total=max(total_bytes, 1), documents=0, rate=0.0)
+        self._since = time.perf_counter()
+
+    def advance(self, documents: int, tokens: int, bytes_: int) -> None:
+        self._documents += documents
+        self._tokens += tokens
+        rate = self._tokens / max(time.perf_counter() - self._since, 1e-9)
+        self._bar.update(self._task, advance=bytes_, documents=self._documents, rate=rate)
+
+    def stop(self) -> None:
+        self._bar.stop()
