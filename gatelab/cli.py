@@ -396,15 +396,40 @@ def bench(
     sweep: Annotated[Optional[Path], typer.Option(help="also run this sweep with 1 then 2 workers (slow)")] = None,
     compile_: Annotated[bool, typer.Option("--compile", help="also time torch.compile (a minute to compile)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the JSON report")] = False,
-    out: Annotated[Path, typer.Option(help="folder for bench.md and bench.json")] = Path("results/bench"),
+    out: Annotated[Path, typer.Option(help="folder for bench.md and bench.json (--data: data.md and data.json, or "
+                                            "a .md file)")] = Path("results/bench"),
+    data: Annotated[bool, typer.Option("--data", help="the data bench instead: tokenizing, reading a 1e9-token "
+                                                      "corpus, peak RSS (gatelab/bench_data.py)")] = False,
+    scratch: Annotated[Optional[Path], typer.Option(help="--data: folder for its corpora (about 2 GB; default "
+                                                         "beside the data directory)")] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="--data: small sizes, a minute or two")] = False,
 ) -> None:
     """Throughput and overhead: variants against baseline, Lightning against a plain loop, fp32 against bf16,
-    FLOP/s against this machine's GEMM rate, fixed costs and peak memory of a run, GPU estimates."""
+    FLOP/s against this machine's GEMM rate, fixed costs and peak memory of a run, GPU estimates. With --data, the data
+    path instead: tokenizing against a bare encode_batch loop, loader windows/s against training, peak RSS."""
     import shlex
 
     from gatelab import bench as bench_module
     from gatelab.host import repo_root
 
+    if data:
+        from gatelab import bench_data
+
+        log = (lambda message: typer.echo(message, err=True)) if as_json else typer.echo
+        try:
+            report = bench_data.bench_data(scratch, bench_data.QUICK if quick else bench_data.Sizes(), log=log)
+        except GatelabError as error:
+            _fail(error)
+        report.command = "gatelab bench " + shlex.join(sys.argv[2:])
+        written = bench_data.write(report, out)
+        if as_json:
+            from dataclasses import asdict
+
+            typer.echo(json.dumps(asdict(report), indent=2, default=str))
+            return
+        typer.echo(bench_data.to_markdown(report))
+        typer.echo("wrote " + ", ".join(str(p) for p in written))
+        return
     if lightning_steps <= warmup + 1:
         _fail(GatelabError(f"--lightning-steps ({lightning_steps}) must exceed --warmup ({warmup}) by at least 2: "
                            "each Lightning block times the steps after its warm-up"))

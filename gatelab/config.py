@@ -229,7 +229,9 @@ class DataConfig(StrictModel):
     files: FilesSourceConfig | None = None
     hf: HFSourceConfig | None = None
     # How the tokens are stored and read, not which: neither changes a run's batches, so neither is in its spec hash.
-    shard_mb: PositiveFloat = 64.0  # MiB of text per token shard, the unit a killed prepare resumes from
+    # MiB of text per token shard, the unit a killed prepare resumes from; applies when a split is made (a finished split
+    # is read as it is, whatever its shard size: its tokens are the same).
+    shard_mb: PositiveFloat = 64.0
     loader_workers: NonNegativeInt = 0  # DataLoader worker processes assembling batches (a GPU run wants a few)
 
     @model_validator(mode="after")

@@ -56,8 +56,8 @@ MICRO = {
 MICRO_SWEEP_VARIANTS = ["baseline", "g1_elem_sig", "g1_head_sig"]
 
 
-def write_micro_experiment(tmp_path: Path, **train) -> Path:
-    config = {**MICRO, "train": {**MICRO["train"], **train}}
+def write_micro_experiment(tmp_path: Path, data: dict | None = None, **train) -> Path:
+    config = {**MICRO, "data": data or MICRO["data"], "train": {**MICRO["train"], **train}}
     path = tmp_path / "micro.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
@@ -152,3 +152,29 @@ def postgres_reason() -> str | None:
     except Exception as error:  # no driver, no server, refused: all mean "skip, and say why"
         return f"no PostgreSQL at {POSTGRES_URL} ({type(error).__name__}: {str(error).strip()[:120]})"
     return None
+
+
+# --- a files source made by the tests -------------------------------------------------------------------------------
+
+_PROSE = ("the river ran past the old mill and the miller sang of wheat and rain while the long road wound home "
+          "through fields of barley where children counted crows and a letter waited on the table by the window").split()
+
+
+def write_files_corpus(folder: Path, n_docs: int = 60) -> dict:
+    """A parquet corpus of two genres (columns id, text, genre), written here; returns `data` settings for MICRO that
+    train on it (`data.source: files`, domains by genre, its own data directory). Some documents are long enough for
+    long-context windows at 2 x seq_len 32."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    records = []
+    for i in range(n_docs):
+        words = [_PROSE[(i * 11 + j * 7 + j * j) % len(_PROSE)] for j in range(80 + 37 * (i % 9))]
+        records.append({"id": f"doc-{i:03d}", "text": f"Entry {i}. " + " ".join(words) + ".",
+                        "genre": ("letters", "poems")[i % 2]})
+    folder.mkdir(parents=True, exist_ok=True)
+    half = n_docs // 2
+    pq.write_table(pa.Table.from_pylist(records[:half]), folder / "part-0.parquet")
+    pq.write_table(pa.Table.from_pylist(records[half:]), folder / "part-1.parquet")
+    return {"source": "files", "seq_len": 32, "data_dir": str(folder.parent / "files-data"),
+            "files": {"paths": [str(folder / "*.parquet")], "id_field": "id", "domain_field": "genre"}}

@@ -32,7 +32,7 @@ MEASURED_CHARS_PER_TOKEN: dict[int, dict[str, float]] = {
     16384: {"speeches": 4.935, "fiction": 3.838, "nonfiction": 4.314, "scripture": 4.139, "code": 3.770, "all": 4.234},
     32768: {"speeches": 5.179, "fiction": 4.101, "nonfiction": 4.636, "scripture": 4.273, "code": 3.971, "all": 4.461},
 }
-PREPARE_HINT = "run `gatelab data prepare` to count the corpus"
+PREPARE_HINT = "run `gatelab data prepare PRESET` to count the corpus"
 
 
 @dataclass(frozen=True)
@@ -162,7 +162,7 @@ class CorpusCounter:
         domains = list(dict.fromkeys(data.domains)) or list(state.manifest.domains)  # []: all the source has
         if not domains:
             return CorpusCount(None, "unknown", f"the {data.source} source is not prepared in {state.root}: "
-                                                "`gatelab data prepare --experiment PRESET` prepares it")
+                                                "`gatelab data prepare PRESET` prepares it")
         unprepared = [d for d in domains if d not in state.manifest.domains]
         if unprepared:
             return CorpusCount(None, "unknown", f"{', '.join(unprepared)} not prepared in {state.root}: {PREPARE_HINT}")

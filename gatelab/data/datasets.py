@@ -110,12 +110,14 @@ def _as_split(domain: str, split: str, loaded: LoadedSplit) -> TokenSplit:
 def tokenize_corpus(
     manifest: CorpusManifest, tokenizer: Tokenizer, domains: Sequence[str] | None = None, log: Log = print,
     framing: tuple[int, int] | None = None, shard_bytes: int = SHARD_BYTES, progress: Progress | None = None,
+    sources: dict | None = None,
 ) -> TokenCorpus:
     """Tokenize both splits of each domain (default: every prepared domain) into shards once; later calls
     memory-map them. A prepare that was killed is resumed: its finished shards are kept.
 
     `framing` is the (BOS, EOS) ids that open and close each document; default the trained BPE's <|bos|> and <|eos|>.
-    `progress.advance` hears of every batch of documents encoded (or shard kept).
+    `progress.advance` hears of every batch of documents encoded (or shard kept). `sources` describes the text for the
+    manifest; default the corpus manifest's sources with their artifacts' sha256.
     """
     framing = (bos_id(tokenizer), eos_id(tokenizer)) if framing is None else framing
     chosen = list(manifest.available_domains if domains is None else domains)
@@ -126,7 +128,8 @@ def tokenize_corpus(
     progress.start(sum((manifest.data_dir / getattr(manifest.record(d), s).path).stat().st_size
                        for d in chosen for s in SPLITS))
     splits: dict[tuple[str, str], TokenSplit] = {}
-    written: dict[tuple[str, str], SplitShards] = {}
+    records: dict[tuple[str, str], SplitShards] = {}
+    wrote = False
     for domain in chosen:
         for split in SPLITS:
             source = getattr(manifest.record(domain), split)
@@ -141,15 +144,18 @@ def tokenize_corpus(
                 log(f"  {loaded.record.documents:,} documents, {loaded.record.tokens:,} tokens in "
                     f"{len(loaded.record.shards)} shard(s), {seconds:.1f} s "
                     f"({loaded.record.tokens / max(seconds, 1e-9):,.0f} tokens/s)")
-                written[(domain, split)] = loaded.record
+                wrote = True
             else:
                 progress.advance(loaded.record.documents, loaded.record.tokens,
                                  (manifest.data_dir / source.path).stat().st_size)
             splits[(domain, split)] = _as_split(domain, split, loaded)
-    if written:
-        sources = {name: {"version": rec.version, "artifacts": [a.file for a in rec.artifacts]}
-                   for name, rec in manifest.sources.items()}
-        write_manifest(directory, fingerprint, id_count(tokenizer), framing, sources, written)
+            records[(domain, split)] = loaded.record
+    if wrote or not (directory / "manifest.json").is_file():
+        # Every chosen split, also those a killed prepare finished before this call resumed it.
+        if sources is None:
+            sources = {name: {"version": rec.version, "sha256": {a.file: a.sha256 for a in rec.artifacts}}
+                       for name, rec in manifest.sources.items()}
+        write_manifest(directory, fingerprint, id_count(tokenizer), framing, sources, records)
     log(
         "tokens: "
         + ", ".join(f"{d} {len(splits[(d, 'train')].tokens):,}/{len(splits[(d, 'heldout')].tokens):,}" for d in chosen)
@@ -280,6 +286,14 @@ def long_context_windows(
         m: np.stack([np.asarray(held.document(i)[: m * seq_len + 1], dtype=np.int64) for i in chosen])
         for m in sorted(set(multipliers))
     }
+
+
+def domain_with_long_documents(corpus: TokenCorpus, domains: Sequence[str], min_tokens: int) -> str | None:
+    """The domain with the most held-out documents of at least `min_tokens` tokens (the first by name on a tie), or
+    None where no document is that long: where long-context evaluation has the most to average over."""
+    counts = {d: int((np.diff(corpus.get(d, "heldout").doc_starts) >= min_tokens).sum()) for d in sorted(domains)}
+    best = max(counts, key=lambda d: counts[d], default=None)
+    return best if best is not None and counts[best] > 0 else None
 
 
 def unigram_perplexity(train_counts: np.ndarray, heldout_counts: np.ndarray) -> float:

@@ -37,10 +37,13 @@ def load_data(experiment: ExperimentConfig, log=print, warn=print, progress: Pro
         corpus = task.corpus(data.seq_len)
         _warn_if_repeated(experiment, corpus, [BIGRAM_BACKCOPY], warn)
         return None, corpus, [BIGRAM_BACKCOPY]
+    sources = None
     if data.source != "builtin":
         from gatelab.data.external import prepare_source, source_identity
 
-        source_identity(data)  # a glob that matches nothing fails here, before the data directory is touched
+        # A glob that matches nothing fails here, before the data directory is touched. The files' paths, sizes and
+        # mtimes (or the Hub coordinates) go into the token manifest: hashing gigabytes of shards is what it avoids.
+        sources = {data.source: source_identity(data)}
     with _one_process_at_a_time(Path(data.data_dir).expanduser() if data.data_dir else default_data_dir()):
         if data.source != "builtin":
             manifest = prepare_source(data, log=log)
@@ -70,7 +73,8 @@ def load_data(experiment: ExperimentConfig, log=print, warn=print, progress: Pro
             log(f"tokenizer {data.tokenizer} ({foreign.vocab_size} ids), documents framed "
                 f"{foreign.bos} ... {foreign.eos}")
         corpus = tokenize_corpus(manifest, tokenizer, present, log=log, framing=framing,
-                                 shard_bytes=int(data.shard_mb * (1 << 20)), progress=progress)
+                                 shard_bytes=int(data.shard_mb * (1 << 20)), progress=progress,
+                                 sources=sources)
     check_windows(corpus, present, data.seq_len)
     _warn_if_repeated(experiment, corpus, present, warn)
     return tokenizer, corpus, present

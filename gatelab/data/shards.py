@@ -165,12 +165,20 @@ class TokenStream:
 class DocumentIds(Sequence[str]):
     """A split's document ids, read from the shards' .ids files on first use (training never needs them)."""
 
-    def __init__(self, paths: Sequence[Path]) -> None:
-        self.paths, self._ids = list(paths), None
+    def __init__(self, paths: Sequence[Path], expected: int) -> None:
+        self.paths, self.expected, self._ids = list(paths), expected, None
 
     def _load(self) -> list[str]:
         if self._ids is None:
-            self._ids = [json.loads(line) for p in self.paths for line in p.read_text(encoding="utf-8").splitlines()]
+            try:
+                ids = [json.loads(line) for p in self.paths for line in p.read_text(encoding="utf-8").splitlines()]
+            except (OSError, ValueError) as exc:
+                raise DataError(f"{self.paths[0].parent}: unreadable document ids ({exc}); delete the folder and "
+                                "prepare again") from None
+            if len(ids) != self.expected:
+                raise DataError(f"{self.paths[0].parent}: {len(ids)} document ids for {self.expected} documents (a "
+                                "damaged .ids file); delete the folder and prepare again")
+            self._ids = ids
         return self._ids
 
     def __len__(self) -> int:
@@ -194,6 +202,17 @@ def _shard_paths(folder: Path, k: int) -> dict[str, Path]:
     return {suffix: stem.with_suffix(f".{suffix}") for suffix in ("bin", "npy", "ids", "json")}
 
 
+def _doc_starts(folder: Path, k: int, shard: ShardRecord) -> np.ndarray | None:
+    """Shard k's document starts, or None when its .npy or .ids file is damaged or does not match the shard's record."""
+    try:
+        starts = np.load(_shard_paths(folder, k)["npy"])
+    except (OSError, ValueError, EOFError):
+        return None
+    whole = (starts.ndim == 1 and len(starts) == shard.documents + 1 and starts[0] == 0 and starts[-1] == shard.tokens
+             and _shard_paths(folder, k)["ids"].read_bytes().count(b"\n") == shard.documents)  # one id a line
+    return starts if whole else None
+
+
 def load_split(folder: Path, source_sha256: str, framing: tuple[int, int]) -> LoadedSplit | None:
     """The split in `folder` when it is whole and was made from this text with this framing, else None."""
     record = SplitShards.read(folder / "split.json")
@@ -203,14 +222,16 @@ def load_split(folder: Path, source_sha256: str, framing: tuple[int, int]) -> Lo
     try:
         if any((folder / s.file).stat().st_size != s.tokens * itemsize for s in record.shards):
             return None
-        starts = [np.load(_shard_paths(folder, k)["npy"]) for k in range(len(record.shards))]
+        starts = [_doc_starts(folder, k, s) for k, s in enumerate(record.shards)]
         counts = np.load(folder / "unigram.npy")
-    except (OSError, ValueError):
+    except (OSError, ValueError, EOFError):  # EOFError: np.load of an empty file
+        return None
+    if any(part is None for part in starts):
         return None
     offsets = np.cumsum([0, *(s.tokens for s in record.shards)])
     doc_starts = np.concatenate([[0], *(part[1:] + offsets[k] for k, part in enumerate(starts))]).astype(np.int64)
     stream = TokenStream([folder / s.file for s in record.shards], [s.tokens for s in record.shards], record.dtype)
-    ids = DocumentIds([_shard_paths(folder, k)["ids"] for k in range(len(record.shards))])
+    ids = DocumentIds([_shard_paths(folder, k)["ids"] for k in range(len(record.shards))], record.documents)
     return LoadedSplit(record, stream, doc_starts, ids, counts)
 
 
@@ -299,7 +320,7 @@ def _finished_shard(folder: Path, k: int, shard_bytes: int, itemsize: int) -> Sh
     try:
         record = ShardRecord(**json.loads(paths["json"].read_text(encoding="utf-8")))
         whole = (record.first_byte == k * shard_bytes and paths["bin"].stat().st_size == record.tokens * itemsize
-                 and paths["npy"].is_file() and paths["ids"].is_file())
+                 and _doc_starts(folder, k, record) is not None)
     except (OSError, ValueError, TypeError):
         return None
     return record if whole else None
@@ -322,6 +343,8 @@ def write_split(tokenizer: Tokenizer, source: Path, source_sha256: str, folder: 
         previous = json.loads((folder / "started.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         pass
+    for partial in folder.glob("*.tmp"):  # a killed prepare's unfinished file (the caller holds the data dir's lock)
+        partial.unlink()
     if previous != started:
         for stale in folder.glob("shard-*"):
             stale.unlink()

@@ -10,14 +10,21 @@ import numpy as np
 import torch
 
 from gatelab.config import ExperimentConfig
-from gatelab.data.datasets import heldout_windows, long_context_windows, unigram_perplexity
+from gatelab.data.datasets import (
+    domain_with_long_documents,
+    heldout_windows,
+    long_context_windows,
+    unigram_perplexity,
+)
 from gatelab.data.synthetic import DOMAIN as BIGRAM_BACKCOPY, BigramBackcopy
 from gatelab.eval.benchmarks import load_blimp, run_in_context_suite, score_blimp
 from gatelab.eval.metrics import domain_perplexities, evaluation_mode, long_context_perplexity, model_device
 from gatelab.eval.probes import FirstTokenShareByQuery, probe_model
 from gatelab.report.plots import run_plot_writers
 
-LONG_CONTEXT_DOMAIN = "speeches"  # State of the Union addresses: the long held-out documents
+# State of the Union addresses: the built-in corpora's long held-out documents. A files or hf source is evaluated on its
+# domain with the most held-out documents long enough.
+LONG_CONTEXT_DOMAIN = "speeches"
 
 
 def evaluate(model, experiment: ExperimentConfig, tokenizer, corpus, domains: list[str],
@@ -36,9 +43,14 @@ def evaluate(model, experiment: ExperimentConfig, tokenizer, corpus, domains: li
                                   corpus.get(d, "heldout").counts(corpus.vocab_size)) for d in domains]
     metrics["unigram_ppl/avg"] = float(np.mean(unigram))
 
-    if LONG_CONTEXT_DOMAIN in domains:
-        multipliers = evaluation.long_context_multipliers
-        longest = long_context_windows(corpus, LONG_CONTEXT_DOMAIN, seq_len, multipliers)[max(multipliers)]
+    multipliers = evaluation.long_context_multipliers
+    long_domain = LONG_CONTEXT_DOMAIN if LONG_CONTEXT_DOMAIN in domains else None
+    if long_domain is None and experiment.data.source != "builtin":
+        long_domain = domain_with_long_documents(corpus, domains, max(multipliers) * seq_len + 1)
+        log(f"long-context evaluation on {long_domain}" if long_domain else
+            f"no held-out document has {max(multipliers) * seq_len + 1} tokens: no long-context evaluation")
+    if long_domain is not None:
+        longest = long_context_windows(corpus, long_domain, seq_len, multipliers)[max(multipliers)]
         documents = [torch.from_numpy(row) for row in longest]
         for m, result in long_context_perplexity(model, documents, seq_len, multipliers,
                                                     batch_size=evaluation.batch_size).items():

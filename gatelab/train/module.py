@@ -74,6 +74,12 @@ class GatedLM(L.LightningModule):
         loss = next_token_loss(self.model(input_ids_BT), targets_BT)
         self.log("val/loss", loss, prog_bar=True, batch_size=input_ids_BT.shape[0])
 
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        # The checkpoint describes itself: the experiment (for the tokenizer and training length) and the resolved model
+        # config rebuild its model without the YAML, the registry or MLflow (gatelab.eval.harness.load_checkpoint).
+        checkpoint["gatelab"] = {"experiment": self.experiment.model_dump(mode="json"),
+                                 "model": self.model.config.model_dump(mode="json")}
+
     def on_validation_epoch_end(self) -> None:
         if "val/loss" in self.trainer.callback_metrics:
             self.log("val/ppl", torch.exp(self.trainer.callback_metrics["val/loss"]))

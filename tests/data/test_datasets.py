@@ -1,4 +1,5 @@
-"""Token datasets: document framing, caching, seed-fixed window order, evaluation windows, unigram baseline."""
+"""Token datasets: document framing, caching, seed-fixed window order, evaluation windows, unigram baseline; each on
+user files and on a `files` source read back from several shards a split."""
 
 from __future__ import annotations
 
@@ -6,10 +7,13 @@ import random
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from gatelab.config import DataConfig
 from gatelab.data import datasets as dsmod
 from gatelab.data.corpora import CorpusManifest, DataError, domains_from_files
 from gatelab.data.datasets import (
@@ -21,17 +25,21 @@ from gatelab.data.datasets import (
     train_dataset,
     unigram_perplexity,
 )
-from gatelab.data.shards import TokenStream
+from gatelab.data.external import prepare_source
+from gatelab.data.shards import SHARD_BYTES, TokenStream
 from gatelab.data.tokenizer import load_or_train_tokenizer
 
 SEQ = 16
 
 
-@pytest.fixture
-def setup(tmp_path: Path) -> tuple[CorpusManifest, TokenCorpus]:
+@pytest.fixture(params=["user_files", "files"])
+def setup(tmp_path: Path, request: pytest.FixtureRequest) -> tuple[CorpusManifest, TokenCorpus]:
+    """Two domains of generated text, as user files (one document a file, one shard a split) or as a `files` source
+    (a parquet file with a domain column, tokenized into shards of 2 KiB of text, so windows cross shards)."""
     rng = random.Random(0)
     words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
     files: dict[str, list[Path]] = {}
+    records = []
     for domain in ("left", "right"):
         for i in range(24):
             path = tmp_path / "in" / domain / f"{i:02d}.txt"
@@ -41,9 +49,21 @@ def setup(tmp_path: Path) -> tuple[CorpusManifest, TokenCorpus]:
             text = " ".join(rng.choice(words) for _ in range(n_words))
             path.write_text(f"{domain} {i}: {text} <|eos|> literal", encoding="utf-8")
             files.setdefault(domain, []).append(path)
-    manifest = domains_from_files(files, tmp_path / "data", log=lambda _: None)
+            records.append({"id": f"{domain}/{i:02d}", "text": path.read_text(encoding="utf-8"), "side": domain})
+    if request.param == "user_files":
+        manifest = domains_from_files(files, tmp_path / "data", log=lambda _: None)
+        shard_bytes = SHARD_BYTES
+    else:
+        pq.write_table(pa.Table.from_pylist(records), tmp_path / "in.parquet")
+        data = DataConfig.model_validate({"source": "files", "data_dir": str(tmp_path / "data"), "files": {
+            "paths": [str(tmp_path / "in.parquet")], "id_field": "id", "domain_field": "side"}})
+        manifest = prepare_source(data, log=lambda _: None)
+        shard_bytes = 2048
     tok = load_or_train_tokenizer(manifest, 300, log=lambda _: None)
-    return manifest, tokenize_corpus(manifest, tok, log=lambda _: None)
+    corpus = tokenize_corpus(manifest, tok, log=lambda _: None, shard_bytes=shard_bytes)
+    if request.param == "files":
+        assert len(corpus.tokens("left", "train").paths) > 3  # several shards a split
+    return manifest, corpus
 
 
 def test_documents_are_framed_and_decode_back(setup: tuple[CorpusManifest, TokenCorpus]) -> None:

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from torch import Tensor, nn
 
+from gatelab.eval import benchmarks
 from gatelab.eval.benchmarks import (
     generate_induction,
     generate_mqar,
@@ -101,11 +102,13 @@ class TaskOracle(ZeroLogits):
 class WordTokenizer:
     """Whitespace tokenizer over a fixed word list, with the `encode(text).ids` interface of `tokenizers`."""
 
-    def __init__(self, words: list[str]) -> None:
+    def __init__(self, words: list[str], post_processor_bos: bool = False) -> None:
         self.ids = {word: i for i, word in enumerate(words)}
+        self.post_processor_bos = post_processor_bos  # like a Llama-3 tokenizer.json, which adds its BOS itself
 
-    def encode(self, text: str) -> SimpleNamespace:
-        return SimpleNamespace(ids=[self.ids[word] for word in text.split()])
+    def encode(self, text: str, add_special_tokens: bool = True) -> SimpleNamespace:
+        bos = [self.ids["<bos>"]] if self.post_processor_bos and add_special_tokens else []
+        return SimpleNamespace(ids=bos + [self.ids[word] for word in text.split()])
 
 
 # --------------------------------------------------------------------------------------------------------------- BLiMP
@@ -120,6 +123,18 @@ def favourite_pairs() -> list[dict]:
         {"sentence_good": "the dog ran quietly", "sentence_bad": "the dog ran very", "UID": "p1", "pairID": "1"},
         {"sentence_good": "the quietly cat", "sentence_bad": "the very cat", "UID": "p2", "pairID": "0"},
     ]
+
+
+def test_blimp_prepends_one_bos_even_where_the_tokenizer_adds_its_own(monkeypatch):
+    scored = []
+
+    def record(model, sequences, batch_size):
+        scored.extend(sequences)
+        return torch.zeros(len(sequences))
+
+    monkeypatch.setattr(benchmarks, "sentence_logprobs", record)
+    score_blimp(None, WordTokenizer(WORDS, post_processor_bos=True), favourite_pairs(), bos_id=0)
+    assert len(scored) == 6 and all(s[0] == 0 and 0 not in s[1:] for s in scored)
 
 
 @pytest.mark.parametrize("bos_id", [None, 0])

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from torch.utils.data import DataLoader
 
 from gatelab.data.datasets import PackedDataset
 from gatelab.errors import GatelabError
@@ -34,6 +35,23 @@ def test_ddp_ranks_split_the_global_batch():
     assert torch.equal(torch.cat(parts), whole)
     with pytest.raises(GatelabError, match="must divide evenly over 3 processes"):
         StepBatches(_windows(), 4, 10, lambda: 0, world_size=3)
+
+
+class _Trainer:
+    global_step = 0
+
+
+@pytest.mark.parametrize("context", ["fork", pytest.param("spawn", marks=pytest.mark.slow)])  # spawn: macOS's way
+def test_loader_workers_keep_the_step_order(context):
+    trainer = _Trainer()
+    stream = StepBatches(_windows(), batch_size=3, steps_per_epoch=7, start_step=lambda: trainer.global_step)
+    trainer.global_step = 2  # restored from a checkpoint before the epoch's workers start
+    alone = list(DataLoader(stream, batch_size=None))
+    workers = list(DataLoader(stream, batch_size=None, num_workers=2, multiprocessing_context=context))
+    assert len(alone) == len(workers) == 5  # steps 2..6, the rest of the epoch
+    for (x, y), (xw, yw) in zip(alone, workers, strict=True):
+        assert torch.equal(x, xw) and torch.equal(y, yw)
+    assert torch.equal(alone[0][0], stream.batch(2)[0])
 
 
 def test_warmup_then_cosine_to_the_floor():
