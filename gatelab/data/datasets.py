@@ -1,7 +1,7 @@
 """Token streams, seed-ordered training windows, held-out evaluation windows and a unigram baseline.
 
 Each split of each domain is tokenized once into shards under ``<data_dir>/tokens/<tokenizer fingerprint>/`` (see
-`gatelab.data.shards`: the layout, resumable writing, and `TokenStream`, the memory-mapped reader). Every document is
+`gatelab.data.shards`: the layout, resumable writing, and `TokenStream`, the reader). Every document is
 stored as ``<|bos|> text <|eos|>`` (a foreign tokenizer's own framing tokens instead, see `load_foreign_tokenizer`), so
 documents stay separated and a window can start at a document boundary. A split records its text's checksum and the
 framing ids: a rebuilt corpus, another tokenizer or other framing never reuses stale tokens.
@@ -113,7 +113,7 @@ def tokenize_corpus(
     sources: dict | None = None,
 ) -> TokenCorpus:
     """Tokenize both splits of each domain (default: every prepared domain) into shards once; later calls
-    memory-map them. A prepare that was killed is resumed: its finished shards are kept.
+    read them in place. A prepare that was killed is resumed: its finished shards are kept.
 
     `framing` is the (BOS, EOS) ids that open and close each document; default the trained BPE's <|bos|> and <|eos|>.
     `progress.advance` hears of every batch of documents encoded (or shard kept). `sources` describes the text for the
