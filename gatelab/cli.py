@@ -341,6 +341,54 @@ def table(
     typer.echo("wrote " + ", ".join(str(p) for p in written))
 
 
+@app.command("eval")
+def eval_(
+    target: Annotated[str, typer.Argument(help="a sweep file (every finished run of it) or one MLflow run id")],
+    tasks: Annotated[str, typer.Option(help="comma-separated lm-eval tasks, e.g. gatelab_blimp or hellaswag,arc_easy")],
+    num_fewshot: Annotated[Optional[int], typer.Option(help="few-shot examples (default: each task's own)")] = None,
+    limit: Annotated[Optional[float], typer.Option(help="documents per task (below 1: a fraction of them)")] = None,
+    include_path: Annotated[Optional[Path], typer.Option(help="a folder of your own lm-eval task YAMLs")] = None,
+    batch_size: Annotated[int, typer.Option(help="sequences per forward")] = 16,
+    workers: Annotated[int, typer.Option(help="processes scoring runs side by side")] = 1,
+    experiment: ExperimentOption = None,
+    tracking_uri: Annotated[Optional[str], typer.Option(help="MLflow tracking URI (default: sqlite under runs/)")] = None,
+    runs_dir: RunsDir = Path("runs"),
+) -> None:
+    """Score finished runs with lm-evaluation-harness, from their checkpoints, into the same MLflow runs; a run
+    already scored on a task with the same settings is skipped, so the command can be run again after a stop."""
+    from gatelab.tracking import RunStore, missing_local_store
+
+    try:
+        from gatelab.eval.scoring import HarnessSettings, score_in_parallel, targets_of
+
+        settings = HarnessSettings(tuple(t.strip() for t in tasks.split(",") if t.strip()), num_fewshot, limit,
+                                   str(include_path) if include_path else None, batch_size)
+        if not settings.tasks:
+            raise GatelabError("--tasks: name at least one lm-eval task, e.g. --tasks gatelab_blimp")
+        uri = tracking_uri or f"sqlite:///{(runs_dir / 'mlflow.db').resolve()}?timeout=60"
+        if missing_local_store(uri):
+            raise GatelabError(missing_local_store(uri))
+        targets = targets_of(target, experiment, RunStore(uri, runs_dir), log=typer.echo)
+        counts = score_in_parallel(targets, settings, uri, runs_dir, workers, log=typer.echo)
+    except GatelabError as error:
+        _fail(error)
+    except KeyboardInterrupt:
+        typer.echo("interrupted: the scores logged so far are kept; run the same command again to score the rest",
+                   err=True)
+        raise typer.Exit(code=130) from None
+    typer.echo(f"scored {counts['scored']} run(s); {counts['skipped']} already had these scores")
+
+
+@app.command("lm-eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                                          "help_option_names": []})
+def lm_eval_command(ctx: typer.Context) -> None:
+    """lm-evaluation-harness's own command line, with gatelab runs as its model `gatelab` and gatelab's offline tasks:
+    gatelab lm-eval --model gatelab --model_args run=RUN_ID --tasks gatelab_blimp (`--help` for lm-eval's options)."""
+    from gatelab.eval.harness import main as lm_eval_main
+
+    lm_eval_main(ctx.args)
+
+
 @app.command()
 def claims(
     sweeps: Annotated[list[Path], typer.Argument(help="the sweep files whose runs test the claims, e.g. sweeps/repro-*.yaml")],

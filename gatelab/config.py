@@ -285,17 +285,30 @@ class TrainConfig(StrictModel):
     compile: bool = False
 
 
+class LmEvalConfig(StrictModel):
+    """lm-evaluation-harness at the end of a run (gatelab.eval.scoring); scores are `lm_eval/<task>/<metric>`."""
+
+    tasks: list[str] = Field(min_length=1)  # lm-eval task names, e.g. [gatelab_blimp] offline, [hellaswag] with the Hub
+    num_fewshot: NonNegativeInt | None = None  # default: each task's own
+    limit: PositiveFloat | None = None  # documents per task, or below 1 a fraction of them
+    include_path: str | None = None  # a folder of your own task YAMLs, beside gatelab's offline ones
+
+
 class EvalConfig(StrictModel):
-    """End-of-run (and optionally periodic) evaluation."""
+    """End-of-run (and optionally periodic) evaluation. BLiMP runs on every text run unless `blimp: false`: on
+    `blimp_path` (a folder of the official release's `<paradigm>.jsonl` files) or, unset, on the subset shipped with
+    gatelab (100 pairs a paradigm)."""
 
     every_n_steps: PositiveInt | None = None
     batch_size: PositiveInt = 16  # sequences per evaluation forward pass
     max_windows_per_domain: PositiveInt = 64
     long_context_multipliers: list[PositiveInt] = [1, 2, 4, 8]
+    blimp: bool = True
     blimp_path: str | None = None
     blimp_per_paradigm: PositiveInt = 20
     in_context_examples: PositiveInt = 64
     probe_batches: PositiveInt = 2
+    lm_eval: LmEvalConfig | None = None
 
 
 class TrackingConfig(StrictModel):
@@ -479,6 +492,10 @@ def spec_hash(experiment: ExperimentConfig) -> str:
     payload = experiment.model_dump(mode="json", exclude={"tracking"})
     data = payload["data"]
     del data["shard_mb"], data["loader_workers"]  # storage and speed: the same batches either way
+    if experiment.eval.lm_eval is None:
+        del payload["eval"]["lm_eval"]  # as for `task` below: runs recorded before the key existed keep their hashes
+    if experiment.eval.blimp:
+        del payload["eval"]["blimp"]
     if experiment.data.task == "text":
         # The synthetic task's keys came later: left out of text runs, they keep the hashes those runs were recorded
         # under (a sweep finds its finished runs by hash).

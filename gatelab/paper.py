@@ -35,11 +35,14 @@ class PaperTable:
     ppl: str | None = None  # the perplexity column, compared with our ppl/avg
     added: str | None = None  # the added-parameter column, in millions ('-' where the paper gives none)
     probes: tuple[str, ...] = ()  # columns measured here by the probes of the same name (PROBE_METRICS)
+    benchmarks: tuple[str, ...] = ()  # benchmark score columns (BENCHMARK_TASKS), shown beside lm-eval's scores
 
 
 TABLES: dict[str, PaperTable] = {
-    "table1": PaperTable("paper_table1_moe.csv", ppl="Avg PPL", added="Added (M)"),
-    "table2": PaperTable("paper_table2_dense.csv", ppl="Avg PPL"),
+    "table1": PaperTable("paper_table1_moe.csv", ppl="Avg PPL", added="Added (M)",
+                         benchmarks=("Hellaswag", "MMLU", "GSM8k", "C-eval")),
+    "table2": PaperTable("paper_table2_dense.csv", ppl="Avg PPL",
+                         benchmarks=("HumanEval", "MMLU", "GSM8k", "Hellaswag", "C-eval", "CMMLU")),
     "table3": PaperTable("paper_table3_nonlinearity.csv", ppl="Avg PPL"),
     "table4": PaperTable("paper_table4_sparsity_sink.csv", ppl="PPL", probes=("Gate Score", "M-Act", "F-Attn")),
     "table5": PaperTable("paper_table5_ruler.csv"),  # RULER scores by context length, rows by method, not variant
@@ -47,7 +50,8 @@ TABLES: dict[str, PaperTable] = {
 }
 CATALOGUE = "variant_catalogue.csv"  # every variant id with its formula and per-layer parameter cost
 
-# A sweep's `paper:` key: the tables its report compares against; where one variant id is in several, the last wins.
+# A sweep's `paper:` key: the tables its report compares against; where one variant id is in several, the last one's
+# values win and the earlier ones fill its gaps.
 SWEEP_TABLES: dict[str, tuple[str, ...]] = {
     "table1": ("table1",),
     "table2": ("table2",),
@@ -57,6 +61,10 @@ SWEEP_TABLES: dict[str, tuple[str, ...]] = {
     "table3-4": ("table3", "table4"),
     "table1-3-4": ("table1", "table3", "table4"),
 }
+# The paper's benchmark columns, and the lm-eval task that scores the same benchmark (`gatelab eval --tasks ...`; the
+# paper's few-shot settings are its own, so compare directions, not values).
+BENCHMARK_TASKS = {"Hellaswag": "hellaswag", "MMLU": "mmlu", "GSM8k": "gsm8k", "C-eval": "ceval-valid",
+                   "CMMLU": "cmmlu", "HumanEval": "humaneval"}
 # Table 4's mechanistic columns, and the probe metrics of ours that measure the same thing.
 PROBE_METRICS = {"Gate Score": "probe/gate_score_mean", "M-Act": "probe/m_act", "F-Attn": "probe/f_attn"}
 
@@ -144,8 +152,8 @@ def added_params(table: str | None) -> dict[str, float | None] | None:
 
 
 def reference(paper: str | None) -> pd.DataFrame:
-    """The paper's rows for a sweep's `paper:` key, indexed by variant id: `ppl` and Table 4's probe columns, as
-    numbers (a '-' is NaN). Tables whose CSV is missing are left out (`missing_note` says so)."""
+    """The paper's rows for a sweep's `paper:` key, indexed by variant id: `ppl`, Table 4's probe columns and the
+    benchmark columns, as numbers (a '-' is NaN). Tables whose CSV is missing are left out (`missing_note` says so)."""
     import pandas as pd
 
     frames = []
@@ -154,15 +162,17 @@ def reference(paper: str | None) -> pd.DataFrame:
         if frame is None:
             continue
         frame = frame.set_index("id")
-        keep = {table.ppl: "ppl", **{c: c for c in table.probes if c in frame.columns}}
+        keep = {table.ppl: "ppl", **{c: c for c in (*table.probes, *table.benchmarks) if c in frame.columns}}
         frames.append(frame[list(keep)].rename(columns=keep).apply(pd.to_numeric, errors="coerce"))
     if not frames:
         return pd.DataFrame(columns=["ppl"])
-    merged = pd.concat(frames)
-    return merged[~merged.index.duplicated(keep="last")]
+    merged = frames[0]
+    for frame in frames[1:]:  # a later table's value wins; its gaps (columns it lacks, '-') keep an earlier one's
+        merged = frame.combine_first(merged)
+    return merged[list(dict.fromkeys(c for f in frames for c in f.columns))]
 
 
 __all__ = [
-    "CATALOGUE", "PAPER_DIR_ENV", "PROBE_METRICS", "SWEEP_TABLES", "TABLES", "PaperTable", "added_params",
+    "BENCHMARK_TASKS", "CATALOGUE", "PAPER_DIR_ENV", "PROBE_METRICS", "SWEEP_TABLES", "TABLES", "PaperTable", "added_params",
     "missing_files", "missing_note", "paper_dir", "paper_file", "read_frame", "read_rows", "reference",
 ]

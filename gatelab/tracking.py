@@ -11,11 +11,12 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import subprocess
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gatelab.errors import redact  # noqa: F401  re-exported: callers that log a tracking URI find it here
+from gatelab.errors import GatelabError, redact  # redact re-exported: callers that log a tracking URI find it here
 from gatelab.host import repo_root
 
 if TYPE_CHECKING:
@@ -35,6 +36,16 @@ def default_tracking_uri(runs_dir: Path) -> str:
     """SQLite under runs/, waiting up to a minute for a lock: several local workers write to it at once."""
     runs_dir.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{(runs_dir / 'mlflow.db').resolve()}?timeout=60"
+
+
+def missing_local_store(uri: str) -> str | None:
+    """Why a SQLite store that is only to be read holds nothing (its file does not exist), else None: reading one would
+    create it, empty, and answer "no such run"."""
+    if uri.startswith("sqlite:///"):
+        path = Path(uri.removeprefix("sqlite:///").split("?")[0])
+        if not path.is_file():
+            return f"no MLflow store at {path}: train or run a sweep first, or pass --runs-dir or --tracking-uri"
+    return None
 
 
 def client(uri: str) -> MlflowClient:
@@ -122,6 +133,28 @@ class RunStore:
         experiments = [e.experiment_id for e in self.client.search_experiments()]
         runs = self.client.search_runs(experiments, f"tags.`{STATUS_TAG}` = 'finished'")
         return [{k: v for k, v in run.data.metrics.items() if k.startswith(prefixes)} for run in runs]
+
+    def run_tags(self, run_id: str) -> dict[str, str]:
+        """The run's tags; a run id the store does not have is one error naming it."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return dict(self.client.get_run(run_id).data.tags)
+        except MlflowException:
+            raise GatelabError(f"no MLflow run '{run_id}' in {redact(self.uri)}: check the id (the MLflow UI, or "
+                               "`gatelab sweep status`), or pass --tracking-uri for another store") from None
+
+    def log_scores(self, run_id: str, metrics: dict[str, float], tags: dict[str, str], paths: Iterable[Path],
+                   folder: str) -> None:
+        """Scores of an ended run (benchmarks scored after training): metrics, the files as artifacts under `folder`,
+        then `tags`, last, so a tag is never there without what it vouches for."""
+        from mlflow.entities import Metric, RunTag
+
+        now = int(time.time() * 1000)
+        self.client.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in metrics.items()])
+        for path in paths:
+            self.client.log_artifact(run_id, str(path), folder)
+        self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
 
     def log_report(self, experiment_name: str, paths: Iterable[Path]) -> str:
         """The files of a report as artifacts of one sweep-level run (tagged REPORT_TAG, kept out of the training
@@ -218,6 +251,11 @@ class TrackedRun:
 
     def metric_history(self, name: str) -> tuple[list[int], list[float]]:
         return self.store.metric_history(self.run_id, name)
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        from mlflow.entities import RunTag
+
+        self.client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in tags.items()])
 
     def end(self, status: str) -> None:
         """Tag the outcome (finished / diverged / pruned) and close the run as FINISHED."""

@@ -66,7 +66,7 @@ def write_micro_experiment(tmp_path: Path, data: dict | None = None, **train) ->
 def write_micro_sweep(folder: Path, name: str, max_steps: int = 150, **extra) -> Path:
     """A sweep of MICRO_SWEEP_VARIANTS, seed 0, over the MICRO preset (no validation, no BLiMP)."""
     preset = {**MICRO, "train": {**MICRO["train"], "max_steps": max_steps, "checkpoint_every": 50, "log_every": 10},
-              "eval": {**MICRO["eval"], "every_n_steps": None, "blimp_path": None}}
+              "eval": {**MICRO["eval"], "every_n_steps": None, "blimp": False}}
     (folder / "micro.yaml").write_text(yaml.safe_dump(preset))
     sweep = {"name": name, "experiment": "micro.yaml", "grid": {"variant": MICRO_SWEEP_VARIANTS, "seed": [0]}, **extra}
     path = folder / "sweep.yaml"

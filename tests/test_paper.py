@@ -43,10 +43,12 @@ def test_sweep_paper_keys_name_registered_tables_and_others_are_refused(tmp_path
                                           "grid": {"variant": ["baseline"]}, "paper": "table9"}))
 
 
-def test_reference_merges_tables_and_reads_table4_probes(monkeypatch):
+def test_reference_merges_tables_and_reads_table4_probes_and_benchmarks(monkeypatch):
     monkeypatch.delenv(paper.PAPER_DIR_ENV, raising=False)
     reference = paper.reference("table1-3-4")
-    assert list(reference.columns) == ["ppl", "Gate Score", "M-Act", "F-Attn"]
+    assert list(reference.columns) == ["ppl", "Hellaswag", "MMLU", "GSM8k", "C-eval", "Gate Score", "M-Act", "F-Attn"]
+    assert reference.loc["baseline", "Hellaswag"] == pytest.approx(73.07)
+    assert set(paper.reference("table2").columns) == {"ppl", *paper.TABLES["table2"].benchmarks}
     assert reference.loc["g1_elem_sig", "ppl"] == pytest.approx(5.761)
     assert reference.loc["baseline", "F-Attn"] == pytest.approx(0.467)
     assert paper.added_params("table6")["baseline"] is None and paper.added_params("table2") is None

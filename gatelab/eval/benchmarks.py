@@ -25,6 +25,8 @@ from torch import Tensor, nn
 from gatelab.eval.metrics import IGNORE_INDEX, evaluation_mode, model_device, token_nll
 
 BLIMP_FIELDS = ("sentence_good", "sentence_bad", "UID", "pairID")
+# The first 100 pairs of each of BLiMP's 67 paradigms, shipped with the package (its NOTICE.md): BLiMP offline.
+PACKAGED_BLIMP = Path(__file__).resolve().parent / "blimp"
 NEEDLE_MIN_LEN = 5  # (marker, key, value) needle + (marker, key) query
 SUITE_MAX_INDUCTION_SPAN = 32
 SUITE_MAX_MQAR_PAIRS = 32
@@ -37,16 +39,18 @@ class Encoding(Protocol):
 class Tokenizer(Protocol):
     """The part of a HuggingFace `tokenizers.Tokenizer` used here."""
 
-    def encode(self, text: str) -> Encoding: ...
+    def encode(self, text: str, add_special_tokens: bool = True) -> Encoding: ...
 
 
 # --------------------------------------------------------------------------------------------------------------- BLiMP
 
 
 def load_blimp(
-    path: str | Path, paradigms: Iterable[str] | None = None, per_paradigm: int | None = None, seed: int = 0
+    path: str | Path = PACKAGED_BLIMP, paradigms: Iterable[str] | None = None, per_paradigm: int | None = None,
+    seed: int = 0,
 ) -> list[dict[str, Any]]:
-    """BLiMP pairs from a directory holding one `<paradigm>.jsonl` per paradigm (the layout of the official release).
+    """BLiMP pairs from a directory holding one `<paradigm>.jsonl` per paradigm (the layout of the official release);
+    by default the package's own subset, `PACKAGED_BLIMP` (100 pairs a paradigm, so `per_paradigm` above 100 gives 100).
 
     Each pair is the file's record as is (at least `sentence_good`, `sentence_bad`, `UID`, `pairID`). `paradigms`
     selects files by name (default: all, sorted). `per_paradigm` keeps a random subset of that many pairs per paradigm,
@@ -124,7 +128,8 @@ def score_blimp(
 
     Total = sum over the sentence's tokens, each given the ones before it; with `bos_id` every token is scored given a
     prepended BOS, without it the first token is only context (its unconditional probability is unknown to a causal
-    LM); if the tokenizer's post-processor already adds a BOS, leave `bos_id` None. This is the standard unnormalised
+    LM). Sentences are encoded without the tokenizer's own special tokens (a Llama-3 tokenizer.json's post-processor
+    would add a second BOS), as training text is. This is the standard unnormalised
     comparison, so a sentence with more tokens is at a disadvantage, as in the BLiMP paper. A tie counts as wrong: a
     model that cannot tell the sentences apart has not passed the pair.
     Returns {"accuracy", "by_paradigm": {UID: accuracy}, "n": number of pairs}.
@@ -133,7 +138,7 @@ def score_blimp(
         raise ValueError("score_blimp: no pairs to score")
     prefix = [] if bos_id is None else [bos_id]
     sequences = [
-        prefix + tokenizer.encode(pair[field]).ids for pair in pairs for field in ("sentence_good", "sentence_bad")
+        prefix + tokenizer.encode(pair[field], add_special_tokens=False).ids for pair in pairs for field in ("sentence_good", "sentence_bad")
     ]
     logprobs_N2 = sentence_logprobs(model, sequences, batch_size).view(-1, 2)
     correct_N = (logprobs_N2[:, 0] > logprobs_N2[:, 1]).tolist()

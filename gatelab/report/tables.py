@@ -21,6 +21,7 @@ from gatelab.tracking import SPEC_HASH_TAG, STATUS_TAG, RunStore
 
 # The paper's columns that our probes measure (Table 4), as gatelab.paper registers them.
 PAPER_PROBES = paper_tables.PROBE_METRICS
+PAPER_BENCHMARKS = paper_tables.BENCHMARK_TASKS
 PPL = "ppl/avg"
 
 
@@ -124,6 +125,9 @@ class GroupNumbers:
     paper_delta: float  # ... minus the paper's baseline
     paper_probes: dict[str, float]  # Table 4 column -> the paper's value, for the columns the reference has
     extra: dict[str, list[float]]  # further metrics shown in the table -> their finished values
+    # Benchmark scores (BLiMP, lm-eval) against the baseline of the same settings, as the main metric is compared.
+    score_comparisons: dict[str, Comparison] = field(default_factory=dict)
+    paper_benchmarks: dict[str, float] = field(default_factory=dict)  # the paper's benchmark column -> its value
 
     @property
     def settings(self) -> str:
@@ -148,7 +152,12 @@ def _shown_metrics(records: list[RunRecord]) -> list[str]:
                           key=lambda m: int(m.rsplit("x", 1)[1]))
     extra = ["blimp/accuracy", *PAPER_PROBES.values(), "probe/m_act_share_layers_max_at_first_token",
              *sorted({m for r in records for m in r.metrics if m.startswith("bb/")})]
-    return domain_metrics + long_metrics + extra
+    return domain_metrics + long_metrics + extra + _benchmark_metrics(records)
+
+
+def _benchmark_metrics(records: list[RunRecord]) -> list[str]:
+    """lm-eval's scores the runs have (`gatelab eval`, or eval.lm_eval): `lm_eval/<task>/<metric>`, stderr aside."""
+    return sorted({m for r in records for m in r.metrics if m.startswith("lm_eval/") and not m.endswith("/stderr")})
 
 
 def comparison_numbers(records: list[RunRecord], reference: pd.DataFrame, metric: str = PPL) -> list[GroupNumbers]:
@@ -161,6 +170,7 @@ def comparison_numbers(records: list[RunRecord], reference: pd.DataFrame, metric
     paper_ppl = reference["ppl"] if "ppl" in reference else None
     paper_baseline = paper_ppl.get("baseline", math.nan) if paper_ppl is not None else math.nan
     shown = _shown_metrics(records)
+    scores = ["blimp/accuracy", *_benchmark_metrics(records)]
     rows = []
     for group, members in groups.items():
         variant = members[0].spec.experiment.variant
@@ -171,9 +181,21 @@ def comparison_numbers(records: list[RunRecord], reference: pd.DataFrame, metric
         paper_probes = {c: reference[c].get(variant, math.nan) for c in PAPER_PROBES if c in reference.columns}
         extra = {name: [r.metrics[name] for r in members if r.status == "finished" and name in r.metrics]
                  for name in shown}
+        score_comparisons = {}
+        if variant != "baseline":
+            for name in scores:
+                ours, base = _by_seed(members, name), _by_seed(groups.get(members[0].baseline_group, []), name)
+                if ours and base:
+                    score_comparisons[name] = compare(ours, base)
+        paper_benchmarks = {c: reference[c].get(variant, math.nan) for c in PAPER_BENCHMARKS if c in reference.columns}
         rows.append(GroupNumbers(group, variant, members, list(by_seed[group].values()), comparison, paper_value,
-                                 paper_value - paper_baseline, paper_probes, {k: v for k, v in extra.items() if v}))
+                                 paper_value - paper_baseline, paper_probes, {k: v for k, v in extra.items() if v},
+                                 score_comparisons, paper_benchmarks))
     return rows
+
+
+def _by_seed(members: list[RunRecord], metric: str) -> dict[int, float]:
+    return {r.spec.experiment.seed: r.metrics[metric] for r in members if r.status == "finished" and metric in r.metrics}
 
 
 def numbers_frame(rows: list[GroupNumbers]) -> pd.DataFrame:
@@ -206,6 +228,12 @@ def format_comparison(rows: list[GroupNumbers], metric: str = PPL) -> pd.DataFra
             line[f"paper {column}"] = "" if pd.isna(paper_probe) else f"{paper_probe:g}"
         for name, values in number.extra.items():
             line[name] = _cell(values)
+            if name in number.score_comparisons:
+                score = number.score_comparisons[name]
+                p_value = f"p {score.p_value:.3g}" if score.p_value is not None else (score.reason or "p n/a")
+                line[f"{name} Δ"] = f"{score.delta:+.3f} ({p_value})"
+        for column, paper_score in number.paper_benchmarks.items():
+            line[f"paper {column}"] = "" if pd.isna(paper_score) else f"{paper_score:g}"
         lines.append(line)
     return pd.DataFrame(lines).fillna("")
 

@@ -17,7 +17,7 @@ from gatelab.data.datasets import (
     unigram_perplexity,
 )
 from gatelab.data.synthetic import DOMAIN as BIGRAM_BACKCOPY, BigramBackcopy
-from gatelab.eval.benchmarks import load_blimp, run_in_context_suite, score_blimp
+from gatelab.eval.benchmarks import PACKAGED_BLIMP, load_blimp, run_in_context_suite, score_blimp
 from gatelab.eval.metrics import domain_perplexities, evaluation_mode, long_context_perplexity, model_device
 from gatelab.eval.probes import FirstTokenShareByQuery, probe_model
 from gatelab.report.plots import run_plot_writers
@@ -59,8 +59,8 @@ def evaluate(model, experiment: ExperimentConfig, tokenizer, corpus, domains: li
                 if result["ppl_beyond_train_len"] is not None:
                     metrics[f"long_ppl_beyond_train/x{m}"] = result["ppl_beyond_train_len"]
 
-    if evaluation.blimp_path:
-        pairs = load_blimp(Path(evaluation.blimp_path), per_paradigm=evaluation.blimp_per_paradigm,
+    if evaluation.blimp and experiment.data.task == "text":  # English minimal pairs: the synthetic task has no words
+        pairs = load_blimp(Path(evaluation.blimp_path or PACKAGED_BLIMP), per_paradigm=evaluation.blimp_per_paradigm,
                            seed=experiment.seed)
         blimp = score_blimp(model, tokenizer, pairs, bos_id=corpus.bos_id, batch_size=evaluation.batch_size)
         metrics["blimp/accuracy"] = blimp["accuracy"]

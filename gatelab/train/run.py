@@ -257,9 +257,31 @@ def _record_finished(tracked: TrackedRun, clock: _PhaseClock, stability: Stabili
     tracked.log_metrics({name: float(value) for name, value in metrics.items()
                          if value is not None and np.isfinite(value)}, step)
     tracked.log_artifacts(artifacts, "eval")
+    if experiment.eval.lm_eval is not None:
+        metrics |= _score_benchmarks(tracked, module, experiment, tokenizer, corpus, step)
     clock.phase_ended("eval")
     clock.log(tracked, step)
     tracked.end("finished")
+    return metrics
+
+
+def _score_benchmarks(tracked: TrackedRun, module: GatedLM, experiment: ExperimentConfig, tokenizer, corpus,
+                      step: int) -> dict[str, float]:
+    """eval.lm_eval's tasks through lm-evaluation-harness, recorded as `gatelab eval` records them (so it skips them)."""
+    import json
+
+    from gatelab.eval import scoring
+
+    config = experiment.eval.lm_eval
+    settings = scoring.HarnessSettings(tuple(config.tasks), config.num_fewshot, config.limit, config.include_path,
+                                       experiment.eval.batch_size)
+    metrics, payloads, tags = scoring.score_live(module.model, tokenizer, corpus.bos_id, corpus.eos_id,
+                                                 experiment.data.seq_len, experiment.train.precision, settings)
+    tracked.log_metrics(metrics, step)
+    tracked.log_artifacts({f"{task}.json": (lambda path, p=payload: path.write_text(json.dumps(p, indent=1,
+                                                                                               default=str)))
+                           for task, payload in payloads.items()}, scoring.PREFIX)
+    tracked.set_tags(tags)
     return metrics
 
 
@@ -322,6 +344,11 @@ def run(experiment: ExperimentConfig, tracking_uri: str | None = None, runs_dir:
         return RunResult("pruned", agreement.run_id, digest, global_rank=rank)
     clock.phase_ended("train")
     run_id = agreement.run_id  # rank 0's, broadcast to every rank in `setup`
+    if stability.diverged_step is None and trainer.global_step % experiment.train.checkpoint_every:
+        # ModelCheckpoint(every_n_train_steps) writes last.ckpt on multiples of checkpoint_every only (Lightning 2.6's
+        # on_train_end skips its save once one was written): without this, `gatelab eval` would score the weights of
+        # some steps before the end. Every rank calls it; rank 0 writes.
+        trainer.save_checkpoint(checkpoint)
 
     if stability.diverged_step is not None:  # every rank sees the same synced loss, so every rank agrees
         if rank == 0:

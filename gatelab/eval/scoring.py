@@ -1,0 +1,270 @@
+"""Benchmark scores from lm-evaluation-harness, logged into gatelab's MLflow runs: `gatelab eval` for runs that have
+finished (from their checkpoints), and `score_live` for a model at the end of its training.
+
+A run's scores for a task are metrics ``lm_eval/<task>/<metric>`` (and ``lm_eval/<task>/<metric>/stderr``), the
+harness's results JSON an artifact ``lm_eval/<task>.json``, and last a tag ``gatelab.lm_eval.<task>`` holding the
+settings they were made with (task version, few-shot count, limit). The tag is what makes scoring idempotent: a run whose
+tag matches is not scored again, and a scorer killed before the tag is written leaves the task to score again, never a
+tag over missing metrics.
+
+Why plain processes for `--workers` rather than the sweep's Optuna ledger: scoring writes only to finished runs and is
+keyed by that tag, so two processes that happened to score the same run would log the same values twice, not corrupt
+anything; a ledger would add a study per scoring pass for no safety gained. The runs are dealt out round-robin.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gatelab.errors import GatelabError
+from gatelab.tracking import RunStore
+
+PREFIX = "lm_eval"
+TAG_PREFIX = "gatelab.lm_eval."
+
+
+@dataclass(frozen=True)
+class HarnessSettings:
+    """What the harness is asked: tasks and the settings that change their scores."""
+
+    tasks: tuple[str, ...]
+    num_fewshot: int | None = None
+    limit: float | None = None  # documents per task (an integer), or a fraction of them below 1
+    include_path: str | None = None  # a folder of the user's own task YAMLs, beside gatelab's
+    batch_size: int = 16
+
+
+def task_manager(include_path: str | None = None):
+    """lm-eval's task index over its own tasks, gatelab's offline tasks and the user's folder."""
+    from lm_eval.tasks import TaskManager
+
+    from gatelab.eval.harness import local_task_dir
+
+    paths = [str(local_task_dir())]
+    if include_path:
+        folder = Path(include_path).expanduser()
+        if not folder.is_dir():
+            raise GatelabError(f"--include-path {include_path}: no such folder; give a folder of lm-eval task YAMLs")
+        paths.append(str(folder))
+    return TaskManager(include_path=paths)
+
+
+def check_tasks(tasks: Sequence[str], manager) -> None:
+    """An unknown task is one error naming the nearest valid names (lm-eval's index is the list of valid names)."""
+    known = set(manager.all_tasks)
+    for task in tasks:
+        if task not in known:
+            near = difflib.get_close_matches(task, sorted(known), n=5, cutoff=0.6)
+            hint = f"did you mean {', '.join(near)}? " if near else ""
+            raise GatelabError(f"--tasks: lm-eval has no task {task!r}; {hint}`python -m gatelab.eval.harness --tasks "
+                               "list` lists them all (gatelab's offline tasks start with gatelab_)")
+
+
+def task_version(task: str, manager) -> Any:
+    """The task's `metadata.version` as its YAML declares it (None for a task defined in Python)."""
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    entry = manager.task_index.get(task)
+    if entry is None or entry.yaml_path is None:
+        return None
+    try:
+        return (load_yaml(entry.yaml_path, resolve_func=False).get("metadata") or {}).get("version")
+    except (OSError, ValueError):
+        return None
+
+
+def settings_tag(task: str, settings: HarnessSettings, manager) -> str:
+    return json.dumps({"version": task_version(task, manager), "num_fewshot": settings.num_fewshot,
+                       "limit": settings.limit}, sort_keys=True)
+
+
+def metrics_of(task: str, task_results: dict[str, Any]) -> dict[str, float]:
+    """lm-eval's ``{"acc,none": 0.5, "acc_stderr,none": 0.1, ...}`` as ``lm_eval/<task>/acc`` and
+    ``lm_eval/<task>/acc/stderr``; a filter other than `none` joins the metric's name (``exact_match_strict-match``)."""
+    metrics = {}
+    for key, value in task_results.items():
+        if "," not in key or not isinstance(value, int | float) or isinstance(value, bool):
+            continue  # "alias", "samples", and "N/A" where a stderr could not be computed
+        name, filter_name = key.split(",", 1)
+        stderr = name.endswith("_stderr")
+        name = name.removesuffix("_stderr") + ("" if filter_name == "none" else f"_{filter_name}")
+        if math.isfinite(value):
+            metrics[f"{PREFIX}/{task}/{name}" + ("/stderr" if stderr else "")] = float(value)
+    return metrics
+
+
+def _offline_error(task: str, error: BaseException) -> GatelabError:
+    from gatelab.data.hub import hub_unreachable
+
+    reason = hub_unreachable()
+    if reason is None:
+        return GatelabError(f"task {task!r} could not be loaded ({type(error).__name__}: "
+                            f"{str(error).splitlines()[0][:300] if str(error) else ''})")
+    return GatelabError(
+        f"task {task!r} needs its dataset from the Hugging Face Hub, which cannot be reached ({reason}); download the "
+        "dataset where the Hub is reachable and write a task YAML with `dataset_path: json` (or parquet) and "
+        "`dataset_kwargs: {data_files: {test: /path/to/file}}` in a folder given to --include-path, as gatelab's own "
+        "offline tasks do (gatelab/eval/tasks)")
+
+
+def load_tasks(settings: HarnessSettings, manager) -> dict:
+    """lm-eval's task objects, loaded once (datasets included) before any model is: a task whose data cannot be had
+    fails here, as one message."""
+    from lm_eval.tasks import get_task_dict
+
+    from gatelab.data.hub import hub_unreachable
+
+    if hub_unreachable() is not None:
+        os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # fail at once rather than retry the network
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    loaded = {}
+    for task in settings.tasks:
+        try:
+            loaded.update(get_task_dict([task], manager))
+        except GatelabError:
+            raise
+        except Exception as error:  # noqa: BLE001  datasets and lm-eval raise many kinds for a dataset out of reach
+            raise _offline_error(task, error) from None
+    return loaded
+
+
+def evaluate(lm, settings: HarnessSettings, tasks: dict) -> dict[str, Any]:
+    """The harness's results for `lm` on the loaded `tasks`."""
+    import logging
+
+    from lm_eval import simple_evaluate
+
+    logging.getLogger("lm_eval").setLevel(logging.WARNING)
+    return simple_evaluate(model=lm, tasks=list(tasks.values()), num_fewshot=settings.num_fewshot,
+                           limit=settings.limit, log_samples=False, bootstrap_iters=1000)
+
+
+def record(store: RunStore, run_id: str, results: dict[str, Any], tags: dict[str, str]) -> dict[str, float]:
+    """Each task's metrics and results JSON into the run, then its tag (last: see the module docstring)."""
+    logged: dict[str, float] = {}
+    for task, tag in tags.items():
+        metrics = metrics_of(task, results["results"].get(task, {}))
+        payload = {key: results.get(key, {}).get(task) for key in ("results", "versions", "n-shot", "configs",
+                                                                     "n-samples", "higher_is_better")}
+        payload["lm_eval_version"] = results.get("lm_eval_version") or _lm_eval_version()
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / f"{task}.json"
+            path.write_text(json.dumps(payload, indent=1, default=str))
+            store.log_scores(run_id, metrics, {TAG_PREFIX + task: tag}, [path], PREFIX)
+        logged |= metrics
+    return logged
+
+
+def _lm_eval_version() -> str:
+    from importlib.metadata import version
+
+    return version("lm_eval")
+
+
+@dataclass(frozen=True)
+class Target:
+    run_id: str
+    label: str  # what the user sees: "<variant> seed <n>" or the run id
+
+
+def targets_of(target: str, experiment: Path | None, store: RunStore, log=print) -> list[Target]:
+    """The finished runs to score: every one of a sweep file's runs that has finished, or one MLflow run id."""
+    path = Path(target)
+    if path.suffix in (".yaml", ".yml") or path.is_file():
+        from gatelab.report.tables import collect_runs
+        from gatelab.sweep.spec import expand, load_sweep
+
+        sweep = load_sweep(path, experiment)
+        records = collect_runs(expand(sweep), store, sweep.name)
+        finished = [r for r in records if r.status == "finished" and r.run_id]
+        others = len(records) - len(finished)
+        if others:
+            log(f"{others} of {len(records)} runs of {sweep.name} have not finished; scoring the {len(finished)} that "
+                "have")
+        return [Target(r.run_id, f"{r.spec.experiment.variant} seed {r.spec.experiment.seed}"
+                       + (f" ({' '.join(f'{k}={v}' for k, v in r.spec.settings().items())})" if r.spec.settings()
+                          else "")) for r in finished]
+    status = store.run_tags(target).get("gatelab.status")
+    if status != "finished":
+        raise GatelabError(f"MLflow run '{target}' is {status or 'not a gatelab run'}, not finished: score finished "
+                           "runs (a sweep file scores every finished run of the sweep)")
+    return [Target(target, target)]
+
+
+def pending_tasks(store: RunStore, target: Target, tags: dict[str, str]) -> dict[str, str]:
+    """The tasks (with their settings tag) this run has not been scored on with these settings."""
+    recorded = store.run_tags(target.run_id)
+    return {task: tag for task, tag in tags.items() if recorded.get(TAG_PREFIX + task) != tag}
+
+
+def score_runs(targets: Sequence[Target], settings: HarnessSettings, uri: str, runs_dir: Path,
+               log=print) -> dict[str, int]:
+    """Score every target on the tasks it lacks; returns counts of runs scored and skipped."""
+    from gatelab.eval.harness import GatelabLM
+
+    store = RunStore(uri, runs_dir)
+    manager = task_manager(settings.include_path)
+    check_tasks(settings.tasks, manager)
+    tags = {task: settings_tag(task, settings, manager) for task in settings.tasks}
+    todo = [(t, pending_tasks(store, t, tags)) for t in targets]
+    todo = [(t, pending) for t, pending in todo if pending]
+    counts = {"scored": 0, "skipped": len(targets) - len(todo)}
+    if not todo:
+        return counts
+    loaded = load_tasks(settings, manager)
+    for target, pending in todo:
+        log(f"scoring {target.label} on {', '.join(pending)}")
+        lm = GatelabLM(run=target.run_id, tracking_uri=uri, runs_dir=str(runs_dir), batch_size=settings.batch_size)
+        results = evaluate(lm, settings, {task: loaded[task] for task in pending})
+        metrics = record(store, target.run_id, results, pending)
+        log("  " + ", ".join(f"{name.removeprefix(PREFIX + '/')} {value:.4f}" for name, value in metrics.items()
+                             if not name.endswith("/stderr")))
+        counts["scored"] += 1
+    return counts
+
+
+def _score_share(args: tuple) -> dict[str, int]:
+    targets, settings, uri, runs_dir = args
+    return score_runs(targets, settings, uri, runs_dir)
+
+
+def score_in_parallel(targets: Sequence[Target], settings: HarnessSettings, uri: str, runs_dir: Path, workers: int,
+                      log=print) -> dict[str, int]:
+    """`score_runs` over `workers` processes, the runs dealt out round-robin (see the module docstring)."""
+    if workers <= 1 or len(targets) <= 1:
+        return score_runs(targets, settings, uri, runs_dir, log)
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    shares = [list(targets[i::workers]) for i in range(workers)]
+    shares = [s for s in shares if s]
+    with ProcessPoolExecutor(len(shares), mp_context=multiprocessing.get_context("spawn")) as pool:
+        results = list(pool.map(_score_share, [(s, settings, uri, runs_dir) for s in shares]))
+    return {key: sum(r[key] for r in results) for key in ("scored", "skipped")}
+
+
+def score_live(model, tokenizer, bos_id: int, eos_id: int, seq_len: int, precision: str, settings: HarnessSettings
+               ) -> tuple[dict[str, float], dict[str, Any], dict[str, str]]:
+    """The harness on a model in memory (the end of a training run): (metrics, results JSON per task, the settings
+    tags that make `gatelab eval` skip these tasks)."""
+    from gatelab.eval.harness import GatelabLM
+
+    manager = task_manager(settings.include_path)
+    check_tasks(settings.tasks, manager)
+    lm = GatelabLM.from_model(model, tokenizer, bos_id, seq_len, batch_size=settings.batch_size, precision=precision,
+                              eos_id=eos_id)
+    results = evaluate(lm, settings, load_tasks(settings, manager))
+    metrics = {}
+    for task in settings.tasks:
+        metrics |= metrics_of(task, results["results"].get(task, {}))
+    payloads = {task: {key: results.get(key, {}).get(task) for key in ("results", "versions", "n-shot")}
+                for task in settings.tasks}
+    return metrics, payloads, {TAG_PREFIX + task: settings_tag(task, settings, manager) for task in settings.tasks}

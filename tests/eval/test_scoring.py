@@ -1,0 +1,99 @@
+"""`gatelab eval`: lm-eval scores of finished runs into their MLflow runs, once per task and settings, resumable after a
+kill; `gatelab table` shows them; bad input is one message."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from gatelab import tracking
+from gatelab.eval.scoring import PREFIX, TAG_PREFIX, metrics_of
+from tests.helpers import gatelab_cli, sqlite_uri, write_micro_sweep
+
+
+def test_lm_eval_keys_become_metric_names():
+    results = {"alias": "blimp", "acc,none": 0.75, "acc_stderr,none": 0.02, "exact_match,strict-match": 0.5,
+               "exact_match_stderr,strict-match": "N/A", "samples": 12, "acc_norm,none": float("nan")}
+    assert metrics_of("blimp", results) == {
+        f"{PREFIX}/blimp/acc": 0.75, f"{PREFIX}/blimp/acc/stderr": 0.02, f"{PREFIX}/blimp/exact_match_strict-match": 0.5}
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    """Three finished micro runs (baseline and two gated variants), trained by `gatelab sweep run`."""
+    folder = tmp_path_factory.mktemp("swept")
+    sweep = write_micro_sweep(folder, "scored", max_steps=12)
+    done = gatelab_cli("sweep", "run", str(sweep), "--runs-dir", str(folder / "runs"), cwd=folder)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return folder, sweep
+
+
+def _scored(folder) -> dict[str, dict]:
+    client = tracking.client(sqlite_uri(folder / "runs"))
+    runs = client.search_runs([client.get_experiment_by_name("scored").experiment_id],
+                              filter_string=f"tags.`{tracking.STATUS_TAG}` = 'finished'")
+    return {run.info.run_id: {"metrics": run.data.metrics, "tags": run.data.tags} for run in runs}
+
+
+EVAL = ("--tasks", "gatelab_blimp", "--limit", "40", "--batch-size", "8")
+
+
+@pytest.mark.slow
+def test_eval_scores_each_finished_run_once_and_survives_a_kill(swept):
+    folder, sweep = swept
+    runs = ("--runs-dir", str(folder / "runs"))
+    process = gatelab_cli("eval", str(sweep), *EVAL, *runs, cwd=folder, wait=False)
+    deadline = time.time() + 300
+    while time.time() < deadline and process.poll() is None:
+        if any(TAG_PREFIX + "gatelab_blimp" in r["tags"] for r in _scored(folder).values()):
+            break
+        time.sleep(0.2)
+    assert process.poll() is None, "scoring ended before it could be killed: " + process.stdout.read()
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    scored_before = {i for i, r in _scored(folder).items() if TAG_PREFIX + "gatelab_blimp" in r["tags"]}
+    assert 1 <= len(scored_before) < 3
+    before = {i: r["metrics"] for i, r in _scored(folder).items() if i in scored_before}
+
+    resumed = gatelab_cli("eval", str(sweep), *EVAL, *runs, cwd=folder)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"scored {3 - len(scored_before)} run(s); {len(scored_before)} already had these scores" in resumed.stdout
+    after = _scored(folder)
+    for run_id, run in after.items():
+        assert 0 <= run["metrics"][f"{PREFIX}/gatelab_blimp/acc"] <= 1
+        assert f"{PREFIX}/gatelab_blimp/acc/stderr" in run["metrics"]
+    assert all(after[i]["metrics"] == before[i] for i in scored_before)  # nothing logged is lost or redone
+
+    again = gatelab_cli("eval", str(sweep), *EVAL, *runs, cwd=folder)
+    assert again.returncode == 0 and "scored 0 run(s); 3 already had these scores" in again.stdout
+    other = gatelab_cli("eval", str(sweep), "--tasks", "gatelab_blimp", "--limit", "20", *runs, cwd=folder)
+    assert "scored 3 run(s)" in other.stdout  # other settings are another score
+
+    table = gatelab_cli("table", str(sweep), "--format", "md", "--out", str(folder / "report"), *runs, cwd=folder)
+    assert table.returncode == 0, table.stdout + table.stderr
+    report = (folder / "report" / "scored.md").read_text()
+    assert f"{PREFIX}/gatelab_blimp/acc" in report and f"{PREFIX}/gatelab_blimp/acc Δ" in report
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args, words", [
+    (("--tasks", "gatelab_blimpp"), ["no task 'gatelab_blimpp'", "did you mean gatelab_blimp"]),
+    (("--tasks", "hellaswag"), ["'hellaswag'", "Hugging Face Hub", "--include-path"]),
+    (("--tasks", ""), ["--tasks"]),
+])
+def test_bad_tasks_are_one_message_and_exit_2(swept, args, words):
+    folder, sweep = swept
+    result = gatelab_cli("eval", str(sweep), *args, "--runs-dir", str(folder / "runs"), cwd=folder)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr and all(w in result.stderr for w in words), result.stderr
+
+
+@pytest.mark.slow
+def test_a_run_id_that_does_not_exist_is_one_message(swept):
+    folder, _ = swept
+    result = gatelab_cli("eval", "0123456789abcdef", "--tasks", "gatelab_blimp", "--runs-dir", str(folder / "runs"),
+                         cwd=folder)
+    assert result.returncode == 2 and "no MLflow run '0123456789abcdef'" in result.stderr
+    assert "Traceback" not in result.stderr
