@@ -113,19 +113,29 @@ class RunStore:
         history = sorted(self.client.get_metric_history(run_id, name), key=lambda m: m.step)
         return [m.step for m in history], [m.value for m in history]
 
-    def artifact_json(self, run_id: str, path: str) -> Any | None:
-        """A JSON artifact of a run, parsed; None where the artifact store cannot give it (a missing plot, never a
-        failed report)."""
-        import json
-
+    def artifact_text(self, run_id: str, path: str) -> str | None:
+        """A text artifact of a run; None where the artifact store cannot give it (a missing plot, never a failed
+        report)."""
         from mlflow.artifacts import download_artifacts
 
-        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per small JSON is noise
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per small file is noise
         try:
             local = download_artifacts(run_id=run_id, artifact_path=path, tracking_uri=self.uri)
         except Exception:  # MLflow raises many kinds for a missing file or an unreachable artifact store
             return None
-        return json.loads(Path(local).read_text())
+        return Path(local).read_text()
+
+    def artifact_json(self, run_id: str, path: str) -> Any | None:
+        """A JSON artifact of a run, parsed; None where the artifact store cannot give it."""
+        import json
+
+        text = self.artifact_text(run_id, path)
+        return None if text is None else json.loads(text)
+
+    def artifact_location(self, run_id: str) -> str:
+        """Where the run's experiment keeps artifacts ('' where the store does not say)."""
+        experiment = self.client.get_run(run_id).info.experiment_id
+        return self.client.get_experiment(experiment).artifact_location or ""
 
     def finished_run_metrics(self, prefixes: tuple[str, ...]) -> list[dict[str, float]]:
         """For every run of every experiment that gatelab recorded as finished, its metrics whose names start with one

@@ -110,22 +110,14 @@ def checkpoint_of_run(run_id: str, tracking_uri: str | None = None, runs_dir: st
     """The `last.ckpt` of a gatelab run given its MLflow run id; the run folder is
     `<runs_dir>/<experiment>/<variant>-s<seed>-<spec hash>`, named by the tags gatelab writes on every run."""
     uri = _tracking_uri(tracking_uri, Path(runs_dir))
-    client = tracking.client(uri)
-    from mlflow.exceptions import MlflowException
-
-    try:
-        run = client.get_run(run_id)
-    except MlflowException:
-        raise GatelabError(f"no MLflow run '{run_id}' in {redact(uri)}: check the id (the MLflow UI or `gatelab sweep "
-                           "status` lists runs), pass tracking_uri= for another store, or run= a .ckpt path") from None
-    tags = run.data.tags
+    store = tracking.RunStore(uri, Path(runs_dir))
+    tags, artifact_location = store.run_tags(run_id), store.artifact_location(run_id)
     needed = (tracking.SPEC_HASH_TAG, tracking.EXPERIMENT_TAG, tracking.VARIANT_TAG, tracking.SEED_TAG)
     if any(tag not in tags for tag in needed):
         raise GatelabError(f"MLflow run '{run_id}' is not a gatelab training run (it lacks the tags "
                            f"{', '.join(t for t in needed if t not in tags)}): give the id of a trained run")
     folder = Path(tags[tracking.EXPERIMENT_TAG]) / (
         f"{tags[tracking.VARIANT_TAG]}-s{tags[tracking.SEED_TAG]}-{tags[tracking.SPEC_HASH_TAG]}")
-    artifact_location = client.get_experiment(run.info.experiment_id).artifact_location or ""
     looked = [base / folder / CHECKPOINT for base in _runs_dirs(Path(runs_dir), uri, artifact_location)]
     for path in looked:
         if path.is_file():
@@ -169,16 +161,14 @@ def load_checkpoint(path: str | Path) -> tuple[dict[str, Any] | None, dict[str, 
 def _configs_from_mlflow(run_id: str, uri: str) -> dict[str, Any]:
     """A checkpoint written before checkpoints described themselves: the run's configs as gatelab logged them."""
     import yaml
-    from mlflow.artifacts import download_artifacts
 
-    texts = {}
+    store, texts = tracking.RunStore(uri), {}
     for key, artifact in (("experiment", "config/experiment.yaml"), ("model", "config/model_resolved.yaml")):
-        try:
-            texts[key] = yaml.safe_load(Path(download_artifacts(run_id=run_id, artifact_path=artifact,
-                                                                tracking_uri=uri)).read_text())
-        except Exception:  # MLflow raises many kinds for a missing artifact or an unreachable store
+        text = store.artifact_text(run_id, artifact)
+        if text is None:
             raise GatelabError(f"MLflow run '{run_id}': its checkpoint does not describe its model and its artifact "
-                               f"{artifact} cannot be read from {redact(uri)}") from None
+                               f"{artifact} cannot be read from {redact(uri)}")
+        texts[key] = yaml.safe_load(text)
     return texts
 
 
