@@ -187,7 +187,9 @@ def comparison_numbers(records: list[RunRecord], reference: pd.DataFrame, metric
                 ours, base = _by_seed(members, name), _by_seed(groups.get(members[0].baseline_group, []), name)
                 if ours and base:
                     score_comparisons[name] = compare(ours, base)
-        paper_benchmarks = {c: reference[c].get(variant, math.nan) for c in PAPER_BENCHMARKS if c in reference.columns}
+        # The paper's benchmark columns stand beside benchmark scores of ours: without any they would only widen the table.
+        paper_benchmarks = {c: reference[c].get(variant, math.nan) for c in PAPER_BENCHMARKS
+                            if c in reference.columns and len(scores) > 1}
         rows.append(GroupNumbers(group, variant, members, list(by_seed[group].values()), comparison, paper_value,
                                  paper_value - paper_baseline, paper_probes, {k: v for k, v in extra.items() if v},
                                  score_comparisons, paper_benchmarks))

@@ -48,3 +48,34 @@ def test_table_shows_finished_diverged_failed_and_missing_runs(tmp_path):
     assert again.returncode == 0, again.stdout + again.stderr
     assert {p.name: p.read_bytes() for p in out.iterdir()} == first
     assert re.search(r"Generated from \d ended runs, the last ended \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", markdown)
+
+
+def test_benchmark_scores_get_a_paired_change_and_the_papers_columns(tmp_path):
+    """lm-eval scores (and BLiMP) are columns with their change against baseline by the paired test, and the paper's
+    benchmark columns stand beside them; a sweep without such scores shows no paper benchmark column."""
+    from gatelab.report.tables import RunRecord, build_comparison
+    from gatelab.sweep.spec import expand, load_sweep
+
+    sweep = write_micro_sweep(tmp_path, "scores")
+    definition = yaml.safe_load(sweep.read_text())
+    definition["grid"]["seed"] = [0, 1, 2]
+    sweep.write_text(yaml.safe_dump(definition))
+    specs = expand(load_sweep(sweep))
+    acc = "lm_eval/gatelab_blimp/acc"
+
+    def record(spec, with_scores: bool) -> RunRecord:
+        lift = {"baseline": 0.0, "g1_elem_sig": 0.05, "g1_head_sig": -0.01}[spec.experiment.variant]
+        metrics = {"ppl/avg": 100.0 - 100 * lift + spec.experiment.seed}
+        if with_scores:
+            seed = spec.experiment.seed  # a per-seed effect shared by every variant, and a little noise of each
+            noise = 0.0 if spec.experiment.variant == "baseline" else 0.002 * seed * seed
+            metrics |= {acc: 0.6 + lift + 0.01 * seed + noise, f"{acc}/stderr": 0.02}
+        return RunRecord(spec, "finished", f"run-{spec.index}", metrics)
+
+    frame = build_comparison([record(s, True) for s in specs], "table1").frame.set_index("variant")
+    assert frame.loc["baseline", acc] == "0.610 ± 0.010 (3)" and frame.loc["g1_elem_sig", acc].endswith("(3)")
+    assert re.fullmatch(r"\+0\.05\d \(p 0\.0\d+\)", frame.loc["g1_elem_sig", f"{acc} Δ"])  # paired: seeds cancel
+    assert re.fullmatch(r"-0\.00\d \(p 0\.\d+\)", frame.loc["g1_head_sig", f"{acc} Δ"])
+    assert frame.loc["g1_elem_sig", "paper Hellaswag"] == "74.64" and f"{acc}/stderr" not in frame.columns
+    plain = build_comparison([record(s, False) for s in specs], "table1").frame
+    assert not any(c.startswith("paper Hellaswag") or c.startswith("lm_eval") for c in plain.columns)
