@@ -304,13 +304,14 @@ def _write_shard(encoder: Tokenizer, source: Path, folder: Path, k: int, shard_b
     def write_tokens(out) -> None:
         for batch, covered in _batches(source, first, end):
             ids.extend(d.id for d in batch)
-            encodings = encoder.encode_batch([d.text for d in batch], add_special_tokens=False)
-            lengths = np.fromiter((len(e.ids) + 2 for e in encodings), dtype=np.int64, count=len(encodings))
+            # `Encoding.ids` builds a new list on every access: take each once.
+            token_ids = [e.ids for e in encoder.encode_batch([d.text for d in batch], add_special_tokens=False)]
+            lengths = np.fromiter((len(t) + 2 for t in token_ids), dtype=np.int64, count=len(token_ids))
             ends = np.cumsum(lengths)
             block = np.empty(int(ends[-1]), dtype=dtype)
             block[ends - lengths], block[ends - 1] = bos, eos
-            for encoding, stop in zip(encodings, ends, strict=True):
-                block[stop - len(encoding.ids) - 1 : stop - 1] = encoding.ids
+            for doc_tokens, stop in zip(token_ids, ends, strict=True):
+                block[stop - len(doc_tokens) - 1 : stop - 1] = doc_tokens
             data = block.tobytes()
             digest.update(data)
             out.write(data)
