@@ -163,14 +163,6 @@ def test_blimp_through_lm_eval_equals_score_blimp(kind, micro_model, tokenizer, 
     assert expected["n"] == 134
 
 
-@pytest.mark.slow
-def test_blimp_through_lm_eval_equals_score_blimp_on_every_packaged_pair(micro_model, tokenizer, bos):
-    lm = GatelabLM.from_model(micro_model, tokenizer, bos, seq_len=128, batch_size=64)
-    result = lm_eval_accuracy(lm, "gatelab_blimp", local_task_dir())
-    expected = score_blimp(micro_model, tokenizer, load_blimp(), bos_id=bos)
-    assert (result["acc,none"], expected["n"]) == (expected["accuracy"], 6700)
-
-
 def test_packaged_blimp_is_the_first_pairs_of_every_paradigm():
     files = sorted(PACKAGED_BLIMP.glob("*.jsonl"))
     assert len(files) == 67 and (PACKAGED_BLIMP / "NOTICE.md").is_file()

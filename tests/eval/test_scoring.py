@@ -68,8 +68,6 @@ def test_eval_scores_each_finished_run_once_and_survives_a_kill(swept):
 
     again = gatelab_cli("eval", str(sweep), *EVAL, *runs, cwd=folder)
     assert again.returncode == 0 and "scored 0 run(s); 3 already had these scores" in again.stdout
-    other = gatelab_cli("eval", str(sweep), "--tasks", "gatelab_blimp", "--limit", "20", *runs, cwd=folder)
-    assert "scored 3 run(s)" in other.stdout  # other settings are another score
 
     table = gatelab_cli("table", str(sweep), "--format", "md", "--out", str(folder / "report"), *runs, cwd=folder)
     assert table.returncode == 0, table.stdout + table.stderr
