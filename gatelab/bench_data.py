@@ -1062,7 +1062,7 @@ def bench_data(scratch: Path | None = None, sizes: Sizes = Sizes(), log: Log = p
         for kind, folder, state in (("synthetic", large_dir, "evicted"), ("synthetic", fresh_dir, "freshly written"),
                                     ("synthetic-memmap", fresh_dir, "freshly written"),
                                     ("synthetic", small_dir, "warm")):
-            if folder == fresh_dir and not fresh_dir.exists():
+            if folder == fresh_dir and kind == "synthetic":  # copied anew: a killed run may have left half a copy
                 copy_s = fresh_copy(large_dir, fresh_dir)
                 log(f"peak RSS: copied the corpus to {fresh_dir} in {copy_s:.1f} s")
             paths = small_paths if folder == small_dir else _shard_paths(load_synthetic(folder))
