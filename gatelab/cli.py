@@ -455,47 +455,41 @@ def bench(
     """Throughput and overhead: variants against baseline, Lightning against a plain loop, fp32 against bf16,
     FLOP/s against this machine's GEMM rate, fixed costs and peak memory of a run, GPU estimates. With --data, the data
     path instead: tokenizing against a bare encode_batch loop, loader windows/s against training, peak RSS."""
-    import shlex
-
     from gatelab import bench as bench_module
     from gatelab.host import repo_root
 
+    log = (lambda message: typer.echo(message, err=True)) if as_json else typer.echo
     if data:
         from gatelab import bench_data
 
-        log = (lambda message: typer.echo(message, err=True)) if as_json else typer.echo
         try:
             report = bench_data.bench_data(scratch, bench_data.QUICK if quick else bench_data.Sizes(), log=log)
         except GatelabError as error:
             _fail(error)
-        report.command = "gatelab bench " + shlex.join(sys.argv[2:])
-        written = bench_data.write(report, out)
-        if as_json:
-            from dataclasses import asdict
-
-            typer.echo(json.dumps(asdict(report), indent=2, default=str))
-            return
-        typer.echo(bench_data.to_markdown(report))
-        typer.echo("wrote " + ", ".join(str(p) for p in written))
+        _write_bench(bench_data, report, out, as_json)
         return
     if lightning_steps <= warmup + 1:
         _fail(GatelabError(f"--lightning-steps ({lightning_steps}) must exceed --warmup ({warmup}) by at least 2: "
                            "each Lightning block times the steps after its warm-up"))
     chosen = presets or [repo_root() / p for p in bench_module.DEFAULT_PRESETS]
-    log = (lambda message: typer.echo(message, err=True)) if as_json else typer.echo
     try:
         report = bench_module.bench(chosen, [v.strip() for v in variants.split(",") if v.strip()], warmup, steps,
                                     lightning_steps, run_steps, sweep, bf16_steps, compile_, log=log)
     except GatelabError as error:
         _fail(error)
-    report.command = "gatelab bench " + shlex.join(sys.argv[2:])
-    written = bench_module.write(report, out)
-    if as_json:
-        from dataclasses import asdict
+    _write_bench(bench_module, report, out, as_json)
 
+
+def _write_bench(module, report, out: Path, as_json: bool) -> None:
+    """A bench report (`gatelab.bench` or `gatelab.bench_data`) into `out`, then as JSON or Markdown on stdout."""
+    from dataclasses import asdict
+
+    report.command = "gatelab bench " + shlex.join(sys.argv[2:])
+    written = module.write(report, out)
+    if as_json:
         typer.echo(json.dumps(asdict(report), indent=2, default=str))
         return
-    typer.echo(bench_module.to_markdown(report))
+    typer.echo(module.to_markdown(report))
     typer.echo("wrote " + ", ".join(str(p) for p in written))
 
 
