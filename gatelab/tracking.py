@@ -38,13 +38,19 @@ def default_tracking_uri(runs_dir: Path) -> str:
     return f"sqlite:///{(runs_dir / 'mlflow.db').resolve()}?timeout=60"
 
 
+def sqlite_file(uri: str) -> Path | None:
+    """The database file of a `sqlite:///` tracking URI (relative or absolute), None for any other store."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    return Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
+
+
 def missing_local_store(uri: str) -> str | None:
     """Why a SQLite store that is only to be read holds nothing (its file does not exist), else None: reading one would
     create it, empty, and answer "no such run"."""
-    if uri.startswith("sqlite:///"):
-        path = Path(uri.removeprefix("sqlite:///").split("?")[0])
-        if not path.is_file():
-            return f"no MLflow store at {path}: train or run a sweep first, or pass --runs-dir or --tracking-uri"
+    path = sqlite_file(uri)
+    if path is not None and not path.is_file():
+        return f"no MLflow store at {path}: train or run a sweep first, or pass --runs-dir or --tracking-uri"
     return None
 
 

@@ -75,16 +75,9 @@ def blimp_dataset(blimp_path: str | None = None, blimp_per_paradigm: int | None 
 # --------------------------------------------------------------------------------------- finding a run's checkpoint
 
 
-def _sqlite_file(uri: str) -> Path | None:
-    """The database file of a `sqlite:///` tracking URI (relative or absolute), None for any other store."""
-    if not uri.startswith("sqlite:///"):
-        return None
-    return Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
-
-
 def _tracking_uri(tracking_uri: str | None, runs_dir: Path) -> str:
     uri = tracking_uri or f"sqlite:///{runs_dir / 'mlflow.db'}"
-    database = _sqlite_file(uri)
+    database = tracking.sqlite_file(uri)
     # MLflow would create an empty store at a mistyped path and then report the run as missing from it.
     if database is not None and not database.is_file():
         raise GatelabError(f"no MLflow store at {database} (from tracking_uri {redact(uri)}): run from the folder that "
@@ -101,7 +94,7 @@ def _runs_dirs(runs_dir: Path, uri: str, artifact_location: str) -> list[Path]:
         from urllib.parse import unquote, urlparse
 
         candidates.append(Path(unquote(urlparse(artifact_location).path)).parent)
-    if (database := _sqlite_file(uri)) is not None:
+    if (database := tracking.sqlite_file(uri)) is not None:
         candidates.append(database.parent)
     return list(dict.fromkeys(path.resolve() for path in candidates))
 
