@@ -537,7 +537,7 @@ def _fmt(value, digits: int = 3) -> str:
 
 def to_markdown(report: BenchReport) -> str:
     m = report.machine
-    lines = [f"# gatelab bench", "", f"`{report.command}`", "",
+    lines = ["# gatelab bench", "", f"`{report.command}`", "",
              f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']} ({m['torch_threads']} threads), "
              f"fast bf16 on the CPU: {'yes' if m['fast_bf16_cpu'] else 'no'}, GPU: {m['gpu'] or 'none'}.", "",
              "## Targets", "", "| target | measured | limit | holds |", "|---|---|---|---|"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import shlex
 import sys
 from pathlib import Path
@@ -11,11 +12,16 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-from gatelab.errors import GatelabError
+from gatelab.errors import GatelabError, install_redaction, print_failure, redact
+from gatelab.output_folders import require_folder, require_writable_folder
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n")[0])
-console = Console() if sys.stdout.isatty() else Console(width=200)  # pipes get whole rows
+# No pretty exceptions: main() turns every escaping exception into one redacted line, never a traceback.
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n")[0],
+                  pretty_exceptions_enable=False)
+# markup=False: a table cell (a path, a run's error) holding `[red]` or `[/bold]` is printed as written.
+console = Console(markup=False) if sys.stdout.isatty() else Console(width=200, markup=False)  # pipes get whole rows
 
 
 @app.callback()
@@ -24,8 +30,27 @@ def _root() -> None:
 
 
 def _fail(error: GatelabError) -> None:
-    Console(stderr=True).print(f"[bold red]error:[/] {error}", highlight=False, markup=True, soft_wrap=True)
+    # Text, not markup: a path or key holding `[red]` or `[/bold]` is printed as written.
+    message = Text.assemble(("error:", "bold red"), " ", redact(str(error)))
+    Console(stderr=True).print(message, highlight=False, soft_wrap=True)
     raise typer.Exit(code=2)
+
+
+def _folder_option(param: typer.CallbackParam, folder: Optional[Path]) -> Optional[Path]:
+    if folder is not None:
+        require_folder(folder, param.opts[0])
+    return folder
+
+
+def _output_folder_option(param: typer.CallbackParam, folder: Optional[Path]) -> Optional[Path]:
+    if folder is not None:
+        require_writable_folder(folder, param.opts[0])
+    return folder
+
+
+def _bench_output_option(param: typer.CallbackParam, out: Path) -> Path:
+    require_writable_folder(out.parent if out.suffix == ".md" else out, param.opts[0])  # --data takes a .md file too
+    return out
 
 
 @app.command()
@@ -91,12 +116,15 @@ def train(
     seed: Annotated[Optional[int], typer.Option(help="overrides the preset's seed")] = None,
     set_: Annotated[list[str], typer.Option("--set", help="KEY.PATH=VALUE override, repeatable")] = [],
     tracking_uri: Annotated[Optional[str], typer.Option(help="MLflow tracking URI (default: sqlite under runs/)")] = None,
-    runs_dir: Annotated[Path, typer.Option(help="checkpoints and the default MLflow store")] = Path("runs"),
+    runs_dir: Annotated[Path, typer.Option(help="checkpoints and the default MLflow store",
+                                           callback=_folder_option)] = Path("runs"),
     quiet: Annotated[bool, typer.Option("--quiet", help="no progress bar")] = False,
 ) -> None:
     """Train and evaluate one run, tracked in MLflow; re-running the same command resumes it."""
     from gatelab.config import load_experiment
     from gatelab.errors import redact
+    from gatelab.interrupts import Interrupted
+    from gatelab.train.ownership import RunInProgress
     from gatelab.variants import variant_ids
 
     overrides = list(set_) + ([f"variant={variant}"] if variant else []) + ([f"seed={seed}"] if seed is not None else [])
@@ -109,6 +137,13 @@ def train(
         from gatelab.train.run import run
 
         result = run(config, tracking_uri=tracking_uri, runs_dir=runs_dir, quiet=quiet)
+    except RunInProgress as busy:  # not a failure: the run is being made, by another process
+        typer.echo(str(busy))
+        return
+    except Interrupted as interrupted:
+        typer.echo(f"interrupted ({interrupted}): the MLflow run is closed as KILLED and its last checkpoint kept; run "
+                   "the same command again to resume", err=True)
+        raise typer.Exit(code=interrupted.exit_code) from None
     except GatelabError as error:
         _fail(error)
     where = redact(tracking_uri or config.tracking.uri or f"sqlite:///{runs_dir / 'mlflow.db'}")
@@ -163,7 +198,8 @@ def data_prepare(
 
 sweep_app = typer.Typer(help="Sweeps: plan, run, join from another machine, follow.")
 app.add_typer(sweep_app, name="sweep")
-RunsDir = Annotated[Path, typer.Option(help="checkpoints, the ledger and the default MLflow store")]
+RunsDir = Annotated[Path, typer.Option(help="checkpoints, the ledger and the default MLflow store",
+                                       callback=_folder_option)]
 ExperimentOption = Annotated[Optional[Path], typer.Option(help="a preset that replaces the sweep's experiment")]
 
 
@@ -199,51 +235,59 @@ def sweep_run(
     slurm_time_min: Annotated[int, typer.Option(help="Slurm time limit per worker, minutes")] = 24 * 60,
 ) -> None:
     """Run every unfinished run of a sweep; safe to re-run, and to run from several processes or machines at once."""
-    from gatelab.sweep.queue import default_storage
+    from gatelab.interrupts import Interrupted, raise_on_signals
+    from gatelab.sweep.queue import CELLS_FAILED, default_storage, failed_cells_line, open_ledger
     from gatelab.sweep.spec import expand, load_sweep
     from gatelab.errors import redact
 
     try:
-        plan = load_sweep(sweep, experiment)
-        specs = expand(plan)  # every cell is validated before any ledger, MLflow or training work
-        storage = storage or default_storage(runs_dir, plan.name)
-        typer.echo(f"sweep {plan.name}: {len(specs)} runs; ledger {redact(storage)}")
-        if plan.search is not None:
-            from gatelab.sweep.search import run_search
+        with raise_on_signals():  # from the start: Ctrl-C during the imports of torch is no traceback either
+            plan = load_sweep(sweep, experiment)
+            specs = expand(plan)  # every cell is validated before any ledger, MLflow or training work
+            storage = storage or default_storage(runs_dir, plan.name)
+            typer.echo(f"sweep {plan.name}: {len(specs)} runs; ledger {redact(storage)}")
+            if plan.search is not None:
+                from gatelab.sweep.search import run_search
 
-            run_search(plan, specs, storage=storage, tracking_uri=tracking_uri, runs_dir=runs_dir)
-        elif executor == "local" and workers == 1:
-            from gatelab.sweep.worker import work
+                run_search(plan, specs, storage=storage, tracking_uri=tracking_uri, runs_dir=runs_dir)
+            elif executor == "local" and workers == 1:
+                from gatelab.sweep.worker import work
 
-            work(sweep, experiment, storage, tracking_uri, runs_dir, heartbeat_s=heartbeat, grace_s=grace,
-                 progress=sys.stdout.isatty())
-        else:
-            from gatelab.tracking import default_tracking_uri, prepare_store
-
-            tracking_uri = tracking_uri or default_tracking_uri(runs_dir)
-            prepare_store(tracking_uri)
-            worker_args = dict(sweep=sweep, experiment=experiment, storage=storage, tracking_uri=tracking_uri,
-                               runs_dir=runs_dir, heartbeat_s=heartbeat, grace_s=grace)
-            if executor == "local":
-                from gatelab.sweep.executor import run_local_workers
-
-                run_local_workers(workers, **worker_args)
-            elif executor in ("slurm", "submitit-local"):
-                from gatelab.sweep.executor import submit_workers
-
-                cluster = "slurm" if executor == "slurm" else "local"
-                slurm = {"partition": slurm_partition, "gpus": slurm_gpus, "time_min": slurm_time_min}
-                jobs = submit_workers(workers, cluster, runs_dir / plan.name / "submitit", slurm,
-                                      wait=cluster == "local", **worker_args)
-                typer.echo(f"submitted workers {', '.join(jobs)}")
-                if cluster == "slurm":
-                    typer.echo(f"follow them with: gatelab sweep status {sweep}")
-                    return
+                work(sweep, experiment, storage, tracking_uri, runs_dir, heartbeat_s=heartbeat, grace_s=grace,
+                     progress=sys.stdout.isatty())
             else:
-                raise GatelabError(f"--executor {executor!r}: valid executors are local, slurm, submitit-local")
+                from gatelab.tracking import default_tracking_uri, prepare_store
+
+                open_ledger(plan, specs, storage, tracking_uri, runs_dir)  # a bad ledger: one message, not N
+                tracking_uri = tracking_uri or default_tracking_uri(runs_dir)
+                prepare_store(tracking_uri)
+                worker_args = dict(sweep=sweep, experiment=experiment, storage=storage, tracking_uri=tracking_uri,
+                                   runs_dir=runs_dir, heartbeat_s=heartbeat, grace_s=grace)
+                if executor == "local":
+                    from gatelab.sweep.executor import run_local_workers
+
+                    code = run_local_workers(workers, **worker_args)
+                    if code > CELLS_FAILED:
+                        raise GatelabError(f"a worker exited with code {code}; its message is above")
+                elif executor in ("slurm", "submitit-local"):
+                    from gatelab.sweep.executor import submit_workers
+
+                    cluster = "slurm" if executor == "slurm" else "local"
+                    slurm = {"partition": slurm_partition, "gpus": slurm_gpus, "time_min": slurm_time_min}
+                    jobs = submit_workers(workers, cluster, runs_dir / plan.name / "submitit", slurm,
+                                          wait=cluster == "local", **worker_args)
+                    typer.echo(f"submitted workers {', '.join(jobs)}")
+                    if cluster == "slurm":
+                        typer.echo(f"follow them with: gatelab sweep status {sweep}")
+                        return
+                else:
+                    raise GatelabError(f"--executor {executor!r}: valid executors are local, slurm, submitit-local")
     except GatelabError as error:
         _fail(error)
+    except Interrupted as interrupted:
+        _exit_interrupted(interrupted)
     _print_status(sweep, experiment, storage, runs_dir, as_json=False)
+    _exit_if_cells_failed(failed_cells_line(sweep, experiment, storage, runs_dir))
 
 
 @sweep_app.command("worker")
@@ -258,16 +302,76 @@ def sweep_worker(
     grace: Annotated[float, typer.Option(help="seconds without a heartbeat before a run is taken over")] = 60.0,
 ) -> None:
     """Join a sweep whose ledger lives in shared storage, from any machine; work until no run is left."""
-    from gatelab.sweep.worker import work
+    from gatelab.interrupts import Interrupted, raise_on_signals
+    from gatelab.sweep.queue import failed_cells_line
 
     try:
-        report = work(sweep, experiment, storage, tracking_uri, runs_dir, threads, heartbeat, grace)
+        with raise_on_signals():  # from the start: Ctrl-C during the imports of torch is no traceback either
+            from gatelab.sweep.worker import work
+
+            report = work(sweep, experiment, storage, tracking_uri, runs_dir, threads, heartbeat, grace)
+            failed = failed_cells_line(sweep, experiment, storage, runs_dir)
     except GatelabError as error:
         _fail(error)
-    except KeyboardInterrupt:
-        raise typer.Exit(code=130)
+    except Interrupted as interrupted:
+        _exit_interrupted(interrupted)
     typer.echo(f"worker done: {len(report.finished)} finished, {len(report.diverged)} diverged, "
                f"{len(report.failed)} failed")
+    _exit_if_cells_failed(failed)
+
+
+def _exit_interrupted(interrupted) -> None:
+    """A sweep command stopped by Ctrl-C or SIGTERM: what to run to resume, and the shell's exit code (130, 143)."""
+    from gatelab.sweep.queue import interrupted_line
+
+    typer.echo(interrupted_line(interrupted), err=True)
+    raise typer.Exit(code=interrupted.exit_code)
+
+
+def _exit_if_cells_failed(failed_line: str | None) -> None:
+    """Exit 1 (CELLS_FAILED) naming the failed cells and the reset command, where any cell of the sweep failed."""
+    from gatelab.sweep.queue import CELLS_FAILED
+
+    if failed_line:
+        typer.echo(failed_line, err=True)
+        raise typer.Exit(code=CELLS_FAILED)
+
+
+@sweep_app.command("reset")
+def sweep_reset(
+    sweep: Annotated[Path, typer.Argument(help="the sweep file")],
+    cell: Annotated[list[int], typer.Option("--cell", help="a failed cell, by its # in `gatelab sweep status`; "
+                                                          "repeatable")] = [],
+    failed: Annotated[bool, typer.Option("--failed", help="every failed cell")] = False,
+    experiment: ExperimentOption = None,
+    storage: Annotated[Optional[str], typer.Option(help="the ledger (default: the journal under runs/)")] = None,
+    tracking_uri: Annotated[Optional[str], typer.Option(help="MLflow tracking URI (default: sqlite under runs/)")] = None,
+    runs_dir: RunsDir = Path("runs"),
+) -> None:
+    """Put failed cells back in the queue with fresh attempts; `gatelab sweep run` (or a worker) then trains them.
+    Running, finished and diverged cells are refused: one would be trained twice, the others are results."""
+    from gatelab.errors import redact
+    from gatelab.sweep.queue import SweepLedger, default_storage, ledger_exists, tracking_stores
+    from gatelab.sweep.spec import expand, load_sweep
+
+    try:
+        if not cell and not failed:
+            raise GatelabError("say which cells to reset: --failed (every failed cell) or --cell N (repeatable)")
+        plan = load_sweep(sweep, experiment)
+        specs = expand(plan)
+        storage = storage or default_storage(runs_dir, plan.name)
+        stores = tracking_stores(specs, tracking_uri, runs_dir)
+        if not ledger_exists(storage, plan.name, stores):
+            raise GatelabError(f"sweep {plan.name} has no ledger in {redact(storage)}: nothing has run yet (pass "
+                               "--storage or --runs-dir if it lives elsewhere)")
+        requeued = SweepLedger(storage, plan.name, tracking_uris=stores).reset(specs, cell, failed)
+    except GatelabError as error:
+        _fail(error)
+    for state in requeued:
+        typer.echo(f"cell {state.index} ({state.label}): failed after {state.attempts} attempt(s) -> pending, "
+                   "attempts counted afresh")
+    typer.echo(f"re-queued {len(requeued)} cell(s)" + (f"; train them with: gatelab sweep run {sweep}" if requeued
+                                                        else ": no cell had failed"))
 
 
 @sweep_app.command("status")
@@ -324,7 +428,8 @@ def _print_status(sweep: Path, experiment: Path | None, storage: str | None, run
 def table(
     sweep: Annotated[Path, typer.Argument(help="a sweep file whose runs to compare")],
     format_: Annotated[str, typer.Option("--format", help="comma-separated: md, csv, latex, html")] = "md,csv,latex,html",
-    out: Annotated[Optional[Path], typer.Option(help="output folder (default: results/<sweep name>)")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="output folder (default: results/<sweep name>)",
+                                                callback=_output_folder_option)] = None,
     experiment: ExperimentOption = None,
     tracking_uri: Annotated[Optional[str], typer.Option(help="MLflow tracking URI (default: sqlite under runs/)")] = None,
     storage: Annotated[Optional[str], typer.Option(help="the sweep's ledger (default: the journal under runs/)")] = None,
@@ -393,7 +498,7 @@ def lm_eval_command(ctx: typer.Context) -> None:
 def claims(
     sweeps: Annotated[list[Path], typer.Argument(help="the sweep files whose runs test the claims, e.g. sweeps/repro-*.yaml")],
     format_: Annotated[str, typer.Option("--format", help="comma-separated: md, csv, latex, html")] = "md,csv,latex,html",
-    out: Annotated[Path, typer.Option(help="output folder")] = Path("results/tiny"),
+    out: Annotated[Path, typer.Option(help="output folder", callback=_output_folder_option)] = Path("results/tiny"),
     tracking_uri: Annotated[Optional[str], typer.Option(help="MLflow tracking URI (default: sqlite under runs/)")] = None,
     storage: Annotated[Optional[str], typer.Option(help="the sweeps' ledger (default: the journals under runs/)")] = None,
     runs_dir: RunsDir = Path("runs"),
@@ -445,7 +550,7 @@ def bench(
     compile_: Annotated[bool, typer.Option("--compile", help="also time torch.compile (a minute to compile)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the JSON report")] = False,
     out: Annotated[Path, typer.Option(help="folder for bench.md and bench.json (--data: data.md and data.json, or "
-                                            "a .md file)")] = Path("results/bench"),
+                                            "a .md file)", callback=_bench_output_option)] = Path("results/bench"),
     data: Annotated[bool, typer.Option("--data", help="the data bench instead: tokenizing, reading a 1e9-token "
                                                       "corpus, peak RSS (gatelab/bench_data.py)")] = False,
     scratch: Annotated[Optional[Path], typer.Option(help="--data: folder for its corpora (about 2 GB; default "
@@ -494,11 +599,17 @@ def _write_bench(module, report, out: Path, as_json: bool) -> None:
 
 
 def main() -> None:
+    """`gatelab` and `python -m gatelab`: whatever escapes a command ends as one redacted line, exit 2 for a user
+    error (GatelabError) and 1 for anything else; GATELAB_DEBUG=1 adds the (redacted) traceback."""
+    install_redaction()
+    # MLflow logs every SQLAlchemy error with its traceback (`_logger.exception`) before raising it; gatelab turns the
+    # error itself into one message naming the store.
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
     try:
         app()
-    except GatelabError as error:  # raised outside a command's own handling
-        Console(stderr=True).print(f"error: {error}", highlight=False, markup=False)
-        sys.exit(2)
+    except Exception as error:
+        print_failure(error)
+        sys.exit(2 if isinstance(error, GatelabError) else 1)
 
 
 if __name__ == "__main__":

@@ -424,7 +424,7 @@ def parse_assignment(assignment: str) -> tuple[str, Any]:
     key, sep, raw = assignment.partition("=")
     if not sep or not key.strip():
         raise GatelabError(f"--set {assignment!r}: expected KEY.PATH=VALUE, for example train.lr=1e-3")
-    return key.strip(), yaml.safe_load(raw)
+    return key.strip(), _load_yaml(raw, f"--set {assignment!r}")
 
 
 def set_dotted(tree: dict[str, Any], dotted: str, value: Any, root: type[BaseModel] = ExperimentConfig) -> None:
@@ -449,14 +449,62 @@ def set_dotted(tree: dict[str, Any], dotted: str, value: Any, root: type[BaseMod
         node = child
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key repeated in one mapping: PyYAML keeps the last one silently, so a second `train:`
+    block would replace the first without a word."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first_line: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` keys may be overridden: that is their use
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, typing.Hashable) and key in first_line:
+                raise _DuplicateKey(f"key '{key}' appears twice in the same mapping, at lines {first_line[key]} and "
+                                    f"{line}; keep one of them (YAML would silently use the last)")
+            first_line.setdefault(key, line)
+        return super().construct_mapping(node, deep=deep)
+
+
+class _DuplicateKey(yaml.YAMLError):
+    pass
+
+
+def _load_yaml(text: str, source: str) -> Any:
+    """`text` parsed with duplicate keys refused; YAML errors become a GatelabError naming `source` and the line."""
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)
+    except _DuplicateKey as exc:
+        raise GatelabError(f"{source}: {exc}") from None
+    except yaml.YAMLError as exc:
+        for mark in (getattr(exc, "context_mark", None), getattr(exc, "problem_mark", None)):
+            if mark is not None:
+                mark.name = source  # PyYAML would say "<unicode string>"
+        raise GatelabError(f"{source}: not valid YAML: {exc}") from None
+
+
+def _read_text(path: Path) -> str:
+    if path.is_dir():
+        raise GatelabError(f"{path}: is a folder, not a YAML file; name a file inside it")
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise GatelabError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise GatelabError(f"{path}: cannot be read ({exc.strerror}); check that it is a file this user may read") \
+            from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise GatelabError(f"{path}: byte 0x{raw[exc.start]:02x} at offset {exc.start} (line {line}) is not UTF-8; "
+                           "save the file as UTF-8") from None
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
-    if not path.is_file():
-        raise GatelabError(f"{path}: no such file")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise GatelabError(f"{path}: not valid YAML: {exc}") from None
+    data = _load_yaml(_read_text(path), str(path))
     if not isinstance(data, dict):
         raise GatelabError(f"{path}: expected a mapping of keys at the top level, got {type(data).__name__}")
     return data

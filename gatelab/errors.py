@@ -1,15 +1,168 @@
-"""The one exception type the CLI turns into a clean message instead of a traceback, and the one way to keep a
-password out of any message."""
+"""The one exception type the CLI turns into a clean message instead of a traceback, the one way to keep a password
+out of any text, and the one-line message for any other failure."""
 
 from __future__ import annotations
 
+import errno
+import logging
+import os
 import re
+import sys
+import threading
+import traceback
+import urllib.parse
+import warnings
+
+DEBUG_VARIABLE = "GATELAB_DEBUG"
+_HIDDEN = "***"
+
+# userinfo up to the LAST "@" of the whitespace-free run: a raw "@", ":" or "/" in a password (invalid in a URI, yet
+# common in pasted ones: `postgresql://postgres:hunter@2secret@host`) must not leave its tail behind.
+_URI_PASSWORD = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s:/@]*:)(?!\d+(?:[/?#\s]|$))(\S*)@")
+_QUERY_SECRET = re.compile(r"(?i)([?&;][\w.-]*(?:pass|pwd|secret|token|key|sig|credential|auth)[\w.-]*=)[^&#\s]+")
+# libpq keyword strings and log lines: `host=db password=hunter2`
+_KEYWORD_SECRET = re.compile(r"(?i)((?<![\w.-])(?:password|passwd|pwd|secret|token)\s*=\s*)[^\s&#,;]+")
+_SECRET_VARIABLE = re.compile(r"PASSW(OR)?D|SECRET|TOKEN|CREDENTIAL|API_?KEY|ACCESS_KEY|PRIVATE_KEY|_(PWD|PASS|KEY)$")
+# Strings that also occur as plain text everywhere (HF_HUB_DISABLE_IMPLICIT_TOKEN=1, MAX_TOKENS=4096): replacing them
+# would garble output without hiding anything.
+_NOT_A_SECRET = re.compile(r"(?i).{0,3}|\d{1,7}|true|false|yes|no|on|off|none|null")
+
+_seen_passwords: set[str] = set()
+_seen_passwords_lock = threading.Lock()
 
 
 class GatelabError(Exception):
     """A user-facing error: the message names the file, the key and what would be valid."""
 
 
-def redact(uri: str) -> str:
-    """A URI with any password replaced, for messages, logs and tags."""
-    return re.sub(r"(//[^:/@]+:)[^@]+@", r"\1***@", uri)
+def redact(text: str) -> str:
+    """`text` (a URI, a message, a traceback, a log line) with every password, token and secret replaced by ***.
+
+    Besides the forms it recognises, it hides the values of secret environment variables and every password it has
+    seen in a URI before (see `remember_passwords`), wherever they occur.
+    """
+    remember_passwords(text)
+    text = _URI_PASSWORD.sub(rf"\1{_HIDDEN}@", text)
+    text = _QUERY_SECRET.sub(rf"\1{_HIDDEN}", text)
+    text = _KEYWORD_SECRET.sub(rf"\1{_HIDDEN}", text)
+    for secret in _known_secrets():
+        text = text.replace(secret, _HIDDEN)
+    return text
+
+
+def remember_passwords(text: str) -> None:
+    """Keep the passwords of the URIs in `text`, and their pieces between raw '@' and ':', to hide them later even
+    outside a URI: a driver that splits `postgres:hunter@2secret@host` at the first '@' reports host `2secret@host`."""
+    found = set()
+    for match in _URI_PASSWORD.finditer(text):
+        password = match.group(2)
+        for form in {password, urllib.parse.unquote(password)}:
+            found |= {form, *re.split(r"[@:]", form)}
+    with _seen_passwords_lock:
+        _seen_passwords.update(secret for secret in found if not _NOT_A_SECRET.fullmatch(secret))
+
+
+def _known_secrets() -> list[str]:
+    """The passwords seen so far and the values of secret environment variables, as typed and URL-quoted, longest
+    first (a secret that contains another is hidden whole)."""
+    with _seen_passwords_lock:
+        secrets = set(_seen_passwords)
+    secrets |= {value for name, value in os.environ.items()
+                if _SECRET_VARIABLE.search(name.upper()) and not _NOT_A_SECRET.fullmatch(value)}
+    secrets |= {urllib.parse.quote(secret, safe="") for secret in secrets}
+    return sorted(secrets, key=len, reverse=True)
+
+
+# --- the CLI boundary -----------------------------------------------------------------------------------------------
+
+
+_DEBUG_HINT = f" (set {DEBUG_VARIABLE}=1 for the traceback)"
+_NOT_WRITABLE = ("is read-only or not writable by this user (permission denied): change its permissions or choose "
+                 "another folder")
+_DISK_FIXES = {
+    errno.ENOSPC: "is full: free space and run the same command again; what was recorded is kept",
+    errno.EROFS: "is on a read-only file system: choose a writable folder (--runs-dir, --out) or remount it",
+    errno.EACCES: _NOT_WRITABLE,
+    errno.EPERM: _NOT_WRITABLE,
+}
+
+
+def failure_message(error: BaseException) -> str:
+    """One line for an exception that escaped a command: what failed, on which file, and the fix where one is known."""
+    if isinstance(error, GatelabError):
+        return redact(str(error))
+    if isinstance(error, OSError) and (error.filename is not None or error.errno in _DISK_FIXES):
+        return redact(_os_error_message(error))
+    first_line = next((line for line in str(error).splitlines() if line.strip()), "")
+    return redact(f"{type(error).__name__}: {first_line}".rstrip(": ") + _DEBUG_HINT)
+
+
+def _os_error_message(error: OSError) -> str:
+    where = " -> ".join(str(name) for name in (error.filename, error.filename2) if name is not None)
+    if error.errno == errno.ENOSPC:
+        return f"{f'the disk holding {where}' if where else 'the disk'} {_DISK_FIXES[errno.ENOSPC]}"
+    if error.errno in _DISK_FIXES:
+        return f"{where or 'a file'} {_DISK_FIXES[error.errno]}"
+    return f"{where}: {error.strerror or error}{_DEBUG_HINT}"
+
+
+def print_failure(error: BaseException) -> None:
+    """`failure_message` on stderr, after the redacted traceback when GATELAB_DEBUG=1."""
+    if os.environ.get(DEBUG_VARIABLE) == "1":
+        sys.stderr.write(redact("".join(traceback.format_exception(error))))
+    sys.stderr.write(f"error: {failure_message(error)}\n")
+    sys.stderr.flush()
+
+
+# --- every other way text leaves the process ------------------------------------------------------------------------
+
+
+class _RedactingStream:
+    """A text stream that redacts every write: what libraries print straight to sys.stdout or sys.stderr (MLflow's
+    run URL, a traceback, a progress line) passes through it."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(redact(text))
+        return len(text)
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def _redacting_record_factory(make_record):
+    def make_redacted_record(*args, **kwargs) -> logging.LogRecord:
+        record = make_record(*args, **kwargs)
+        try:
+            message = record.getMessage()
+        except Exception:  # a malformed call: left for the handler, which reports it as logging always has
+            return record
+        # Formatted here, once: a handler that writes to a file or to a stream taken before the wrap sees no secret.
+        record.msg, record.args = redact(message), ()
+        return record
+
+    return make_redacted_record
+
+
+def _redacting_showwarning(show):
+    def show_redacted(message, category, filename, lineno, file=None, line=None) -> None:
+        show(redact(str(message)), category, filename, lineno, file, line)
+
+    return show_redacted
+
+
+def install_redaction() -> None:
+    """Redact stdout, stderr, every logging record and every warning of this process, hiding also the passwords of
+    the command line's URIs wherever a library may print them; a second call does nothing."""
+    if isinstance(sys.stderr, _RedactingStream):
+        return
+    remember_passwords(" ".join(sys.argv))
+    sys.stdout, sys.stderr = _RedactingStream(sys.stdout), _RedactingStream(sys.stderr)
+    logging.setLogRecordFactory(_redacting_record_factory(logging.getLogRecordFactory()))
+    warnings.showwarning = _redacting_showwarning(warnings.showwarning)

@@ -4,6 +4,7 @@ run gatelab (as a subprocess, as users do) and find the local PostgreSQL server.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -178,3 +179,46 @@ def write_files_corpus(folder: Path, n_docs: int = 60) -> dict:
     pq.write_table(pa.Table.from_pylist(records[half:]), folder / "part-1.parquet")
     return {"source": "files", "seq_len": 32, "data_dir": str(folder.parent / "files-data"),
             "files": {"paths": [str(folder / "*.parquet")], "id_field": "id", "domain_field": "genre"}}
+
+
+# --- a real `mlflow server` -----------------------------------------------------------------------------------------
+
+class MlflowServer:
+    """`mlflow server` on a free port over one SQLite backend store in `folder`; it can be killed and started again
+    on the same port and store."""
+
+    def __init__(self, folder: Path) -> None:
+        from gatelab.report.ui import find_free_port
+
+        self.port = find_free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port),
+                        "--workers", "1", "--backend-store-uri", f"sqlite:///{folder / 'server.db'}",
+                        "--artifacts-destination", str(folder / "art")]
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        import time
+        import urllib.request
+
+        import pytest
+
+        self.process = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                        start_new_session=True)
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            try:
+                if urllib.request.urlopen(f"{self.url}/health", timeout=2).status == 200:
+                    return
+            except OSError:
+                time.sleep(0.5)
+        self.stop(signal.SIGKILL)
+        pytest.fail("mlflow server did not answer /health within 90 s")
+
+    def stop(self, signum: int = signal.SIGTERM) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signum)
+        self.process.wait(timeout=30)
+
+    def kill(self) -> None:
+        self.stop(signal.SIGKILL)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, write_files_corpus, write_micro_experiment, write_sweep
 
 
 def gatelab(*args: str) -> subprocess.CompletedProcess:
@@ -73,3 +74,108 @@ def test_claims_of_a_sweep_with_no_runs_marks_every_claim_not_run(tmp_path):
     markdown = (out / "claims.md").read_text()
     assert "Generated from no ended runs" in markdown and "holds |" not in markdown
     assert markdown.count("| not run ") >= 40
+
+
+# --- issue 16: every failure is one message naming the file, key or URI, and no password ----------------------------
+
+
+def assert_one_message(result: subprocess.CompletedProcess, code: int, *named: str) -> None:
+    assert result.returncode == code, result.stdout + result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+    assert all(name in result.stderr for name in named), result.stderr
+
+
+@pytest.mark.parametrize("folder", ["[/bold]", "[red]x[/red]", "[final]"])
+def test_markup_in_a_path_is_printed_as_written(tmp_path, folder):
+    missing = tmp_path / folder / "preset.yaml"
+    assert_one_message(gatelab("variants", "--experiment", str(missing)), 2, f"{missing}: no such file")
+
+
+def test_markup_in_a_table_is_printed_as_written(tmp_path):
+    preset = tmp_path / "[red]runs[/red]" / "tiny.yaml"
+    preset.parent.mkdir(parents=True)
+    preset.write_text((REPO / "experiments" / "tiny.yaml").read_text())
+    result = gatelab("variants", "--experiment", str(preset))
+    assert result.returncode == 0 and f"under {preset}" in result.stdout, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("content, named", [
+    (b"name: x\ntrain:\n  lr: 0.001\ntrain:\n  max_steps: 3\n", "key 'train' appears twice in the same mapping, at "
+                                                                 "lines 2 and 4"),
+    (b"name: caf\xe9\n", "byte 0xe9 at offset 9 (line 1) is not UTF-8"),
+    (None, "is a folder"),
+], ids=["repeated-key", "not-utf8", "a-folder"])
+def test_a_bad_yaml_file_is_one_message_naming_it(tmp_path, content, named):
+    preset = tmp_path / "preset.yaml"
+    preset.mkdir() if content is None else preset.write_bytes(content)
+    assert_one_message(gatelab("variants", "--experiment", str(preset)), 2, f"{preset}: {named}")
+
+
+def test_an_unreadable_experiment_of_a_sweep_names_it_and_the_sweep(tmp_path):
+    sweep = write_sweep(tmp_path, {})
+    preset = tmp_path / "presets" / "micro.yaml"
+    preset.write_bytes(b"name: caf\xe9\n")
+    assert_one_message(gatelab("sweep", "plan", str(sweep)), 2, f"{sweep}: experiment: {preset}: byte 0xe9")
+
+
+OUT_COMMANDS = {
+    "table": ["table", "sweeps/quickstart.yaml", "--format", "md", "--runs-dir"],
+    "claims": ["claims", "sweeps/quickstart.yaml", "--format", "md", "--runs-dir"],
+    "bench": ["bench", "--steps", "2", "--run-steps", "1", "--scratch"],
+}
+RUNS_DIR_COMMANDS = {
+    "train": ["train", "experiments/tiny.yaml", "--quiet"],
+    "sweep run": ["sweep", "run", "sweeps/quickstart.yaml"],
+    "sweep worker": ["sweep", "worker", "sweeps/quickstart.yaml", "--storage", "journal.log"],
+    "sweep status": ["sweep", "status", "sweeps/quickstart.yaml"],
+    "table": ["table", "sweeps/quickstart.yaml"],
+    "claims": ["claims", "sweeps/quickstart.yaml"],
+    "eval": ["eval", "sweeps/quickstart.yaml", "--tasks", "gatelab_blimp"],
+    "ui": ["ui", "sweeps/quickstart.yaml", "--port", "5999"],
+}
+
+
+@pytest.mark.parametrize("command", OUT_COMMANDS)
+@pytest.mark.parametrize("case", ["a-file", "read-only", "under-read-only"])
+def test_an_out_folder_that_cannot_be_written_is_refused_before_any_work(tmp_path, command, case):
+    (tmp_path / "a-file").write_text("kept\n")
+    (tmp_path / "read-only").mkdir(mode=0o555)
+    out = tmp_path / {"a-file": "a-file", "read-only": "read-only", "under-read-only": "read-only/new"}[case]
+    result = gatelab(*OUT_COMMANDS[command], str(tmp_path / "runs"), "--out", str(out))
+    assert_one_message(result, 2, f"--out {out}: ")
+    assert (tmp_path / "a-file").read_text() == "kept\n" and not any((tmp_path / "read-only").iterdir())
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("command", RUNS_DIR_COMMANDS)
+def test_a_runs_dir_that_is_a_file_is_refused_before_any_work(tmp_path, command):
+    runs = tmp_path / "runs"
+    runs.write_text("kept\n")
+    result = gatelab(*RUNS_DIR_COMMANDS[command], "--runs-dir", str(runs))
+    assert_one_message(result, 2, f"--runs-dir {runs}: is a file")
+    assert runs.read_text() == "kept\n" and sorted(tmp_path.iterdir()) == [runs]
+
+
+RAW_AT_POSTGRES = "postgresql://postgres:hunter@2secret@127.0.0.1:9/test"
+
+
+def test_a_ledger_uri_password_with_a_raw_at_is_never_printed(tmp_path):
+    sweep = write_sweep(tmp_path, {})
+    result = gatelab("sweep", "status", str(sweep), "--storage", RAW_AT_POSTGRES, "--runs-dir", str(tmp_path / "runs"))
+    assert_one_message(result, 2, "postgres:***@127.0.0.1:9")
+    assert "hunter" not in result.stdout + result.stderr and "2secret" not in result.stdout + result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tracking_uri, secrets", [("http://admin:TopSecret99@127.0.0.1:9", ["TopSecret99"]),
+                                                   (RAW_AT_POSTGRES, ["hunter", "2secret"])], ids=["http", "raw-at"])
+def test_a_tracking_uri_password_is_never_printed(tmp_path, tracking_uri, secrets):
+    experiment = write_micro_experiment(tmp_path, data=write_files_corpus(tmp_path / "corpus"))
+    environment = {**os.environ, "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "2",
+                   "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, "-m", "gatelab", "train", str(experiment), "--quiet", "--runs-dir",
+                             str(tmp_path / "runs"), "--tracking-uri", tracking_uri], capture_output=True, text=True,
+                            cwd=tmp_path, env=environment, timeout=300)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0 and "Traceback" not in output and "127.0.0.1" in output, output
+    assert not [secret for secret in secrets if secret in output], output

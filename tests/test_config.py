@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gatelab.config import ExperimentConfig, flatten, load_experiment, spec_hash, to_yaml
+from gatelab.config import ExperimentConfig, flatten, load_experiment, read_yaml, spec_hash, to_yaml
 from gatelab.errors import GatelabError
 from gatelab.model import build_model, resolve_model
 from tests.helpers import REPO, write_foreign_tokenizer
@@ -113,6 +113,45 @@ def test_missing_and_malformed_files(tmp_path):
         load_experiment(_write(tmp_path, "name: [unclosed\n"))
     with pytest.raises(GatelabError, match="expected a mapping"):
         load_experiment(_write(tmp_path, "- a list\n"))
+
+
+def test_a_key_repeated_at_one_level_names_the_file_the_key_and_both_lines(tmp_path):
+    path = _write(tmp_path, "name: x\ntrain:\n  lr: 1.0e-3\nseed: 1\ntrain:\n  max_steps: 3\n")
+    with pytest.raises(GatelabError, match=rf"{path}: key 'train' appears twice .* lines 2 and 5"):
+        load_experiment(path)
+    nested = _write(tmp_path, "name: x\ntrain:\n  lr: 1.0e-3\n  max_steps: 3\n  lr: 2.0e-3\n")
+    with pytest.raises(GatelabError, match=r"key 'lr' appears twice .* lines 3 and 5"):
+        load_experiment(nested)
+
+
+def test_a_yaml_merge_key_may_still_be_overridden(tmp_path):
+    merged = read_yaml(_write(tmp_path, "base: &base {lr: 1, max_steps: 2}\ntrain:\n  <<: *base\n  lr: 3\n"))
+    assert merged["train"] == {"lr": 3, "max_steps": 2}
+
+
+def test_a_byte_that_is_not_utf8_names_the_file_offset_and_line(tmp_path):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("name: x\n# caf\u00e9\n".encode("latin-1"))
+    with pytest.raises(GatelabError, match=rf"{path}: byte 0xe9 at offset 13 \(line 2\) is not UTF-8"):
+        load_experiment(path)
+
+
+def test_a_file_that_cannot_be_read_is_one_message_naming_it(tmp_path, monkeypatch):
+    with pytest.raises(GatelabError, match=rf"{tmp_path}: is a folder"):
+        load_experiment(tmp_path)
+    path = _write(tmp_path, "name: x\n")
+
+    def denied(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "open", denied)  # as root, chmod 000 would still read
+    with pytest.raises(GatelabError, match=rf"{path}: cannot be read \(Permission denied\)"):
+        load_experiment(path)
+
+
+def test_a_set_value_that_is_not_yaml_names_the_assignment(tmp_path):
+    with pytest.raises(GatelabError, match=r"--set 'train.lr=\[1': not valid YAML"):
+        load_experiment(_write(tmp_path, "name: x\n"), ["train.lr=[1"])
 
 
 def test_flatten_gives_dotted_params():

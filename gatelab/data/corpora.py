@@ -31,7 +31,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gatelab.data.documents import Artifact, DataError, Document, Log, sha256_file
+from gatelab.data.documents import (
+    Artifact,
+    DataError,
+    Document,
+    Log,
+    refused_write,
+    replacing,
+    sha256_file,
+    writes_into,
+)
 from gatelab.data.sources import SOURCES, Fetched, Source
 
 __all__ = [
@@ -193,14 +202,16 @@ class CorpusManifest:
 
     def is_valid(self, domain: str) -> bool:
         """True when the domain was built and both split files are present with the recorded checksums."""
-        rec = self.domains.get(domain)
-        if rec is None:
-            return False
-        for split in (rec.train, rec.heldout):
+        return domain in self.domains and self.damaged_split(domain) is None
+
+    def damaged_split(self, domain: str) -> Path | None:
+        """The first split file of a built domain that is gone or not the one recorded (edited, truncated), else
+        None."""
+        for split in (self.domains[domain].train, self.domains[domain].heldout):
             path = self.data_dir / split.path
             if not path.is_file() or sha256_file(path) != split.sha256:
-                return False
-        return True
+                return path
+        return None
 
     def summary(self) -> str:
         lines = [f"{'domain':<12}{'train docs':>11}{'train chars':>14}{'heldout docs':>13}{'heldout chars':>15}"]
@@ -265,11 +276,10 @@ def default_data_dir() -> Path:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write via a temporary file and rename, so an interrupted run never leaves a half file with a valid name."""
+    """Write via a temporary file and rename (`replacing`), so no half file ever has a valid name."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # one per process: concurrent writers never collide
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    with replacing(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
 
 
 def _write_split(data_dir: Path, domain: str, split: str, docs: list[Document]) -> SplitRecord:
@@ -398,8 +408,18 @@ def prepare_corpora(
     if not stale:
         log(f"corpora cached in {root} (checksums verified): {', '.join(wanted)}")
         return manifest
+    with writes_into(root):
+        _build_domains(root, manifest, stale, log)
+    log(manifest.summary())
+    return manifest
 
+
+def _build_domains(root: Path, manifest: CorpusManifest, stale: list[str], log: Log) -> None:
+    """Fetch the sources of the `stale` domains and write them, or record them as missing; save the manifest."""
     log(f"preparing {', '.join(stale)} in {root}")
+    damaged = {d: manifest.damaged_split(d) for d in stale if d in manifest.domains}
+    for path in damaged.values():
+        log(f"{path}: not the sha256 recorded in {manifest.path} (damaged since it was built); rebuilding it")
     documents: dict[str, list[Document]] = {d: [] for d in stale}
     failures: dict[str, list[tuple[str, str, str]]] = {}
     for source in SOURCES.values():
@@ -409,6 +429,9 @@ def prepare_corpora(
         try:
             fetched = source.fetch(root)
         except _FETCH_ERRORS as exc:
+            refused = refused_write(exc, root) if isinstance(exc, OSError) else None
+            if refused is not None:  # no source can be written: one error about the folder, not a missing domain
+                raise refused from None
             log(f"source {source.name!r} failed: {exc}\n  to get it by hand: {command}")
             for domain in source.domains:
                 failures.setdefault(domain, []).append((source.name, str(exc), command))
@@ -422,16 +445,15 @@ def prepare_corpora(
         if domain in failures:
             names, reasons, commands = zip(*failures[domain], strict=True)
             manifest.domains.pop(domain, None)
-            manifest.missing[domain] = MissingRecord(
-                names, "; ".join(f"{n}: {r}" for n, r in zip(names, reasons, strict=True)), " && ".join(commands)
-            )
+            reason = "; ".join(f"{n}: {r}" for n, r in zip(names, reasons, strict=True))
+            if damaged.get(domain) is not None:
+                reason = f"{damaged[domain]} was damaged since it was built and cannot be rebuilt: {reason}"
+            manifest.missing[domain] = MissingRecord(names, reason, " && ".join(commands))
             continue
         names = tuple(s.name for s in SOURCES.values() if domain in s.domains)
         manifest.domains[domain] = _write_domain(root, domain, documents[domain], names)
         manifest.missing.pop(domain, None)
     manifest.save()
-    log(manifest.summary())
-    return manifest
 
 
 def domains_from_files(

@@ -134,7 +134,7 @@ def tokenize_corpus(
         for split in SPLITS:
             source = getattr(manifest.record(domain), split)
             folder = split_folder(directory, domain, split)
-            loaded = load_split(folder, source.sha256, framing)
+            loaded = load_split(folder, source.sha256, framing, log)
             if loaded is None:
                 log(f"tokenizing {domain}/{split} into {folder}")
                 started = time.perf_counter()

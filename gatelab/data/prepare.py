@@ -7,14 +7,17 @@ cold cache never race: the later ones find everything made.
 
 from __future__ import annotations
 
+import errno
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from typing import IO
 
 from gatelab.config import ExperimentConfig
 from gatelab.data.budget import repeat_warning
-from gatelab.data.corpora import default_data_dir, prepare_corpora
+from gatelab.data.corpora import CorpusManifest, default_data_dir, prepare_corpora
 from gatelab.data.datasets import check_windows, tokenize_corpus
+from gatelab.data.documents import writes_into
 from gatelab.data.shards import Progress
 from gatelab.data.synthetic import DOMAIN as BIGRAM_BACKCOPY, BigramBackcopy
 from gatelab.data.tokenizer import TRAINED_BPE, load_foreign_tokenizer, load_or_train_tokenizer
@@ -25,8 +28,9 @@ def load_data(experiment: ExperimentConfig, log=print, warn=print, progress: Pro
     """(tokenizer, corpus, domains): corpora, tokenizer and token streams, each prepared once and cached under the data
     directory; for `data.task: bigram_backcopy` (None, the synthetic corpus generated in memory, its one domain).
 
-    `warn` reports what changes the result (a missing domain, training data that would repeat) even when `log` is
-    silenced; `progress` hears how tokenizing goes (`BarProgress` draws a bar).
+    `warn` reports what changes the result (training data that would repeat) even when `log` is silenced;
+    `progress` hears how tokenizing goes (`BarProgress` draws a bar). A domain of `data.domains` that cannot be
+    prepared is an error, before anything trains.
     """
     data = experiment.data
     if data.task == "bigram_backcopy":
@@ -44,7 +48,8 @@ def load_data(experiment: ExperimentConfig, log=print, warn=print, progress: Pro
         # A glob that matches nothing fails here, before the data directory is touched. The files' paths, sizes and
         # mtimes (or the Hub coordinates) go into the token manifest: hashing gigabytes of shards is what it avoids.
         sources = {data.source: source_identity(data)}
-    with _one_process_at_a_time(Path(data.data_dir).expanduser() if data.data_dir else default_data_dir()):
+    data_dir = Path(data.data_dir).expanduser() if data.data_dir else default_data_dir()
+    with writes_into(data_dir), _one_process_at_a_time(data_dir):
         if data.source != "builtin":
             manifest = prepare_source(data, log=log)
             present = list(data.domains) or manifest.available_domains
@@ -58,13 +63,8 @@ def load_data(experiment: ExperimentConfig, log=print, warn=print, progress: Pro
                 from gatelab.data.corpora import domains_from_files
 
                 manifest = domains_from_files(data.user_files, data.data_dir, log=log)
-            present = [d for d in data.domains if d in manifest.available_domains]
-            missing = [d for d in data.domains if d not in present]
-            if missing:
-                warn(f"domains missing, carrying on without them: {', '.join(missing)} "
-                     "(run `gatelab data prepare` to see why)")
-            if not present:
-                raise GatelabError(f"data.domains: none of {', '.join(data.domains)} could be prepared")
+            _require_every_domain(manifest, data.domains)
+            present = list(data.domains)
         if data.tokenizer == TRAINED_BPE:
             tokenizer, framing = load_or_train_tokenizer(manifest, experiment.model.vocab_size, present, log=log), None
         else:
@@ -78,6 +78,28 @@ def load_data(experiment: ExperimentConfig, log=print, warn=print, progress: Pro
     check_windows(corpus, present, data.seq_len)
     _warn_if_repeated(experiment, corpus, present, warn)
     return tokenizer, corpus, present
+
+
+def _require_every_domain(manifest: CorpusManifest, domains: list[str]) -> None:
+    """A run trains on every domain it names or not at all: its params and spec hash name them all, so training on
+    fewer would record one run and train another. Leaving a domain out is a change to data.domains, a different run."""
+    missing = [d for d in domains if d not in manifest.available_domains]
+    if not missing:
+        return
+    reasons = "; ".join(_why_missing(manifest, d) for d in missing)
+    rest = [d for d in domains if d not in missing]
+    leave_out = (f", or leave {'it' if len(missing) == 1 else 'them'} out with --set data.domains=[{','.join(rest)}] "
+                 "(a different run: its spec hash changes)") if rest else ""
+    raise GatelabError(f"data.domains: {', '.join(missing)} could not be prepared in {manifest.data_dir}: {reasons}. "
+                       f"Fix the source and run `gatelab data prepare PRESET`{leave_out}")
+
+
+def _why_missing(manifest: CorpusManifest, domain: str) -> str:
+    record = manifest.missing.get(domain)
+    if record is None:
+        return f"{domain}: not in {manifest.path}"
+    reason = " ".join(record.reason.split())  # a tool's stderr may run over lines: the error is one
+    return f"{domain} needs {', '.join(record.sources)} ({reason}; to fetch by hand: {record.command})"
 
 
 def _warn_if_repeated(experiment: ExperimentConfig, corpus, domains: list[str], warn) -> None:
@@ -100,9 +122,25 @@ def _one_process_at_a_time(data_dir: Path):
     import fcntl
 
     data_dir.mkdir(parents=True, exist_ok=True)
-    with open(data_dir / ".prepare.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also when its process dies
+    with _open_lock(data_dir / ".prepare.lock") or nullcontext() as lock:
+        if lock is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also when its process dies
         yield
+
+
+def _open_lock(path: Path) -> IO | None:
+    """The lock file, opened for flock: read-only where this user cannot write it (flock needs no write access), and
+    None where it cannot be created either. A read-only cache is then read without a lock (no process can be writing
+    it), and whatever would have to be written fails as one error about the folder (`writes_into`)."""
+    try:
+        return open(path, "a")
+    except OSError as exc:
+        if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise
+    try:
+        return open(path)
+    except FileNotFoundError:
+        return None
 
 
 class BarProgress(Progress):

@@ -8,6 +8,7 @@ Layout, under ``<data_dir>/tokens/<tokenizer fingerprint>/``::
     <domain>.<split>/shard-00000.json   the shard's record, written last: its presence says the shard is whole
     <domain>.<split>/unigram.npy        token counts of the split (the unigram baseline needs no pass over the tokens)
     <domain>.<split>/split.json         the split's record: source checksum, framing, every shard's record
+    <domain>.<split>/stamps.json        each file's size, mtime_ns and sha256 when written: see `_checksum_damage`
     manifest.json                       every whole split under this tokenizer, with the sources they came from
 
 Shard k holds the documents whose lines start in bytes ``[k * shard_bytes, (k + 1) * shard_bytes)`` of the split's
@@ -25,16 +26,23 @@ import hashlib
 import json
 import os
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 from tokenizers import Tokenizer
 
-from gatelab.data.documents import DataError, Document, Log
+from gatelab.data.documents import DataError, Document, Log, replacing, sha256_file
 
 FORMAT = 2
 SHARD_BYTES = 64 << 20  # of JSONL text: about 16M tokens of English a shard
+STAMPS = "stamps.json"
+# A split's files are checked against their sha256 on every load when its tokens take fewer bytes than this (well
+# under a second of hashing), else only when a file's size or mtime differs from its stamp: hashing gigabytes on every
+# start is what the stamp saves. A small split is hashed anyway because size and mtime miss a same-size overwrite
+# within the file system's mtime granularity, or one whose mtime was put back (cp -p, rsync -t, touch -r).
+HASH_ALWAYS_BELOW_BYTES = 64 << 20
 _ENCODE_BATCH_DOCS = 256
 _COUNT_CHUNK = 1 << 24  # tokens per bincount when counting a split's unigrams
 
@@ -225,20 +233,20 @@ def _doc_starts(folder: Path, k: int, shard: ShardRecord) -> np.ndarray | None:
     return starts if whole else None
 
 
-def load_split(folder: Path, source_sha256: str, framing: tuple[int, int]) -> LoadedSplit | None:
-    """The split in `folder` when it is whole and was made from this text with this framing, else None."""
+def load_split(folder: Path, source_sha256: str, framing: tuple[int, int], log: Log = print) -> LoadedSplit | None:
+    """The split in `folder` when it is whole, unchanged since it was written and made from this text with this
+    framing, else None; a split whose files were damaged after it was written is named in one `log` line."""
     record = SplitShards.read(folder / "split.json")
     if record is None or record.source_sha256 != source_sha256 or (record.bos_id, record.eos_id) != framing:
         return None
-    itemsize = np.dtype(record.dtype).itemsize
     try:
-        if any((folder / s.file).stat().st_size != s.tokens * itemsize for s in record.shards):
-            return None
         starts = [_doc_starts(folder, k, s) for k, s in enumerate(record.shards)]
         counts = np.load(folder / "unigram.npy")
-    except (OSError, ValueError, EOFError):  # EOFError: np.load of an empty file
-        return None
-    if any(part is None for part in starts):
+        damage = _damage(folder, record, starts)
+    except (OSError, ValueError, EOFError) as exc:  # EOFError: np.load of an empty file
+        damage = f"{folder}: unreadable ({exc})"
+    if damage is not None:
+        log(f"{damage} (damaged since it was written); remaking it")
         return None
     offsets = np.cumsum([0, *(s.tokens for s in record.shards)])
     doc_starts = np.concatenate([[0], *(part[1:] + offsets[k] for k, part in enumerate(starts))]).astype(np.int64)
@@ -247,14 +255,78 @@ def load_split(folder: Path, source_sha256: str, framing: tuple[int, int]) -> Lo
     return LoadedSplit(record, stream, doc_starts, ids, counts)
 
 
+# --- checksums ------------------------------------------------------------------------------------------------------
+
+
+def _split_files(folder: Path, record: SplitShards) -> dict[str, str | None]:
+    """{file name: the sha256 its record holds (a shard's .bin), or None (its stamp's is the reference)}."""
+    files: dict[str, str | None] = {}
+    for k, shard in enumerate(record.shards):
+        paths = _shard_paths(folder, k)
+        files |= {paths["bin"].name: shard.sha256, paths["npy"].name: None, paths["ids"].name: None}
+    return files | {"unigram.npy": None}
+
+
+def _read_stamps(folder: Path) -> dict[str, list]:
+    try:
+        stamps = json.loads((folder / STAMPS).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return stamps if isinstance(stamps, dict) else {}
+
+
+def _stamp(path: Path, sha256: str) -> list:
+    stat = path.stat()
+    return [stat.st_size, stat.st_mtime_ns, sha256]
+
+
+def _damage(folder: Path, record: SplitShards, starts: list[np.ndarray | None]) -> str | None:
+    """What is wrong with the first file of the split that is not as its record says, or None."""
+    itemsize = np.dtype(record.dtype).itemsize
+    for shard, shard_starts in zip(record.shards, starts, strict=True):
+        tokens = folder / shard.file
+        if tokens.stat().st_size != shard.tokens * itemsize:
+            return f"{tokens}: {tokens.stat().st_size:,} bytes, not the {shard.tokens * itemsize:,} of its record"
+        if shard_starts is None:
+            return (f"{tokens.with_suffix('.npy')}, {tokens.with_suffix('.ids').name}: not the {shard.documents:,} "
+                    "documents of its record")
+    return _checksum_damage(folder, record)
+
+
+def _checksum_damage(folder: Path, record: SplitShards) -> str | None:
+    """The first file of the split whose sha256 is not the one recorded when it was written, or None.
+
+    A file is hashed when the split is small (HASH_ALWAYS_BELOW_BYTES says why) or its size or mtime differs from its
+    stamp. One without a stamp (a split from before stamps, whose .npy and .ids have no checksum yet) is taken as it is
+    and stamped. New stamps are saved where the folder is writable; a read-only cache is hashed again next time.
+    """
+    stamps = _read_stamps(folder)
+    small = record.tokens * np.dtype(record.dtype).itemsize < HASH_ALWAYS_BELOW_BYTES
+    checked = {}
+    for name, recorded in _split_files(folder, record).items():
+        stamp = stamps.get(name)
+        stamped = isinstance(stamp, list) and len(stamp) == 3
+        now = _stamp(folder / name, stamp[2] if stamped else "")
+        if stamped and not small and now == stamp:
+            checked[name] = stamp
+            continue
+        expected = recorded or (stamp[2] if stamped else None)
+        digest = sha256_file(folder / name)
+        if expected is not None and digest != expected:
+            return f"{folder / name}: not the sha256 recorded for it"
+        checked[name] = [*now[:2], digest]
+    if checked != stamps:
+        with suppress(OSError):  # a read-only cache: correct without the stamps, only slower to check
+            _atomic_bytes(folder / STAMPS, lambda f: f.write(json.dumps(checked).encode()))
+    return None
+
+
 # --- writing --------------------------------------------------------------------------------------------------------
 
 
 def _atomic_bytes(path: Path, write: Callable[[object], None]) -> None:
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # one per process: concurrent writers never collide
-    with tmp.open("wb") as f:
+    with replacing(path) as tmp, tmp.open("wb") as f:
         write(f)
-    os.replace(tmp, path)
 
 
 def _lines(path: Path, first_byte: int, end_byte: int) -> Iterator[tuple[int, bytes]]:
@@ -326,17 +398,25 @@ def _write_shard(encoder: Tokenizer, source: Path, folder: Path, k: int, shard_b
     return record
 
 
-def _finished_shard(folder: Path, k: int, shard_bytes: int, itemsize: int) -> ShardRecord | None:
-    """Shard k as an earlier, interrupted prepare left it, if it finished it (`write_split` has removed the shards of
-    other text, framing or shard size)."""
+def _finished_shard(folder: Path, k: int, shard_bytes: int, itemsize: int, stamps: dict[str, list]
+                    ) -> ShardRecord | None:
+    """Shard k as an earlier prepare left it, if it finished it and its files still have their sha256 (`write_split`
+    has removed the shards of other text, framing or shard size). Always hashed: remaking a shard costs far more."""
     paths = _shard_paths(folder, k)
     try:
         record = ShardRecord(**json.loads(paths["json"].read_text(encoding="utf-8")))
         whole = (record.first_byte == k * shard_bytes and paths["bin"].stat().st_size == record.tokens * itemsize
-                 and _doc_starts(folder, k, record) is not None)
+                 and _doc_starts(folder, k, record) is not None and sha256_file(paths["bin"]) == record.sha256
+                 and all(_matches_stamp(paths[suffix], stamps) for suffix in ("npy", "ids")))
     except (OSError, ValueError, TypeError):
         return None
     return record if whole else None
+
+
+def _matches_stamp(path: Path, stamps: dict[str, list]) -> bool:
+    """False only when the file's stamp has a sha256 and the file's is another."""
+    stamp = stamps.get(path.name)
+    return not (isinstance(stamp, list) and len(stamp) == 3) or sha256_file(path) == stamp[2]
 
 
 def write_split(tokenizer: Tokenizer, source: Path, source_sha256: str, folder: Path, framing: tuple[int, int],
@@ -363,9 +443,10 @@ def write_split(tokenizer: Tokenizer, source: Path, source_sha256: str, folder: 
             stale.unlink()
         _atomic_bytes(folder / "started.json", lambda f: f.write(json.dumps(started).encode()))
     n_shards = max(1, -(-source.stat().st_size // shard_bytes))
+    stamps = _read_stamps(folder)
     shards, kept = [], 0
     for k in range(n_shards):
-        record = _finished_shard(folder, k, shard_bytes, dtype.itemsize)
+        record = _finished_shard(folder, k, shard_bytes, dtype.itemsize, stamps)
         if record is not None:
             kept += 1
             progress.advance(record.documents, record.tokens, record.end_byte - record.first_byte)
@@ -380,8 +461,11 @@ def write_split(tokenizer: Tokenizer, source: Path, source_sha256: str, folder: 
         counts += np.bincount(chunk, minlength=len(counts))[: len(counts)]
     _atomic_bytes(folder / "unigram.npy", lambda f: np.save(f, counts))
     record = SplitShards(source_sha256, framing[0], framing[1], dtype.name, shard_bytes, tuple(shards))
+    stamps = {name: _stamp(folder / name, recorded or sha256_file(folder / name))
+              for name, recorded in _split_files(folder, record).items()}
+    _atomic_bytes(folder / STAMPS, lambda f: f.write(json.dumps(stamps).encode()))
     _atomic_bytes(folder / "split.json", lambda f: f.write(record.to_json().encode()))
-    loaded = load_split(folder, source_sha256, framing)
+    loaded = load_split(folder, source_sha256, framing, log)
     if loaded is None:
         raise DataError(f"{folder}: the shards just written do not read back; check the disk (df -h {folder})")
     return loaded

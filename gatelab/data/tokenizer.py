@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from collections.abc import Iterator, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from gatelab.data.corpora import CorpusManifest, DataError, Log, heldout_score
+from gatelab.data.corpora import CorpusManifest, DataError, Log, atomic_write_text, heldout_score
 from gatelab.data.hub import hub_unreachable
 
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
@@ -109,17 +109,58 @@ def load_or_train_tokenizer(
         raise DataError(f"{manifest.path}: no prepared domains to train a tokenizer on; run prepare first")
     key = tokenizer_key(manifest, vocab_size, chosen, max_chars_per_domain)
     path = manifest.data_dir / "tokenizers" / key / "tokenizer.json"
-    if path.is_file():
+    cached = _cached_tokenizer(path, log)
+    if cached is not None:
         log(f"tokenizer {key} loaded from {path}")
-        return Tokenizer.from_file(str(path))
+        return cached
     log(f"training a {vocab_size}-token byte-level BPE on {', '.join(chosen)} (key {key})")
-    tokenizer = _train_tokenizer(training_texts(manifest, chosen, max_chars_per_domain), vocab_size)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # one per process: concurrent writers never collide
-    tokenizer.save(str(tmp))
-    tmp.replace(path)
-    # Return the saved file's tokenizer so a fresh run and a cached one are the very same object state.
-    return Tokenizer.from_file(str(path))
+    text = _train_tokenizer(training_texts(manifest, chosen, max_chars_per_domain), vocab_size).to_str(pretty=True)
+    # The checksum first, so a tokenizer.json never goes without one. The text is what Tokenizer.save writes, but
+    # written here a refused write is an OSError naming the file.
+    atomic_write_text(_checksum_path(path), _sha256_text(text))
+    atomic_write_text(path, text)
+    # Return the saved text's tokenizer so a fresh run and a cached one are the very same object state.
+    return Tokenizer.from_str(text)
+
+
+def _checksum_path(path: Path) -> Path:
+    return path.with_name("tokenizer.sha256")
+
+
+def _sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _cached_tokenizer(path: Path, log: Log) -> Tokenizer | None:
+    """The tokenizer cached at `path`, or None where there is none or it was damaged after it was trained (its
+    sha256 is not the recorded one, or it does not load): the caller trains it again, as it would have been."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        log(f"{path}: unreadable ({exc}); training it again")
+        return None
+    try:
+        recorded = _checksum_path(path).read_text(encoding="utf-8").strip()
+    except OSError:
+        recorded = None  # cached before checksums were recorded: loaded if it loads, and its checksum recorded
+    if recorded is not None and recorded != _sha256_text(text):
+        log(f"{path}: its sha256 is not the one recorded when it was trained (damaged since); training it again")
+        return None
+    try:
+        tokenizer = Tokenizer.from_str(text)
+    except Exception as exc:  # noqa: BLE001  the tokenizers library raises bare Exception on a bad file
+        log(f"{path}: not a tokenizer the tokenizers library can load ({_first_line(exc)}); training it again")
+        return None
+    if recorded is None:
+        with suppress(OSError):  # a read-only cache: checked by loading alone
+            atomic_write_text(_checksum_path(path), _sha256_text(text))
+    return tokenizer
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def special_id(tokenizer: Tokenizer, token: str) -> int:
@@ -222,9 +263,8 @@ def _load_file(path: Path, spec: str) -> tuple[Tokenizer, str]:
         try:
             tokenizer = Tokenizer.from_str(raw.decode("utf-8"))
         except Exception as exc:  # noqa: BLE001  the tokenizers library raises bare Exception on a bad file
-            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise DataError(f"data.tokenizer: {spec}: not a tokenizer.json the tokenizers library can load "
-                            f"({reason})") from None
+                            f"({_first_line(exc)})") from None
         _LOADED[key] = (tokenizer, hashlib.sha256(raw).hexdigest())
     return _LOADED[key]
 

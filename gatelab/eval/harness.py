@@ -483,7 +483,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     the include path unless `--include_path` is given (lm-eval takes one; gatelab's tasks can then be named by file,
     `--tasks <local_task_dir()>/gatelab_blimp.yaml`)."""
     import gatelab.eval.harness  # noqa: F401  registers `gatelab` when this file runs as __main__
+    from gatelab.errors import install_redaction
     from lm_eval.__main__ import cli_evaluate
+
+    install_redaction()
 
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) > 1 and not any(arg == "--include_path" or arg.startswith("--include_path=") for arg in args):

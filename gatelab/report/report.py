@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gatelab.output_folders import require_writable_folder
 from gatelab.report.export import ReportTable, check_formats, export_report
 from gatelab.report.plots import (plot_context_length, plot_delta_vs_paper, plot_first_token_attention,
                                   plot_gate_histograms, plot_loss_curves)
@@ -64,11 +65,12 @@ def make_report(sweep_path: Path, experiment: Path | None, formats: list[str], o
                 tracking_uri: str | None, runs_dir: Path, storage: str | None, log=print) -> list[Path]:
     check_formats(formats)  # a wrong format is an error before any download or plot
     sweep = load_sweep(sweep_path, experiment)
+    out = out_dir or Path("results") / sweep.name
+    require_writable_folder(out, "--out")  # the default one too, before any run is read
     specs = expand(sweep)
     store = RunStore(tracking_uri or default_tracking_uri(runs_dir), runs_dir)
     records = collect_runs(specs, store, sweep.name, ledger_states(storage, runs_dir, sweep.name, specs))
     comparison = build_comparison(records, sweep.paper)
-    out = out_dir or Path("results") / sweep.name
     out.mkdir(parents=True, exist_ok=True)
 
     numbers = comparison.numbers

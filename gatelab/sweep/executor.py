@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -23,6 +22,8 @@ from pathlib import Path
 
 from gatelab import host
 from gatelab.errors import GatelabError
+from gatelab.interrupts import Interrupted, raise_on_signals
+from gatelab.sweep.queue import CELLS_FAILED
 
 REGISTRY_ENV = "GATELAB_LOCAL_WORKERS"  # the folder in which this launch's local workers list themselves
 POOL_ENV = "GATELAB_SWEEP_CORES"  # every core the launch was given, e.g. "0,1,2,3"
@@ -178,7 +179,8 @@ def run_local_workers(n_workers: int, **worker_args) -> int:
     """N worker processes; each gets one GPU (CUDA_VISIBLE_DEVICES) where there are enough, else a disjoint share of
     this process's cores, with as many threads, widened while other workers sit idle (see the module docstring).
 
-    Ctrl-C reaches every worker, which puts its run back in the queue before it exits.
+    Ctrl-C or SIGTERM on this process is forwarded to every worker, which puts its run back in the queue before it
+    exits; then `Interrupted` is raised here. Returns the highest exit code of the workers (1: a cell failed).
     """
     on_gpus = gpu_count() >= n_workers
     pool = available_cores()
@@ -192,28 +194,31 @@ def run_local_workers(n_workers: int, **worker_args) -> int:
         registry = LocalWorkerRegistry(Path(worker_args["runs_dir"]) / name / "local-workers"
                                        / f"{socket.gethostname()}-{os.getpid()}")
     processes = []
-    try:
-        for index in range(n_workers):
-            env = dict(os.environ)
-            if on_gpus:
-                env["CUDA_VISIBLE_DEVICES"] = str(index)
-                command = worker_command(threads=None, **worker_args)
-            else:
-                env.update({REGISTRY_ENV: str(registry.folder.resolve()), POOL_ENV: ",".join(map(str, pool)),
-                            HOME_ENV: ",".join(map(str, homes[index]))})
-                command = worker_command(threads=len(homes[index]), **worker_args)
-            processes.append(subprocess.Popen(command, env=env))
-            if registry is not None:  # listed from the start, so an early worker never takes a late one's cores
-                registry.enter(processes[-1].pid, homes[index])
+    with raise_on_signals():
         try:
+            for index in range(n_workers):
+                env = dict(os.environ)
+                if on_gpus:
+                    env["CUDA_VISIBLE_DEVICES"] = str(index)
+                    command = worker_command(threads=None, **worker_args)
+                else:
+                    env.update({REGISTRY_ENV: str(registry.folder.resolve()), POOL_ENV: ",".join(map(str, pool)),
+                                HOME_ENV: ",".join(map(str, homes[index]))})
+                    command = worker_command(threads=len(homes[index]), **worker_args)
+                processes.append(subprocess.Popen(command, env=env))
+                if registry is not None:  # listed from the start, so an early worker never takes a late one's cores
+                    registry.enter(processes[-1].pid, homes[index])
             codes = [process.wait() for process in processes]
-        except KeyboardInterrupt:
+        except Interrupted as interrupted:  # a terminal's Ctrl-C reaches the workers too; SIGTERM (kill) does not
             for process in processes:
-                process.send_signal(signal.SIGINT)
-            codes = [process.wait() for process in processes]
-    finally:
-        if registry is not None:
-            shutil.rmtree(registry.folder, ignore_errors=True)
+                if process.poll() is None:
+                    process.send_signal(interrupted.signum)
+            for process in processes:
+                process.wait()  # while each puts its run back; a second signal is ignored meanwhile
+            raise
+        finally:
+            if registry is not None:
+                shutil.rmtree(registry.folder, ignore_errors=True)
     return max(codes)
 
 
@@ -236,7 +241,7 @@ def submit_workers(n_workers: int, cluster: str, folder: Path, slurm: dict, wait
     command = worker_command(threads=slurm.get("threads"), **worker_args)
     jobs = executor.map_array(_submitit_worker, [command] * n_workers)
     if wait:
-        failed = [job.job_id for job in jobs if job.result() != 0]
+        failed = [job.job_id for job in jobs if job.result() not in (0, CELLS_FAILED)]  # failed cells: the ledger says
         if failed:
             raise GatelabError(f"workers {', '.join(failed)} exited with an error; their logs are in {folder}")
     return [job.job_id for job in jobs]

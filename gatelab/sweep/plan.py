@@ -205,7 +205,7 @@ def render_plan(rows: Sequence[dict[str, Any]], as_json: bool = False, *, title:
     from rich.console import Console
     from rich.table import Table
 
-    console = console or (Console() if sys.stdout.isatty() else Console(width=200))
+    console = console or (Console(markup=False) if sys.stdout.isatty() else Console(width=200, markup=False))
     with_paper = any("paper_added_m" in row for row in rows)
     with_trials = any(row["trials"] > 1 for row in rows)
     table = Table(box=None, title=title, title_justify="left")

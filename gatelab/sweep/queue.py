@@ -7,19 +7,28 @@ finished and diverged = COMPLETE (the status in a user attribute; diverged runs 
 worker died stops beating; the first worker to notice marks it FAIL (only one can: a finished trial cannot be set
 again) and re-enqueues it, and the run then resumes from its checkpoint into the same MLflow run.
 
+A claim is fenced: `lease(trial)` gives the training code a token (the trial number) and asks the ledger whether the
+trial is still RUNNING, so a worker that was paused past the grace period learns that its run was taken over and
+stops without writing; it never tells the ledger anything about that trial again.
+
 Embedded default: an Optuna journal file under `runs/<sweep>/`, not the MLflow database (the two clash on one SQLite
-file). Shared mode: any Optuna RDB URL, e.g. PostgreSQL.
+file). Shared mode: any Optuna RDB URL, e.g. PostgreSQL. Storage that cannot serve as a ledger is refused before any
+training, with one message naming it (password hidden) and the fix.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
+import re
+import shlex
 import socket
+import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,8 +39,10 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
 
 from gatelab.errors import GatelabError, redact
-from gatelab.tracking import STATUS_TAG
+from gatelab.interrupts import Interrupted
+from gatelab.tracking import STATUS_TAG, run_tracking_uri, sqlite_file
 
+CELLS_FAILED = 1  # the exit code of `gatelab sweep run` and `sweep worker` when a cell ended failed
 HASH = "gatelab.hash"
 HEARTBEAT = "gatelab.heartbeat"
 ATTEMPT = "gatelab.attempt"
@@ -53,6 +64,37 @@ class RunState:
     diverged_step: int | None = None
     error: str | None = None
     value: float | None = None
+
+
+@dataclass
+class TrialLease:
+    """A worker's claim on one trial, as the training code's `gatelab.train.ownership.Lease`: the token is the trial
+    number (a takeover is a newer trial), lost once the trial is no longer RUNNING."""
+
+    ledger: SweepLedger
+    trial: optuna.Trial
+    token: str
+    holder: str
+    check_every_s: float
+
+    def lost(self) -> str | None:
+        if self.ledger.still_claimed(self.trial):
+            return None
+        digest = frozen_trial(self.ledger.study, self.trial).user_attrs.get(HASH)
+        return self.ledger.running_worker(digest, newer_than=self.trial.number) or "the ledger"
+
+
+def _why_not_reset(state: RunState) -> str:
+    cell = f"cell {state.index} ({state.label}) is {state.status}"
+    if state.status == "running":
+        return (f"{cell} on {state.worker}: a reset would train it twice; stop that worker first (its run is taken "
+                "over once its heartbeat stops)")
+    if state.status in ("finished", "diverged"):
+        return (f"{cell} in MLflow run {state.mlflow_run_id}: that is its result, never trained twice (a re-queued "
+                "run would only be found done again); change the seed or the config for a new run")
+    if state.status == "pending":
+        return f"{cell}: it is already in the queue"
+    return f"{cell}: `gatelab sweep run` puts it in the queue"
 
 
 def _last_line(text: str | None) -> str | None:
@@ -90,24 +132,195 @@ def default_storage(runs_dir: Path, sweep_name: str) -> str:
     return str((runs_dir / sweep_name / "ledger.journal").resolve())
 
 
-def open_storage(storage: str) -> BaseStorage:
-    """A journal file path, or an RDB URL (postgresql://, sqlite:///...)."""
+MLFLOW_TABLES = {"experiments", "runs", "metrics"}
+STORAGE_FORMS = "a journal file path, sqlite:///path/to/ledger.db or postgresql://user@host:port/database"
+
+
+def tracking_stores(specs: Iterable, tracking_uri: str | None, runs_dir: Path) -> set[str]:
+    """The MLflow store of each spec's run, picked as `gatelab.train.run` picks it: the ledger must not be one."""
+    return {run_tracking_uri(tracking_uri, spec.experiment, runs_dir, create=False) for spec in specs}
+
+
+def open_storage(storage: str, tracking_uris: Collection[str] = ()) -> BaseStorage:
+    """A journal file path, or an RDB URL (postgresql://, sqlite:///...); refused with a GatelabError naming the
+    storage and the fix where it cannot be a ledger, e.g. one of the MLflow stores in `tracking_uris`."""
     if "://" in storage:
+        _check_database(storage, tracking_uris)
         try:
             return RDBStorage(storage, engine_kwargs={"pool_pre_ping": True})
-        except Exception as error:  # SQLAlchemy raises many kinds; the message must not show a password
-            raise GatelabError(f"ledger storage {redact(storage)}: cannot connect ({type(error).__name__})") from None
-    Path(storage).parent.mkdir(parents=True, exist_ok=True)
-    return JournalStorage(JournalFileBackend(storage))
+        except Exception as error:  # checked above; what is left is rare, and its text may hold the URL
+            raise GatelabError(f"ledger storage {redact(storage)}: {_first_line(error)}") from None
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:(?!//)", storage):
+        raise GatelabError(f"ledger storage {redact(storage)} looks like a URL without '//': valid forms are "
+                           f"{STORAGE_FORMS} (write ./{storage} for a file of that name)")
+    return _open_journal(Path(storage), tracking_uris)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(getattr(error, "orig", None) or error).strip()
+    return redact(text.splitlines()[0] if text else type(error).__name__)
+
+
+def _open_journal(path: Path, tracking_uris: Collection[str]) -> JournalStorage:
+    if path.is_dir():
+        raise GatelabError(f"ledger storage {path} is a directory: give a file in it (e.g. {path / 'ledger.journal'}), "
+                           "or leave --storage out for the default runs/<sweep>/ledger.journal")
+    tracked = {file.resolve() for file in map(sqlite_file, tracking_uris) if file is not None}
+    if path.resolve() in tracked or _is_sqlite(path):
+        raise GatelabError(f"ledger storage {path} is a SQLite database{' (the MLflow store)' * (path.resolve() in tracked)}"
+                           ", not a ledger journal: Optuna would write into it. Give a file of its own, or leave "
+                           "--storage out for the default runs/<sweep>/ledger.journal")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return JournalStorage(LedgerJournal(str(path)))
+    except OSError as error:
+        raise GatelabError(f"ledger storage {path}: cannot create it ({error.strerror}): give a path in a folder "
+                           "you can write to") from None
+
+
+def _is_sqlite(path: Path) -> bool:
+    try:
+        with path.open("rb") as file:
+            return file.read(16) == b"SQLite format 3\x00"
+    except OSError:
+        return False
+
+
+def _check_database(storage: str, tracking_uris: Collection[str]) -> None:
+    """Connect once before Optuna creates its tables: a clear message for what cannot be reached, and never Optuna's
+    tables inside an MLflow database (both keep an `alembic_version` table)."""
+    import sqlalchemy
+    from sqlalchemy.engine import make_url
+
+    shown = redact(storage)
+    try:
+        url = make_url(storage)
+    except Exception as error:  # SQLAlchemy's ArgumentError, or a port that is not a number
+        raise GatelabError(f"ledger storage {shown} is not a valid database URL ({_first_line(error)}); valid forms "
+                           f"are {STORAGE_FORMS}") from None
+    if url.get_backend_name() == "sqlite":
+        _check_sqlite_url(storage, url.database)
+    if any(_same_database(storage, uri) for uri in tracking_uris):
+        raise GatelabError(f"ledger storage {shown} is the MLflow tracking database: give the ledger a database of "
+                           "its own, or leave --storage out for the default runs/<sweep>/ledger.journal")
+    try:
+        engine = sqlalchemy.create_engine(storage)
+        try:
+            with engine.connect() as connection:
+                tables = set(sqlalchemy.inspect(connection).get_table_names())
+        finally:
+            engine.dispose()
+    except Exception as error:  # SQLAlchemy and the drivers raise many kinds; each gets its own fix
+        raise GatelabError(f"ledger storage {shown}: {_connection_problem(error, url)}") from None
+    if MLFLOW_TABLES <= tables:
+        raise GatelabError(f"ledger storage {shown} holds an MLflow tracking store: give the ledger a database of its "
+                           "own, or leave --storage out for the default runs/<sweep>/ledger.journal")
+
+
+def _check_sqlite_url(storage: str, database: str | None) -> None:
+    if not storage.startswith("sqlite:///") or database in (None, "", ":memory:"):
+        raise GatelabError(f"ledger storage {storage} is not a SQLite file (each process would get a ledger of its "
+                           "own): write sqlite:///relative/path.db or sqlite:////absolute/path.db")
+    path = Path(database)
+    if path.is_dir():
+        raise GatelabError(f"ledger storage {storage} is a directory: name a file in it, e.g. "
+                           f"sqlite:///{path / 'ledger.db'}")
+    if not path.parent.is_dir():
+        raise GatelabError(f"ledger storage {storage}: folder {path.parent} does not exist: create it, or fix the path")
+
+
+def _same_database(storage: str, tracking_uri: str) -> bool:
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    ledger_file, tracking_file = sqlite_file(storage), sqlite_file(tracking_uri)
+    if ledger_file is not None or tracking_file is not None:
+        return ledger_file is not None and tracking_file is not None and ledger_file.resolve() == tracking_file.resolve()
+    try:
+        ledger, tracked = make_url(storage), make_url(tracking_uri)
+    except (ArgumentError, ValueError):  # an MLflow file store, or a port that is not a number: not a database
+        return False
+    return (ledger.get_backend_name(), ledger.host, ledger.port, ledger.database) == \
+        (tracked.get_backend_name(), tracked.host, tracked.port, tracked.database)
+
+
+def _connection_problem(error: Exception, url) -> str:
+    """What failed and what to do, from SQLAlchemy's and the driver's error."""
+    from sqlalchemy.exc import NoSuchModuleError
+
+    if isinstance(error, NoSuchModuleError):
+        return f"unknown scheme {url.drivername!r}; valid forms are {STORAGE_FORMS}"
+    if isinstance(error, ImportError):
+        return (f"no driver for {url.drivername!r} is installed ({_first_line(error)}): install it, or use "
+                f"{STORAGE_FORMS}")
+    text = _first_line(error)
+    where = f"{url.host or 'localhost'}" + (f":{url.port}" if url.port else "")
+    if "does not exist" in text and "database" in text:
+        return (f"database {url.database!r} does not exist on the server at {where}: create it (e.g. createdb -h "
+                f"{url.host or 'localhost'} {url.database}) or name an existing one")
+    if "authentication failed" in text or ("role" in text and "does not exist" in text) or "password" in text:
+        return (f"the server at {where} refused user {url.username!r} ({text.split('FATAL:')[-1].strip()}): "
+                "check the user name and password")
+    if url.get_backend_name() == "sqlite":
+        return f"cannot open the SQLite file {url.database} ({text}): check the path and its permissions"
+    return (f"cannot reach a database server at {where} ({text.split('failed:')[-1].strip()}): check the host and "
+            "port, and that the server runs there and accepts TCP connections")
+
+
+class LedgerJournal(JournalFileBackend):
+    """Optuna's journal file, whose read errors name the file, the line and the way out instead of a bare
+    JSONDecodeError, and which is never silently recreated empty once it was removed under a running worker."""
+
+    def read_logs(self, log_number_from: int) -> Iterator[dict]:
+        self._require_file()
+        try:
+            for log in super().read_logs(log_number_from):
+                if not isinstance(log, dict) or "op_code" not in log:
+                    raise ValueError("not a journal entry")
+                yield log
+        except ValueError:  # json.JSONDecodeError, or Optuna's "Invalid log format."
+            raise GatelabError(self._junk_message()) from None
+
+    def append_logs(self, logs: list[dict]) -> None:
+        self._require_file()
+        super().append_logs(logs)
+
+    def _require_file(self) -> None:
+        if not os.path.exists(self._file_path):
+            raise GatelabError(f"ledger {self._file_path} was removed while this worker used it: its queue is gone, "
+                               "so this worker stops. Run `gatelab sweep run` again to start a new ledger (runs "
+                               "already finished are found in MLflow and not trained again)")
+
+    def _junk_message(self) -> str:
+        number, line = _first_junk_line(Path(self._file_path))
+        return (f"ledger {self._file_path}: line {number} is not a ledger entry ({line[:60]!r}); something other "
+                "than gatelab wrote to the file. Move that line out of it (e.g. `sed -i.bak "
+                f"'{number}d' {self._file_path}` keeps the original as .bak), then run the command again")
+
+
+def _first_junk_line(path: Path) -> tuple[int, str]:
+    """The number and text of the first line that is not a whole journal entry (the last line, if all are)."""
+    number, text = 0, ""
+    with path.open("rb") as file:
+        for number, raw in enumerate(file, start=1):
+            text = raw.decode("utf-8", errors="replace")
+            try:
+                entry = json.loads(text)
+            except ValueError:
+                entry = None
+            if not raw.endswith(b"\n") or not isinstance(entry, dict) or "op_code" not in entry:
+                return number, text.rstrip("\n")
+    return number, text.rstrip("\n")
 
 
 class SweepLedger:
     """The Optuna study of one sweep, seen as a queue of RunSpecs keyed by their content hash."""
 
-    def __init__(self, storage: str, sweep_name: str, heartbeat_s: float = 10.0, grace_s: float = 60.0):
+    def __init__(self, storage: str, sweep_name: str, heartbeat_s: float = 10.0, grace_s: float = 60.0,
+                 tracking_uris: Collection[str] = ()):
         self.storage_uri = storage
-        self.study = optuna.create_study(study_name=sweep_name, storage=open_storage(storage), load_if_exists=True,
-                                         direction="minimize")
+        self.study = optuna.create_study(study_name=sweep_name, storage=open_storage(storage, tracking_uris),
+                                         load_if_exists=True, direction="minimize")
         self.heartbeat_s, self.grace_s = heartbeat_s, grace_s
         self.worker = f"{socket.gethostname()}:{os.getpid()}"
 
@@ -125,25 +338,34 @@ class SweepLedger:
                 added += 1
         return added
 
-    def _requeue(self, trial: FrozenTrial, count_attempt: bool) -> None:
+    def _requeue(self, trial: FrozenTrial, attempt: int) -> None:
         attrs = {k: trial.user_attrs[k] for k in (HASH, "gatelab.index", "gatelab.label")}
-        attrs[ATTEMPT] = trial.user_attrs.get(ATTEMPT, 1) + (1 if count_attempt else 0)
-        self.study.enqueue_trial({}, user_attrs=attrs)
+        self.study.enqueue_trial({}, user_attrs={**attrs, ATTEMPT: attempt})
+
+    def _stale(self, trial: FrozenTrial, now: float) -> bool:
+        if trial.state != TrialState.RUNNING:
+            return False
+        # A worker killed between Optuna's ask and its first beat leaves no heartbeat: its start time stands in.
+        last_heard = trial.user_attrs.get(HEARTBEAT) or trial.datetime_start.timestamp()
+        return now - last_heard > self.grace_s
 
     def fail_stale(self) -> list[str]:
         """Mark running trials whose heartbeat stopped as failed and put their runs back in the queue."""
         requeued = []
-        now = time.time()
         for trial in self.trials():
-            if trial.state == TrialState.RUNNING and now - trial.user_attrs.get(HEARTBEAT, now) > self.grace_s:
-                try:
-                    set_trial_attr(self.study, trial, "gatelab.error", "worker stopped beating")
-                    if not set_trial_state(self.study, trial, TrialState.FAIL):
-                        continue
-                except UpdateFinishedTrialError:
-                    continue  # another worker got there first
-                self._requeue(trial, count_attempt=False)  # a dead worker is not the run's fault
-                requeued.append(trial.user_attrs.get(HASH))
+            if not self._stale(trial, time.time()):
+                continue
+            storage, trial_id = _trial_storage(self.study, trial)
+            if not self._stale(storage.get_trial(trial_id), time.time()):
+                continue  # it beat again since the list was read: its worker is alive
+            try:
+                set_trial_attr(self.study, trial, "gatelab.error", "worker stopped beating")
+                if not set_trial_state(self.study, trial, TrialState.FAIL):
+                    continue
+            except UpdateFinishedTrialError:
+                continue  # another worker got there first
+            self._requeue(trial, trial.user_attrs.get(ATTEMPT, 1))  # a dead worker is not the run's fault
+            requeued.append(trial.user_attrs.get(HASH))
         return requeued
 
     def _blocked(self, claimed: FrozenTrial) -> bool:
@@ -158,9 +380,10 @@ class SweepLedger:
                 return True
         return False
 
-    def claim(self) -> optuna.Trial | None:
-        """The next waiting run, now RUNNING for this worker; None when nothing is waiting."""
-        while any(t.state == TrialState.WAITING for t in self.trials()):
+    def claim(self, skip: Collection[str] = ()) -> optuna.Trial | None:
+        """The next waiting run, now RUNNING for this worker; None when nothing is waiting but the runs in `skip`
+        (hashes this worker found being trained by another process a moment ago)."""
+        while any(t.state == TrialState.WAITING and t.user_attrs.get(HASH) not in skip for t in self.trials()):
             trial = self.study.ask()
             frozen = frozen_trial(self.study, trial)
             if HASH not in frozen.user_attrs:  # nothing was waiting after all: Optuna made a fresh trial
@@ -170,6 +393,9 @@ class SweepLedger:
             if self._blocked(frozen):
                 set_trial_attr(self.study, trial, "gatelab.noop", True)
                 self.study.tell(trial, state=TrialState.FAIL)
+                continue
+            if frozen.user_attrs[HASH] in skip:  # to the back of the queue, behind the runs this worker can train
+                self.release(trial, "skipped: being trained by another process")
                 continue
             for key, value in ((HEARTBEAT, time.time()), ("gatelab.worker", self.worker),
                                ("gatelab.started", time.time())):
@@ -181,13 +407,30 @@ class SweepLedger:
         """Whether any run may still need work: waiting or running somewhere."""
         return any(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in self.trials())
 
+    def lease(self, trial: optuna.Trial) -> TrialLease:
+        return TrialLease(self, trial, token=str(trial.number), holder=self.worker, check_every_s=self.heartbeat_s)
+
+    def still_claimed(self, trial: optuna.Trial) -> bool:
+        """Whether `trial` is still RUNNING, i.e. no other worker gave up on it (`fail_stale`)."""
+        return frozen_trial(self.study, trial).state == TrialState.RUNNING
+
+    def running_worker(self, digest: str, newer_than: int) -> str | None:
+        """The worker of a RUNNING trial of this run newer than trial `newer_than`: the one that took it over."""
+        takers = [t for t in self.trials() if t.user_attrs.get(HASH) == digest and t.number > newer_than
+                  and t.state == TrialState.RUNNING]
+        return takers[-1].user_attrs.get("gatelab.worker") if takers else None
+
     @contextlib.contextmanager
     def heartbeat(self, trial: optuna.Trial) -> Iterator[None]:
+        """Beat on `trial` until the block ends, or until the trial is no longer this worker's: a beat on a trial that
+        was taken over must not make it look alive (nor add to a journal that another worker now owns)."""
         stop = threading.Event()
 
         def beat() -> None:
             while not stop.wait(self.heartbeat_s):
                 with contextlib.suppress(Exception):  # a missed beat is retried; grace covers several
+                    if not self.still_claimed(trial):
+                        return
                     set_trial_attr(self.study, trial, HEARTBEAT, time.time())
 
         thread = threading.Thread(target=beat, daemon=True, name="gatelab-heartbeat")
@@ -209,19 +452,45 @@ class SweepLedger:
 
     def fail(self, trial: optuna.Trial, error: str, retries: int) -> bool:
         """Record a failed run; re-enqueue it while attempts remain. Returns whether it was re-enqueued."""
-        trial.set_user_attr("gatelab.error", error[-2000:])
+        trial.set_user_attr("gatelab.error", redact(error)[-2000:])  # redacted whole: a cut URL would escape it
         self.study.tell(trial, state=TrialState.FAIL)
         frozen = frozen_trial(self.study, trial)
-        if frozen.user_attrs.get(ATTEMPT, 1) <= retries:
-            self._requeue(frozen, count_attempt=True)
+        attempt = frozen.user_attrs.get(ATTEMPT, 1)
+        if attempt <= retries:
+            self._requeue(frozen, attempt + 1)
             return True
         return False
 
-    def release(self, trial: optuna.Trial) -> None:
-        """An interrupted run (Ctrl-C): back in the queue, not counted as an attempt."""
-        set_trial_attr(self.study, trial, "gatelab.error", "interrupted")
+    def release(self, trial: optuna.Trial, reason: str = "interrupted") -> None:
+        """A run this worker gives back untrained or cut short (Ctrl-C): back in the queue, not counted as an
+        attempt."""
+        set_trial_attr(self.study, trial, "gatelab.error", reason)
         self.study.tell(trial, state=TrialState.FAIL)
-        self._requeue(frozen_trial(self.study, trial), count_attempt=False)
+        frozen = frozen_trial(self.study, trial)
+        self._requeue(frozen, frozen.user_attrs.get(ATTEMPT, 1))
+
+    def reset(self, specs: Sequence, cells: Collection[int] = (), failed: bool = False) -> list[RunState]:
+        """Put failed cells back in the queue with fresh attempts: every failed one with `failed`, plus those named
+        by index in `cells`. A named cell that is not failed is refused, the whole call with it, before any change:
+        a running one would be trained twice, and a finished or diverged one is a result (its worker would find it
+        in MLflow and train nothing). Returns the cells re-queued."""
+        states = self.states(specs)
+        by_index = {state.index: state for state in states}
+        unknown = sorted(set(cells) - by_index.keys())
+        if unknown:
+            raise GatelabError(f"--cell {unknown[0]}: this sweep's cells are {min(by_index)} to {max(by_index)} "
+                               "(the # column of `gatelab sweep status`)")
+        refused = [by_index[index] for index in sorted(set(cells)) if by_index[index].status != "failed"]
+        if refused:
+            raise GatelabError("; ".join(_why_not_reset(state) for state in refused))
+        chosen = [state for state in states if state.index in cells or (failed and state.status == "failed")]
+        newest = {}
+        for trial in self.trials():
+            if not trial.user_attrs.get("gatelab.noop"):
+                newest[trial.user_attrs.get(HASH)] = trial  # trials come in number order: the last one wins
+        for state in chosen:
+            self._requeue(newest[state.hash], attempt=1)
+        return chosen
 
     def states(self, specs: Sequence) -> list[RunState]:
         """One row per spec: the newest real trial of its hash decides its status."""
@@ -232,13 +501,13 @@ class SweepLedger:
         rows = []
         for spec in specs:
             trials = sorted(by_hash.get(spec.hash, []), key=lambda t: t.number)
-            attempts = max((t.user_attrs.get(ATTEMPT, 1) for t in trials), default=0)
             done = [t for t in trials if t.state == TrialState.COMPLETE]
             live = [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
             chosen = done[0] if done else (live[0] if live else (trials[-1] if trials else None))
             if chosen is None:
                 rows.append(RunState(spec.hash, spec.index, spec.label(), "not enqueued", 0))
                 continue
+            attempts = chosen.user_attrs.get(ATTEMPT, 1)  # attempts only grow along a run's trials, until a reset
             status = {TrialState.WAITING: "pending", TrialState.RUNNING: "running",
                       TrialState.FAIL: "failed"}.get(chosen.state, chosen.user_attrs.get(STATUS_TAG, "finished"))
             rows.append(RunState(
@@ -253,14 +522,49 @@ class SweepLedger:
         return rows
 
 
+def ledger_exists(storage: str, sweep_name: str, tracking_uris: Collection[str] = ()) -> bool:
+    """Whether the sweep has a ledger in `storage`, found without creating one."""
+    if "://" not in storage:
+        return Path(storage).is_file()
+    return sweep_name in {s.study_name for s in optuna.get_all_study_summaries(open_storage(storage, tracking_uris))}
+
+
 def ledger_states(storage: str | None, runs_dir: Path, sweep_name: str, specs: Sequence) -> list[RunState]:
     """The ledger's view of each spec, without creating a ledger where none exists yet."""
     storage = storage or default_storage(runs_dir, sweep_name)
-    exists = True
-    if "://" not in storage:
-        exists = Path(storage).exists()
-    else:
-        exists = sweep_name in {s.study_name for s in optuna.get_all_study_summaries(open_storage(storage))}
-    if not exists:
+    if not ledger_exists(storage, sweep_name):
         return [RunState(spec.hash, spec.index, spec.label(), "not started", 0) for spec in specs]
     return SweepLedger(storage, sweep_name).states(specs)
+
+
+def open_ledger(sweep, specs, storage: str | None, tracking_uri: str | None, runs_dir: Path,
+                heartbeat_s: float = 10.0, grace_s: float = 60.0) -> SweepLedger:
+    """The sweep's ledger, holding every spec; storage that cannot be a ledger is refused here, before any training."""
+    ledger = SweepLedger(storage or default_storage(runs_dir, sweep.name), sweep.name, heartbeat_s, grace_s,
+                         tracking_uris=tracking_stores(specs, tracking_uri, runs_dir))
+    ledger.enqueue_missing(specs)
+    return ledger
+
+
+def failed_cells_line(sweep_path: Path, experiment: Path | None, storage: str | None, runs_dir: Path) -> str | None:
+    """One line naming the sweep's failed cells and the command that re-queues them; None when no cell failed."""
+    from gatelab.sweep.spec import expand, load_sweep
+
+    sweep = load_sweep(sweep_path, experiment)
+    failed = [state for state in ledger_states(storage, runs_dir, sweep.name, expand(sweep))
+              if state.status == "failed"]
+    if not failed:
+        return None
+    command = ["gatelab", "sweep", "reset", str(sweep_path), "--failed"]
+    command += ["--experiment", str(experiment)] if experiment else []
+    command += ["--storage", redact(storage)] if storage else []
+    command += ["--runs-dir", str(runs_dir)] if runs_dir != Path("runs") else []
+    cells = ", ".join(f"{state.index} ({state.label})" for state in failed)
+    return (f"failed: cell{'s' * (len(failed) > 1)} {cells} (why: gatelab sweep status); once the cause is fixed, "
+            f"re-queue {'them' if len(failed) > 1 else 'it'} with: {shlex.join(command)}")
+
+
+def interrupted_line(interrupted: Interrupted) -> str:
+    """What to run to go on after Ctrl-C or SIGTERM: the same command (its password hidden)."""
+    return (f"interrupted by {interrupted}: the run in progress is back in the queue; resume with: "
+            f"{redact(shlex.join(['gatelab', *sys.argv[1:]]))}")

@@ -15,7 +15,8 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from gatelab.sweep.queue import open_storage, set_trial_state
+from gatelab.errors import redact
+from gatelab.sweep.queue import open_storage, set_trial_state, tracking_stores
 from gatelab.sweep.spec import with_values
 from gatelab.tracking import STATUS_TAG
 
@@ -52,10 +53,11 @@ def run_search(sweep, specs, storage: str, tracking_uri: str | None, runs_dir: P
     from gatelab.train.run import run
 
     search = sweep.search
+    ledger = open_storage(storage, tracking_stores(specs, tracking_uri, runs_dir))  # refused here, before any training
     best: dict[str, dict] = {}
     for spec in specs:
         study = optuna.create_study(
-            study_name=study_name(sweep.name, spec), storage=open_storage(storage), load_if_exists=True,
+            study_name=study_name(sweep.name, spec), storage=ledger, load_if_exists=True,
             direction=search.direction, pruner=PRUNERS[search.pruner](),
             sampler=optuna.samplers.TPESampler(seed=spec.experiment.seed),
         )
@@ -72,7 +74,7 @@ def run_search(sweep, specs, storage: str, tracking_uri: str | None, runs_dir: P
                 result = run(experiment, tracking_uri=tracking_uri, runs_dir=runs_dir, quiet=True, log=log,
                              extra_callbacks=(pruning,), extra_tags=tags)
             except Exception:  # a crashed trial is recorded as failed and the search goes on
-                trial.set_user_attr("gatelab.error", traceback.format_exc()[-2000:])
+                trial.set_user_attr("gatelab.error", redact(traceback.format_exc())[-2000:])
                 study.tell(trial, state=TrialState.FAIL)
                 continue
             trial.set_user_attr("gatelab.mlflow_run_id", result.run_id)

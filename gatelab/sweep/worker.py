@@ -1,7 +1,9 @@
 """A sweep worker: claim the next run from the ledger, train it, record the outcome; repeat until none is left.
 
 Many runs share one process, so Lightning and torch are imported once (seconds a process). Any number of workers,
-on any number of machines, can work on one sweep: the ledger hands each run to exactly one of them.
+on any number of machines, can work on one sweep: the ledger hands each run to exactly one of them, and a worker that
+was paused past the grace period finds its run taken over and stops without writing. Ctrl-C or SIGTERM puts the run
+back in the queue at once (`Interrupted`, exit code 130 or 143).
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ import torch
 
 from gatelab import host
 from gatelab.config import spec_hash, to_yaml
-from gatelab.errors import GatelabError
+from gatelab.errors import GatelabError, redact
+from gatelab.interrupts import Interrupted, ignore_signals, raise_on_signals
 from gatelab.sweep.executor import LocalShare
-from gatelab.sweep.queue import HASH, SweepLedger, default_storage
+from gatelab.sweep.queue import HASH, open_ledger
 from gatelab.sweep.spec import expand, load_sweep
+from gatelab.train.ownership import RunInProgress, RunTakenOver
 
 
 def use_cores(cores: Sequence[int]) -> None:
@@ -86,7 +90,13 @@ def run_in_child(experiment, tracking_uri: str | None, runs_dir: Path):
     command = [sys.executable, "-m", "gatelab", "train", str(config), "--quiet", "--runs-dir", str(runs_dir)]
     if tracking_uri:
         command += ["--tracking-uri", tracking_uri]
-    code = subprocess.run(command, check=False).returncode
+    child = subprocess.Popen(command)
+    try:
+        code = child.wait()
+    except Interrupted as interrupted:  # SIGTERM reaches only this process; the child must put its run away too
+        child.send_signal(interrupted.signum)
+        child.wait()
+        raise
     if code != 0:
         raise GatelabError(f"`gatelab train {config}` exited with {code}")
     result = recorded_result(experiment, tracking_uri, runs_dir)
@@ -109,8 +119,7 @@ def work(sweep_path: Path, experiment: Path | None = None, storage: str | None =
     sweep = load_sweep(sweep_path, experiment)
     specs = expand(sweep)
     by_hash = {spec.hash: spec for spec in specs}
-    ledger = SweepLedger(storage or default_storage(runs_dir, sweep.name), sweep.name, heartbeat_s, grace_s)
-    ledger.enqueue_missing(specs)
+    ledger = open_ledger(sweep, specs, storage, tracking_uri, runs_dir, heartbeat_s, grace_s)
     share = LocalShare.from_env()  # only the CPU workers of `gatelab sweep run --workers N` share cores
     if share is not None:
         share.enter()
@@ -120,51 +129,75 @@ def work(sweep_path: Path, experiment: Path | None = None, storage: str | None =
     from gatelab.train.run import run  # the training code is imported once per worker, here
 
     report = WorkerReport()
-    try:
-        while True:
-            for digest in ledger.fail_stale():
-                log(f"re-queued {by_hash[digest].label() if digest in by_hash else digest}: its worker stopped beating")
-            trial = ledger.claim()
-            if trial is None:
-                if share is not None:
-                    share.leave()  # nothing to train: the runs still going take this worker's cores
-                if not ledger.unfinished():
-                    return report
-                time.sleep(min(heartbeat_s, 5.0))  # runs still going elsewhere; one may need taking over
-                continue
-            spec = by_hash.get(trial.user_attrs[HASH])
-            if spec is None:
-                ledger.fail(trial, f"run {trial.user_attrs[HASH]} is no longer in {sweep_path}", retries=0)
-                continue
-            log(f"[{ledger.worker}] run {spec.index}: {spec.label()}")
-            callbacks = ()
-            if share is not None:
-                share.enter()
-                if not spec.experiment.train.threads:  # a run with train.threads sets its own
-                    resize = ShareFreedCores(share)
-                    resize.apply()
-                    callbacks = (resize,)
-            with ledger.heartbeat(trial):
-                try:
-                    if launches_ranks(spec.experiment):
-                        result = run_in_child(spec.experiment, tracking_uri, runs_dir)
-                    else:
-                        result = run(spec.experiment, tracking_uri=tracking_uri, runs_dir=runs_dir,
-                                     quiet=not progress, log=log, extra_callbacks=callbacks)
-                except KeyboardInterrupt:
-                    ledger.release(trial)
-                    raise
-                except Exception:  # a failed run is recorded and retried; the worker goes on with the next
-                    error = traceback.format_exc()
-                    retried = ledger.fail(trial, error, sweep.retries)
-                    log(f"run {spec.index} failed ({error.strip().splitlines()[-1]}); "
-                        + ("re-queued" if retried else f"no retries left after {sweep.retries}"))
-                    if not retried:
-                        report.failed.append(spec.hash)
-                    continue
-            ledger.finish(trial, result.status, result.run_id, result.metrics.get("ppl/avg"), result.diverged_step)
-            getattr(report, result.status).append(spec.hash)
-            log(f"run {spec.index} {result.status}: MLflow run {result.run_id}")
-    finally:
+    busy_until: dict[str, float] = {}  # runs found being trained by another process: not tried again before then
+
+    def train(spec, trial) -> None:
+        """Train one claimed run and tell the ledger how it ended; nothing, where another worker took it over."""
+        me = f"[{ledger.worker}] run {spec.index}"
+        log(f"{me}: {spec.label()}")
+        callbacks = ()
         if share is not None:
-            share.leave()
+            share.enter()
+            if not spec.experiment.train.threads:  # a run with train.threads sets its own
+                resize = ShareFreedCores(share)
+                resize.apply()
+                callbacks = (resize,)
+        with ledger.heartbeat(trial):
+            try:
+                if launches_ranks(spec.experiment):
+                    result = run_in_child(spec.experiment, tracking_uri, runs_dir)
+                else:
+                    result = run(spec.experiment, tracking_uri=tracking_uri, runs_dir=runs_dir, quiet=not progress,
+                                 log=log, extra_callbacks=callbacks, lease=ledger.lease(trial))
+            except RunTakenOver as taken:  # the trial is the other worker's now: not a word to the ledger about it
+                log(f"{me}: taken over by {taken.by}; stopped without writing")
+                return
+            except RunInProgress as busy:
+                ledger.release(trial, f"being trained by {busy.owner.describe()}")
+                busy_until[spec.hash] = time.time() + grace_s
+                log(f"{me}: being trained by {busy.owner.describe()} outside this sweep; back in the queue, "
+                    f"tried again in {grace_s:.0f} s")
+                return
+            except Exception:  # a failed run is recorded and retried; the worker goes on with the next
+                error = traceback.format_exc()
+                retried = ledger.fail(trial, error, sweep.retries)  # stored redacted
+                log(f"{me} failed ({redact(error.strip().splitlines()[-1])}); "
+                    + ("re-queued" if retried else f"no retries left after {sweep.retries}"))
+                if not retried:
+                    report.failed.append(spec.hash)
+                return
+        ledger.finish(trial, result.status, result.run_id, result.metrics.get("ppl/avg"), result.diverged_step)
+        getattr(report, result.status).append(spec.hash)
+        log(f"{me} {result.status}: MLflow run {result.run_id}")
+
+    with raise_on_signals():  # a signal between runs is the same exception as one inside `run`
+        try:
+            while True:
+                for digest in ledger.fail_stale():
+                    log(f"re-queued {by_hash[digest].label() if digest in by_hash else digest}: its worker stopped "
+                        "beating")
+                now = time.time()
+                trial = ledger.claim(skip={digest for digest, until in busy_until.items() if until > now})
+                if trial is None:
+                    if share is not None:
+                        share.leave()  # nothing to train: the runs still going take this worker's cores
+                    if not ledger.unfinished():
+                        return report
+                    time.sleep(min(heartbeat_s, 5.0))  # runs still going elsewhere; one may need taking over
+                    continue
+                try:
+                    spec = by_hash.get(trial.user_attrs[HASH])
+                    if spec is None:
+                        ledger.fail(trial, f"run {trial.user_attrs[HASH]} is no longer in {sweep_path}", retries=0)
+                        continue
+                    train(spec, trial)
+                except Interrupted:
+                    ignore_signals()  # while the run goes back to the queue
+                    if ledger.still_claimed(trial):  # not if it had ended, or was taken over, before the signal
+                        ledger.release(trial)
+                        log(f"[{ledger.worker}] run {trial.user_attrs['gatelab.index']}: interrupted; back in the "
+                            "queue")
+                    raise
+        finally:
+            if share is not None:
+                share.leave()

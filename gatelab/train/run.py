@@ -17,9 +17,13 @@ from gatelab.config import ExperimentConfig, ModelConfig, flatten, spec_hash, to
 from gatelab.data.datasets import heldout_windows, train_dataset
 from gatelab.data.prepare import load_data
 from gatelab.errors import GatelabError
+from gatelab.interrupts import Interrupted, raise_on_signals
 from gatelab.model import count_parameters, resolve_model
 from gatelab.tracking import TrackedRun
+from gatelab.train.checkpoints import DurableCheckpointIO, set_aside_if_unreadable
+from gatelab.train.memory import check_fits
 from gatelab.train.module import GatedLM, SpikeRule, StabilityMonitor, TextData, resolve_precision
+from gatelab.train.ownership import Lease, OwnershipFence, RunOwnership, RunTakenOver
 
 
 @dataclass
@@ -66,8 +70,7 @@ class _RankAgreement(L.Callback):
 
 
 def _tracked_run(experiment: ExperimentConfig, tracking_uri: str | None, runs_dir: Path) -> TrackedRun:
-    uri = tracking_uri or experiment.tracking.uri or tracking.default_tracking_uri(runs_dir)
-    return TrackedRun(uri, runs_dir, experiment.tracking.experiment or experiment.name, spec_hash(experiment))
+    return TrackedRun(tracking.run_tracking_uri(tracking_uri, experiment, runs_dir), runs_dir, experiment.tracking.experiment or experiment.name, spec_hash(experiment))
 
 
 def _recorded_outcome(tracked: TrackedRun) -> RunResult | None:
@@ -189,7 +192,7 @@ def build_trainer(experiment: ExperimentConfig, run_dir: Path, callbacks: list[L
         # as on one device; Lightning's DistributedSampler would hand rank 0 half of them (padded when uneven). The
         # training stream needs no sampler: StepBatches slices the global batch by rank itself.
         use_distributed_sampler=False,
-        default_root_dir=run_dir, deterministic=False,
+        default_root_dir=run_dir, deterministic=False, plugins=[DurableCheckpointIO()],
     )
 
 
@@ -286,36 +289,91 @@ def _score_benchmarks(tracked: TrackedRun, module: GatedLM, experiment: Experime
 
 
 def run(experiment: ExperimentConfig, tracking_uri: str | None = None, runs_dir: Path = Path("runs"),
-        quiet: bool = False, log=print, extra_callbacks: tuple = (), extra_tags: dict | None = None) -> RunResult:
-    """Train, evaluate and record one run; under DDP this runs on every rank, and only rank 0 touches MLflow."""
+        quiet: bool = False, log=print, extra_callbacks: tuple = (), extra_tags: dict | None = None,
+        lease: Lease | None = None) -> RunResult:
+    """Train, evaluate and record one run; under DDP this runs on every rank, and only rank 0 touches MLflow.
+
+    Nothing is allocated, prepared or opened before the run is known to fit in memory (`check_fits`), and one process
+    at a time trains it (`RunOwnership`: a second one raises RunInProgress; a sweep worker that lost its `lease` raises
+    RunTakenOver without writing again). SIGINT/SIGTERM raise `Interrupted` after the MLflow run is closed as KILLED.
+    """
     clock = _PhaseClock()
     _check_strategy(experiment)
     if quiet:
         quiet_lightning()
-    _set_threads(experiment.train.threads)
     model_config = resolve_model(experiment)
+    check_fits(experiment, model_config)
+    _set_threads(experiment.train.threads)
     digest = spec_hash(experiment)
     run_dir = runs_dir / experiment.name / f"{experiment.variant}-s{experiment.seed}-{digest}"
     checkpoint = run_dir / "checkpoints" / "last.ckpt"
-    resuming = checkpoint.exists()
 
     # The Trainer comes first, with no logger, because it knows this process's global rank before anything is
     # written: NODE_RANK x devices + LOCAL_RANK under Lightning's own launcher, SLURM_PROCID under srun, RANK under
     # torchrun. (`rank_zero_only.rank` as set at import ignores NODE_RANK: it is 0 on the first process of every node
     # under Lightning's launcher.) Rank 0 gets the MLflow logger below; the other ranks never open the MLflow store.
     stability = StabilityMonitor.from_config(experiment.train)
-    agreement = _RankAgreement(resuming)
-    trainer = build_trainer(experiment, run_dir, [agreement, stability, *extra_callbacks], quiet)
+    agreement = _RankAgreement(resuming=False)
+    ownership = RunOwnership(run_dir, lease)
+    fence = [OwnershipFence(ownership)] if lease is not None else []
+    trainer = build_trainer(experiment, run_dir, [agreement, stability, *fence, *extra_callbacks], quiet)
     rank = trainer.global_rank
     if rank:
         log = lambda *_: None  # noqa: E731  rank 0 says everything once
+        ownership = None  # rank 0 holds the run for all ranks
 
-    tokenizer, corpus, domains = load_data(experiment, log=log if not quiet else (lambda *_: None), warn=log)
-    run_dir.mkdir(parents=True, exist_ok=True)  # after the data: bad input leaves no run folder behind
+    uri = tracking.run_tracking_uri(tracking_uri, experiment, runs_dir, create=False)
+    embedded = not (tracking_uri or experiment.tracking.uri)
+    made = _folders_to_make(run_dir)
+    with raise_on_signals():
+        try:
+            if rank == 0 and not embedded:
+                tracking.check_store(uri)  # a dead server or a bad URI, in seconds, before the data is touched
+            if rank == 0:
+                ownership.acquire()
+            tokenizer, corpus, domains = load_data(experiment, log=log if not quiet else (lambda *_: None), warn=log)
+            if rank == 0 and embedded:  # made only once the data is ready: bad input leaves no runs/ behind
+                runs_dir.mkdir(parents=True, exist_ok=True)
+                tracking.check_store(uri)
+        except BaseException:
+            if ownership is not None:
+                ownership.release()
+            _remove_if_left_empty(made)  # bad input or a busy run leaves no run folder behind
+            raise
+        try:
+            return _train_and_record(experiment, model_config, trainer, agreement, stability, ownership, clock, rank,
+                                     uri, runs_dir, run_dir, checkpoint, digest, tokenizer, corpus, domains, log,
+                                     extra_tags)
+        finally:
+            if ownership is not None:
+                ownership.release()
 
+
+def _folders_to_make(run_dir: Path) -> list[Path]:
+    """`run_dir` and those of its parents that do not exist yet, deepest first."""
+    return [folder for folder in (run_dir, *run_dir.parents) if not folder.exists()]
+
+
+def _remove_if_left_empty(folders: list[Path]) -> None:
+    if folders:
+        (folders[0] / "owner.lock").unlink(missing_ok=True)
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (another process wrote there meanwhile) or already gone: leave it
+            return
+
+
+def _train_and_record(experiment: ExperimentConfig, model_config: ModelConfig, trainer: L.Trainer,
+                      agreement: _RankAgreement, stability: StabilityMonitor, ownership: RunOwnership | None,
+                      clock: _PhaseClock, rank: int, uri: str, runs_dir: Path, run_dir: Path, checkpoint: Path,
+                      digest: str, tokenizer, corpus, domains: list[str], log, extra_tags: dict | None) -> RunResult:
+    resuming = agreement.resuming = set_aside_if_unreadable(checkpoint, log) if rank == 0 else checkpoint.exists()
     tracked = None
     if rank == 0:
-        tracked = _tracked_run(experiment, tracking_uri, runs_dir)
+        tracked = TrackedRun(uri, runs_dir, experiment.tracking.experiment or experiment.name, digest,
+                             unsent_path=run_dir / "unsent-metrics.jsonl")
+        tracked.writes_allowed = ownership.held
         agreement.recorded = _recorded_outcome(tracked)
         if agreement.recorded is not None:
             # Done already (a worker killed after the run ended, before its ledger heard): never a second run.
@@ -329,7 +387,25 @@ def run(experiment: ExperimentConfig, tracking_uri: str | None = None, runs_dir:
                 log(f"resuming {run_dir} from {checkpoint} into MLflow run {tracked.run_id}")
             trainer.logger = tracked.logger
             agreement.run_id = tracked.run_id
+    try:
+        return _fit_and_record(experiment, model_config, trainer, agreement, stability, tracked, ownership, clock,
+                               rank, checkpoint, resuming, digest, tokenizer, corpus, domains, log)
+    except Interrupted:
+        if tracked is not None and tracked.run_id is not None:
+            tracked.close_interrupted()
+        raise
+    except RunTakenOver:
+        raise  # the run is another process's now: write nothing
+    except Exception:
+        if tracked is not None and tracked.run_id is not None and agreement.recorded is None:
+            tracked.close_failed()
+        raise
 
+
+def _fit_and_record(experiment: ExperimentConfig, model_config: ModelConfig, trainer: L.Trainer,
+                    agreement: _RankAgreement, stability: StabilityMonitor, tracked: TrackedRun | None,
+                    ownership: RunOwnership | None, clock: _PhaseClock, rank: int, checkpoint: Path, resuming: bool, digest: str, tokenizer, corpus,
+                    domains: list[str], log) -> RunResult:
     module, data = _module_and_data(experiment, model_config, corpus, domains)
     clock.phase_ended("setup")
     try:
@@ -344,11 +420,15 @@ def run(experiment: ExperimentConfig, tracking_uri: str | None = None, runs_dir:
         return RunResult("pruned", agreement.run_id, digest, global_rank=rank)
     clock.phase_ended("train")
     run_id = agreement.run_id  # rank 0's, broadcast to every rank in `setup`
+    if ownership is not None:
+        ownership.check()  # a process paused through the end of training must not save over its successor's work
     if stability.diverged_step is None and trainer.global_step % experiment.train.checkpoint_every:
         # ModelCheckpoint(every_n_train_steps) writes last.ckpt on multiples of checkpoint_every only (Lightning 2.6's
         # on_train_end skips its save once one was written): without this, `gatelab eval` would score the weights of
         # some steps before the end. Every rank calls it; rank 0 writes.
         trainer.save_checkpoint(checkpoint)
+    if tracked is not None:
+        tracked.flush()  # the training metrics a tracking outage held back; raises, the checkpoint kept, if it lasts
 
     if stability.diverged_step is not None:  # every rank sees the same synced loss, so every rank agrees
         if rank == 0:

@@ -27,6 +27,7 @@ from gatelab.config import ExperimentConfig, experiment_from_dict
 from gatelab.data.corpora import CorpusManifest
 from gatelab.data.documents import DataError
 from gatelab.data.prepare import load_data
+from gatelab.data import shards
 from gatelab.data.shards import Progress, SplitShards, TokenStream, load_split
 from tests.helpers import MICRO, REPO, gatelab_cli
 
@@ -364,6 +365,8 @@ def test_a_damaged_shard_is_remade(tmp_path: Path, small_corpus: Path, tokenizer
     assert load_split(folder, record.source_sha256, framing) is None
     logs: list[str] = []
     _, again, _ = load_data(config, log=logs.append, warn=logs.append)
+    said = [line for line in logs if line.endswith("(damaged since it was written); remaking it")]
+    assert len(said) == 1 and said[0].startswith(f"{damaged.with_suffix('.bin' if suffix == 'bin' else '.npy')}"), logs
     assert any(line.startswith("tokenizing poems/train") for line in logs), logs
     assert not any(line.startswith("tokenizing letters/") for line in logs), logs  # only the damaged split
     n = len(record.shards)
@@ -372,6 +375,89 @@ def test_a_damaged_shard_is_remade(tmp_path: Path, small_corpus: Path, tokenizer
     assert load_split(folder, record.source_sha256, framing) is not None
     for key in before:
         np.testing.assert_array_equal(stream_values(again)[key], before[key])
+
+
+def overwrite_in_place(path: Path, keep_mtime: bool) -> None:
+    """Junk over 16 bytes near the end of the file (past an .npy header, before its last value), its size unchanged
+    (newlines too, so an .ids file keeps its count of lines); with `keep_mtime`, its modification time put back, as
+    `cp -p` or `touch -r` would."""
+    stat = path.stat()
+    raw = bytearray(path.read_bytes())
+    for i in range(max(len(raw) - 24, 0), len(raw) - 8):
+        if raw[i] != ord("\n"):
+            raw[i] = ord("x") if raw[i] != ord("x") else ord("y")
+    path.write_bytes(bytes(raw))
+    if keep_mtime:
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+def damaged_log(logs: list[str], path: Path) -> bool:
+    return f"{path}: not the sha256 recorded for it (damaged since it was written); remaking it" in logs
+
+
+@pytest.mark.parametrize("name", ["bin", "npy", "ids", "unigram.npy"])
+def test_same_size_junk_in_a_small_split_is_found_and_remade(tmp_path: Path, small_corpus: Path, tokenizer: Path,
+                                                             name: str) -> None:
+    """A small split is hashed on every load: junk of the same size, under the same mtime, is found before training."""
+    config = experiment(small_corpus, tokenizer, tmp_path / "data", shard_mb=SMALL_SHARDS)
+    _, corpus, _ = load_data(config, **QUIET)
+    before = stream_values(corpus)
+    folder = token_dir(tmp_path / "data") / "poems.train"
+    fullest = max(SplitShards.read(folder / "split.json").shards, key=lambda shard: shard.documents)
+    damaged = folder / ("unigram.npy" if name == "unigram.npy" else Path(fullest.file).with_suffix(f".{name}"))
+    digest = sha256(damaged)
+    overwrite_in_place(damaged, keep_mtime=True)
+    logs: list[str] = []
+    _, again, _ = load_data(config, log=logs.append, warn=logs.append)
+    assert damaged_log(logs, damaged), logs
+    assert sha256(damaged) == digest
+    assert all(np.array_equal(stream_values(again)[key], before[key]) for key in before)
+    np.testing.assert_array_equal(again.get("poems", "train").unigram_counts, corpus.get("poems", "train").counts(320))
+
+
+def test_a_large_split_is_hashed_only_where_a_file_changed(tmp_path: Path, small_corpus: Path, tokenizer: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shards, "HASH_ALWAYS_BELOW_BYTES", 0)  # every split is "large"
+    hashed: list[str] = []
+    real_sha256 = shards.sha256_file
+    monkeypatch.setattr(shards, "sha256_file", lambda path: hashed.append(path.name) or real_sha256(path))
+    config = experiment(small_corpus, tokenizer, tmp_path / "data", shard_mb=SMALL_SHARDS)
+    _, corpus, _ = load_data(config, **QUIET)
+    before = stream_values(corpus)
+    folder = token_dir(tmp_path / "data") / "poems.train"
+    hashed.clear()
+    load_data(config, **QUIET)
+    assert hashed == []  # sizes and mtimes as stamped: nothing to hash
+
+    damaged = folder / max(SplitShards.read(folder / "split.json").shards, key=lambda shard: shard.tokens).file
+    overwrite_in_place(damaged, keep_mtime=False)
+    logs: list[str] = []
+    _, again, _ = load_data(config, log=logs.append, warn=logs.append)
+    assert damaged_log(logs, damaged), logs
+    assert all(np.array_equal(stream_values(again)[key], before[key]) for key in before)
+
+    (folder / "stamps.json").unlink()  # a split made before stamps: hashed once, then stamped
+    hashed.clear()
+    load_data(config, **QUIET)
+    assert sorted(hashed) == sorted(p.name for p in folder.iterdir() if p.suffix in (".bin", ".npy", ".ids"))
+    hashed.clear()
+    load_data(config, **QUIET)
+    assert hashed == []
+
+
+def test_a_damaged_shard_an_interrupted_prepare_finished_is_remade(tmp_path: Path, small_corpus: Path,
+                                                                    tokenizer: Path) -> None:
+    config = experiment(small_corpus, tokenizer, tmp_path / "data", shard_mb=SMALL_SHARDS)
+    with pytest.raises(Interrupt):
+        load_data(config, progress=InterruptMidSplit(tmp_path / "data"), **QUIET)
+    [interrupted] = interrupted_splits(tmp_path / "data")
+    finished = sorted(p.with_suffix(".bin") for p in interrupted.glob("shard-*.json"))
+    overwrite_in_place(max(finished, key=lambda path: path.stat().st_size), keep_mtime=True)
+    logs: list[str] = []
+    load_data(config, log=logs.append, warn=logs.append)
+    assert any(f"{interrupted.name}: kept {len(finished) - 1} of" in line for line in logs), logs
+    load_data(experiment(small_corpus, tokenizer, tmp_path / "reference", shard_mb=SMALL_SHARDS), **QUIET)
+    assert shard_digests(tmp_path / "data") == shard_digests(tmp_path / "reference")
 
 
 # --- a corpus too small for one window ------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -73,6 +74,42 @@ def test_second_call_loads_from_cache(manifest: CorpusManifest, monkeypatch: pyt
     second = load_or_train_tokenizer(manifest, VOCAB, log=logs.append)
     assert tokenizer_fingerprint(second) == tokenizer_fingerprint(first)
     assert "loaded" in logs[-1]
+
+
+def swap_two_tokens(text: str) -> str:
+    """The tokenizer.json with two vocabulary ids swapped: it still loads, as another tokenizer."""
+    raw = json.loads(text)
+    vocab = raw["model"]["vocab"]
+    first, second = sorted(vocab)[300:302]
+    vocab[first], vocab[second] = vocab[second], vocab[first]
+    return json.dumps(raw)
+
+
+@pytest.mark.parametrize("damage", [lambda text: text[: len(text) // 2], swap_two_tokens], ids=["truncated", "edited"])
+def test_a_damaged_cached_tokenizer_is_trained_again(manifest: CorpusManifest, damage) -> None:
+    first = load_or_train_tokenizer(manifest, VOCAB, log=lambda _: None)
+    path = manifest.data_dir / "tokenizers" / tokenizer_key(manifest, VOCAB, manifest.available_domains) / (
+        "tokenizer.json")
+    text = path.read_text(encoding="utf-8")
+    path.write_text(damage(text), encoding="utf-8")
+    logs: list[str] = []
+    again = load_or_train_tokenizer(manifest, VOCAB, log=logs.append)
+    assert tokenizer_fingerprint(again) == tokenizer_fingerprint(first)
+    assert path.read_text(encoding="utf-8") == text
+    assert logs[0] == (f"{path}: its sha256 is not the one recorded when it was trained (damaged since); training it "
+                       "again"), logs
+
+
+def test_a_broken_tokenizer_cached_before_checksums_is_trained_again(manifest: CorpusManifest) -> None:
+    first = load_or_train_tokenizer(manifest, VOCAB, log=lambda _: None)
+    folder = manifest.data_dir / "tokenizers" / tokenizer_key(manifest, VOCAB, manifest.available_domains)
+    (folder / "tokenizer.sha256").unlink(missing_ok=True)
+    (folder / "tokenizer.json").write_text("{", encoding="utf-8")
+    logs: list[str] = []
+    again = load_or_train_tokenizer(manifest, VOCAB, log=logs.append)
+    assert tokenizer_fingerprint(again) == tokenizer_fingerprint(first)
+    assert logs[0].startswith(f"{folder / 'tokenizer.json'}: not a tokenizer the tokenizers library can load ("), logs
+    assert (folder / "tokenizer.sha256").is_file()
 
 
 def test_cache_key_follows_vocab_domains_and_settings(manifest: CorpusManifest) -> None:

@@ -21,7 +21,7 @@ def test_table_shows_finished_diverged_failed_and_missing_runs(tmp_path):
     ])
     runs = tmp_path / "runs"
     ran = gatelab_cli("sweep", "run", str(sweep), "--runs-dir", str(runs), cwd=tmp_path)
-    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert ran.returncode == 1 and "failed: cell 4 " in ran.stderr, ran.stdout + ran.stderr  # a failed cell fails it
     definition = yaml.safe_load(sweep.read_text())
     definition["grid"]["variant"].append("g5_elem_sig")  # a cell added after the sweep ran: missing
     sweep.write_text(yaml.safe_dump(definition))

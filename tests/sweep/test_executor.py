@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from gatelab.interrupts import Interrupted
 from gatelab.sweep import executor
 from gatelab.sweep.executor import (
     HOME_ENV,
@@ -114,3 +117,39 @@ def test_cpu_workers_get_disjoint_cores_of_the_parents_mask_and_their_folder_goe
     assert first.command[-2:] == ["--threads", "3"] and second.command[-2:] == ["--threads", "2"]
     assert first.registry.parent == tmp_path / "runs" / "pinned" / "local-workers"
     assert not first.registry.exists()
+
+
+_SIGNALLED_WORKER = """
+import os, pathlib, signal, sys, time
+folder = pathlib.Path(sys.argv[1])
+def stop(signum, frame):
+    (folder / f"{os.getpid()}.got").write_text(str(signum))
+    sys.exit(128 + signum)
+signal.signal(signal.SIGINT, stop)
+signal.signal(signal.SIGTERM, stop)
+(folder / f"{os.getpid()}.ready").write_text("")
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_to_the_launcher_reaches_every_worker_and_ends_it_as_interrupted(tmp_path, monkeypatch, signum):
+    """SIGTERM (kill, a scheduler) reaches the launcher only: it must pass it on, wait for the workers to put their
+    runs back, and end as interrupted."""
+    (tmp_path / "sweep.yaml").write_text(f"name: signalled\nexperiment: {REPO / 'experiments' / 'tiny.yaml'}\n"
+                                         "grid: {variant: [baseline]}\n")
+    monkeypatch.setattr(executor, "worker_command", lambda **_: [sys.executable, "-c", _SIGNALLED_WORKER,
+                                                                 str(tmp_path)])
+
+    def signal_once_both_listen() -> None:
+        deadline = time.time() + 60
+        while len(list(tmp_path.glob("*.ready"))) < 2 and time.time() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signum)
+
+    threading.Thread(target=signal_once_both_listen, daemon=True).start()
+    with pytest.raises(Interrupted) as raised:
+        executor.run_local_workers(2, sweep=tmp_path / "sweep.yaml", experiment=None, storage="ledger.journal",
+                                   tracking_uri=None, runs_dir=tmp_path / "runs", heartbeat_s=1.0, grace_s=5.0)
+    assert raised.value.exit_code == 128 + signum
+    assert sorted(path.read_text() for path in tmp_path.glob("*.got")) == [str(int(signum))] * 2

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import optuna
 import pytest
 
+from gatelab.errors import GatelabError
 from gatelab.sweep.queue import HEARTBEAT, SweepLedger, ledger_states, set_trial_attr
 from tests.helpers import POSTGRES_URL, postgres_reason
 
@@ -84,3 +85,136 @@ def test_status_without_a_ledger_creates_none(tmp_path):
     states = ledger_states(None, tmp_path / "runs", "absent", _specs(2))
     assert [s.status for s in states] == ["not started", "not started"]
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_taken_over_worker_loses_its_lease_and_its_heartbeat_stops_writing(storage):
+    ledger, specs = _ledger(storage, heartbeat_s=0.05, grace_s=1.0), _specs(1)
+    ledger.enqueue_missing(specs)
+    paused = ledger.claim()
+    lease = ledger.lease(paused)
+    assert lease.lost() is None and lease.holder == ledger.worker
+    set_trial_attr(ledger.study, paused, HEARTBEAT, time.time() - 10)  # paused past the grace period
+    taker = SweepLedger(storage, ledger.study.study_name, grace_s=1.0)
+    taker.worker = "other-host:4242"
+    assert taker.fail_stale() == ["h0"]
+    assert lease.lost() == "the ledger"  # given up on, not claimed again yet
+    again = taker.claim()
+    assert lease.lost() == "other-host:4242" and taker.lease(again).token != lease.token
+    with ledger.heartbeat(paused):  # the paused worker wakes up: its beats must not touch the failed trial
+        time.sleep(0.3)
+    mine = next(t for t in ledger.trials() if t.number == paused.number)
+    assert mine.state == optuna.trial.TrialState.FAIL and mine.user_attrs[HEARTBEAT] < time.time() - 5
+
+
+def test_a_run_claimed_but_never_beaten_on_is_taken_over(storage):
+    """A worker killed between Optuna's ask and its first heartbeat left a RUNNING trial without one."""
+    ledger, specs = _ledger(storage, grace_s=0.2), _specs(1)
+    ledger.enqueue_missing(specs)
+    ledger.study.ask()  # the claim as far as Optuna got
+    time.sleep(0.4)
+    assert ledger.fail_stale() == ["h0"]
+    assert ledger.claim().user_attrs["gatelab.hash"] == "h0"
+
+
+def test_a_run_being_trained_elsewhere_goes_to_the_back_of_the_queue(storage):
+    ledger, specs = _ledger(storage), _specs(2)
+    ledger.enqueue_missing(specs)
+    assert ledger.claim(skip={"h0"}).user_attrs["gatelab.hash"] == "h1"
+    assert ledger.claim(skip={"h0"}) is None  # only the skipped run waits
+    assert ledger.claim().user_attrs["gatelab.hash"] == "h0"
+
+
+def test_reset_requeues_failed_cells_with_fresh_attempts_and_refuses_the_others(storage):
+    ledger, specs = _ledger(storage), _specs(4)
+    ledger.enqueue_missing(specs)
+    claimed = {t.user_attrs["gatelab.hash"]: t for t in (ledger.claim() for _ in range(4))}
+    ledger.fail(claimed["h0"], "ValueError: boom", retries=0)
+    ledger.fail(claimed["h1"], "ValueError: boom", retries=0)
+    ledger.finish(claimed["h2"], "finished", "run-c", 3.0)  # h3 stays running
+    for cells, fragment in (([2], "MLflow run run-c"), ([3], "train it twice"), ([9], "0 to 3")):
+        with pytest.raises(GatelabError, match=fragment):
+            ledger.reset(specs, cells=cells)
+    assert [s.status for s in ledger.states(specs)] == ["failed", "failed", "finished", "running"]
+    assert [s.index for s in ledger.reset(specs, cells=[1])] == [1]
+    assert [s.index for s in ledger.reset(specs, failed=True)] == [0]
+    states = ledger.states(specs)
+    assert [(s.status, s.attempts) for s in states[:2]] == [("pending", 1), ("pending", 1)]
+    retried = ledger.claim()
+    assert ledger.fail(retried, "ValueError: again", retries=1) is True  # attempts start again: a retry is left
+
+
+def test_a_stored_traceback_never_holds_a_password(storage):
+    ledger, specs = _ledger(storage), _specs(1)
+    ledger.enqueue_missing(specs)
+    secret = "postgresql://gatelab:hunter2@db.example:5432/ledger"
+    tail = "x" * (2000 - len("hunter2@db.example:5432/ledger\n"))  # the 2,000-character cut starts at the password
+    error = f"Traceback ...\nOperationalError: cannot reach {secret}\n{tail}"
+    ledger.fail(ledger.claim(), error, retries=0)
+    assert not any("hunter2" in str(t.user_attrs.get("gatelab.error")) for t in ledger.trials())
+
+
+def _mlflow_database(path) -> None:
+    import sqlite3
+
+    with sqlite3.connect(path) as connection:  # the tables MLflow's schema starts with
+        for table in ("experiments", "runs", "metrics"):
+            connection.execute(f"CREATE TABLE {table} (id INTEGER)")
+
+
+@pytest.mark.parametrize("make_storage, fragments", [
+    (lambda tmp: str(tmp), ["is a directory", "ledger.journal"]),
+    (lambda tmp: str(tmp / "runs" / "mlflow.db"), ["mlflow.db", "MLflow store", "file of its own"]),
+    (lambda tmp: f"sqlite:///{tmp / 'runs' / 'mlflow.db'}", ["mlflow.db", "MLflow", "database of its own"]),
+    (lambda tmp: f"sqlite:///{tmp / 'other.db'}", ["other.db", "MLflow tracking store", "database of its own"]),
+    (lambda tmp: "postgress://user@localhost/ledger", ["postgress://", "unknown scheme", "postgresql://"]),
+    (lambda tmp: "sqlite://ledger.db", ["sqlite://ledger.db", "sqlite:///relative/path.db"]),
+    (lambda tmp: "sqlite:ledger.db", ["sqlite:ledger.db", "without '//'", "sqlite:///"]),
+    (lambda tmp: f"sqlite:///{tmp / 'missing' / 'ledger.db'}", ["ledger.db", "does not exist", "create it"]),
+])
+def test_storage_that_cannot_be_a_ledger_is_one_message_naming_it_and_the_fix(tmp_path, monkeypatch, make_storage,
+                                                                             fragments):
+    monkeypatch.chdir(tmp_path)  # a relative sqlite URL must not land in the repository
+    (tmp_path / "runs").mkdir()
+    _mlflow_database(tmp_path / "other.db")
+    storage = make_storage(tmp_path)
+    if "mlflow.db" in storage and storage.startswith("sqlite"):
+        tracking = storage  # not created yet: the comparison with the tracking URI must catch it
+    else:
+        _mlflow_database(tmp_path / "runs" / "mlflow.db")
+        tracking = f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}?timeout=60"
+    with pytest.raises(GatelabError) as raised:
+        SweepLedger(storage, "s", tracking_uris=[tracking])
+    assert all(fragment in str(raised.value) for fragment in fragments), str(raised.value)
+    assert not (tmp_path / "ledger.db").exists() and not (tmp_path / "sqlite:ledger.db").exists()
+
+
+def test_a_junk_line_in_the_journal_names_the_file_and_the_line_and_keeps_the_ledger(tmp_path):
+    path = tmp_path / "ledger.journal"
+    ledger, specs = SweepLedger(str(path), "s"), _specs(2)
+    ledger.enqueue_missing(specs)
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:2]) + "<<<<<<< merge conflict\n" + "".join(lines[2:]))
+    before = path.read_text()
+    with pytest.raises(GatelabError) as raised:
+        SweepLedger(str(path), "s").states(specs)
+    message = str(raised.value)
+    assert str(path) in message and "line 3" in message and "merge conflict" in message and "sed -i.bak '3d'" in message
+    assert path.read_text() == before
+
+
+@pytest.mark.parametrize("change, fragments", [
+    (lambda url: url.replace(":5432/", ":5439/"), ["127.0.0.1:5439", "check the host and port"]),
+    (lambda url: url.rsplit("/", 1)[0] + "/no_such_gatelab_db", ["'no_such_gatelab_db' does not exist",
+                                                                  "createdb"]),
+    (lambda url: url.replace("//postgres@", "//no_such_gatelab_user:hunter2@"), ["no_such_gatelab_user",
+                                                                                  "user name and password"]),
+])
+def test_a_postgresql_ledger_error_says_what_failed(change, fragments):
+    reason = postgres_reason()
+    if reason:
+        pytest.skip(reason)
+    storage = change(POSTGRES_URL)
+    with pytest.raises(GatelabError) as raised:
+        SweepLedger(storage, "s")
+    message = str(raised.value)
+    assert all(fragment in message for fragment in fragments) and "hunter2" not in message, message

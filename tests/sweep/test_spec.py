@@ -293,6 +293,25 @@ def test_missing_preset_is_named(tmp_path):
     assert "experiment: missing" in error_of(no_experiment)
 
 
+def test_a_key_repeated_in_a_sweep_file_names_the_file_the_key_and_both_lines(tmp_path):
+    path = write_sweep(tmp_path, {})
+    path.write_text(path.read_text() + "grid:\n  seed: [0, 1]\ngrid:\n  seed: [2]\n")
+    assert f"{path}: key 'grid' appears twice in the same mapping, at lines 3 and 5" in error_of(path)
+
+
+@pytest.mark.parametrize("break_preset, problem", [
+    (lambda preset: preset.write_bytes(b"name: caf\xe9\n"), "byte 0xe9 at offset 9 (line 1) is not UTF-8"),
+    (lambda preset: (preset.unlink(), preset.mkdir()), "is a folder, not a YAML file"),
+    (lambda preset: preset.write_text(preset.read_text() + "seed: 1\n"), "key 'seed' appears twice"),
+], ids=["not-utf8", "a-folder", "a-repeated-key"])
+def test_an_unreadable_experiment_file_is_named_with_the_sweep_that_names_it(tmp_path, break_preset, problem):
+    path = write_sweep(tmp_path, {})
+    preset = tmp_path / "presets" / "micro.yaml"
+    break_preset(preset)
+    message = error_of(path)
+    assert message.startswith(f"{path}: experiment: {preset}: {problem}") and "\n" not in message
+
+
 def test_experiment_key_is_relative_to_the_sweep_file(tmp_path, monkeypatch):
     path = write_sweep(tmp_path, {})
     monkeypatch.chdir(tmp_path / "presets")  # anywhere but the sweep's folder

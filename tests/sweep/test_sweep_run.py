@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import signal
 import time
 import uuid
@@ -154,3 +155,109 @@ def test_cells_a_worker_cannot_train_are_refused_before_anything_runs(tmp_path, 
     sweep = write_micro_sweep(tmp_path, "refused", **extra)
     result = gatelab_cli("sweep", "plan", str(sweep), cwd=tmp_path)
     assert result.returncode == 2 and key in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def _one_cell_sweep(folder, name: str, **train) -> tuple:
+    sweep = write_micro_sweep(folder, name, max_steps=train.pop("max_steps", 150))
+    config = yaml.safe_load(sweep.read_text())
+    config["grid"]["variant"] = ["baseline"]
+    sweep.write_text(yaml.safe_dump(config))
+    if train:
+        preset = yaml.safe_load((folder / "micro.yaml").read_text())
+        preset["train"].update(train)
+        (folder / "micro.yaml").write_text(yaml.safe_dump(preset))
+    return sweep, folder / "runs"
+
+
+def _status(sweep, *options: str) -> dict:
+    result = gatelab_cli("sweep", "status", str(sweep), *options, "--json", cwd=sweep.parent)
+    return yaml.safe_load(result.stdout)
+
+
+@pytest.mark.parametrize("command, signum", [("run", signal.SIGINT), ("run --workers 2", signal.SIGTERM),
+                                             ("worker", signal.SIGTERM)], ids=["run-SIGINT", "workers-SIGTERM",
+                                                                               "worker-SIGTERM"])
+def test_a_signal_puts_the_run_back_in_the_queue_at_once_and_says_how_to_resume(tmp_path, command, signum):
+    sweep, runs = _one_cell_sweep(tmp_path, "signalled", max_steps=150, checkpoint_every=10)
+    storage = ["--storage", str(runs / "signalled" / "ledger.journal")] if command == "worker" else []
+    words = command.split()
+    process = gatelab_cli("sweep", words[0], str(sweep), *words[1:], *storage, "--runs-dir", str(runs),
+                          "--grace", "600", cwd=tmp_path, wait=False)
+    _wait_for(lambda: any(runs.glob("signalled/*/checkpoints/last.ckpt")), process)
+    process.send_signal(signum)
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == 128 + signum, output
+    assert "Traceback" not in output and f"resume with: gatelab sweep {words[0]} {sweep}" in output, output
+    assert _status(sweep, *storage, "--runs-dir", str(runs))["counts"] == {"pending": 1}  # not `running` on a dead PID
+    mlflow.set_tracking_uri(f"sqlite:///{runs / 'mlflow.db'}")
+    assert list(mlflow.search_runs(experiment_names=["signalled"])["status"]) == ["KILLED"]
+    resumed = gatelab_cli("sweep", "run", str(sweep), *storage, "--runs-dir", str(runs), "--grace", "600",
+                          cwd=tmp_path)  # no wait for the grace period: the run is waiting, not running
+    assert resumed.returncode == 0 and "resuming" in resumed.stdout, resumed.stdout + resumed.stderr
+    assert _status(sweep, *storage, "--runs-dir", str(runs))["counts"] == {"finished": 1}
+
+
+def test_a_failed_cell_fails_the_command_and_reset_puts_it_back(tmp_path):
+    sweep, runs = _one_cell_sweep(tmp_path, "failing", max_steps=20)
+    from gatelab.sweep.queue import SweepLedger, default_storage
+    from gatelab.sweep.spec import expand, load_sweep
+
+    specs = expand(load_sweep(sweep))
+    ledger = SweepLedger(default_storage(runs, "failing"), "failing")
+    ledger.enqueue_missing(specs)
+    ledger.fail(ledger.claim(), "Traceback ...\nRuntimeError: out of memory", retries=0)  # as a worker records it
+    result = gatelab_cli("sweep", "run", str(sweep), "--runs-dir", str(runs), cwd=tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "cell 0 (" in result.stderr and f"gatelab sweep reset {sweep} --failed" in result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+    refused = gatelab_cli("sweep", "reset", str(sweep), "--cell", "5", "--runs-dir", str(runs), cwd=tmp_path)
+    assert refused.returncode == 2 and "--cell 5" in refused.stderr
+    reset = gatelab_cli("sweep", "reset", str(sweep), "--failed", "--runs-dir", str(runs), cwd=tmp_path)
+    assert reset.returncode == 0 and "cell 0" in reset.stdout and "-> pending" in reset.stdout, reset.stderr
+    assert _status(sweep, "--runs-dir", str(runs))["counts"] == {"pending": 1}
+    again = gatelab_cli("sweep", "run", str(sweep), "--runs-dir", str(runs), cwd=tmp_path)
+    assert again.returncode == 0 and "1 finished" in again.stdout, again.stdout + again.stderr
+    finished = gatelab_cli("sweep", "reset", str(sweep), "--cell", "0", "--runs-dir", str(runs), cwd=tmp_path)
+    assert finished.returncode == 2 and "is finished" in finished.stderr
+
+
+def test_a_paused_worker_whose_run_was_taken_over_stops_without_writing(tmp_path):
+    """SIGSTOP stands for a frozen VM or a network partition: the worker still holds its run folder's lock, and wakes
+    up mid-step after another worker has taken its run over from the last checkpoint."""
+    max_steps, log_every = 120, 10
+    sweep, runs = _one_cell_sweep(tmp_path, "fenced", max_steps=max_steps, log_every=log_every, checkpoint_every=10)
+    storage = ["--storage", str(runs / "fenced" / "ledger.journal")]
+    options = [*storage, "--runs-dir", str(runs), "--heartbeat", "1", "--grace", "4", "--threads", "1"]
+    first = gatelab_cli("sweep", "worker", str(sweep), *options, cwd=tmp_path, wait=False)
+    _wait_for(lambda: any(runs.glob("fenced/*/checkpoints/last.ckpt")), first)
+    first.send_signal(signal.SIGSTOP)
+    second = gatelab_cli("sweep", "worker", str(sweep), *options, cwd=tmp_path, wait=False)
+    try:
+        _wait_for(lambda: str(second.pid) in str(_status(sweep, *storage, "--runs-dir", str(runs))["runs"][0]["worker"]),
+                  second)
+    finally:
+        first.send_signal(signal.SIGCONT)
+    first_output, _ = first.communicate(timeout=600)
+    second_output, _ = second.communicate(timeout=600)
+    assert first.returncode == 0 and second.returncode == 0, first_output + second_output
+    assert "Traceback" not in first_output + second_output
+    assert "taken over by" in first_output and str(second.pid) in first_output, first_output
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{runs / 'mlflow.db'}")
+    finished = [run for run in client.search_runs([client.get_experiment_by_name("fenced").experiment_id])
+                if run.info.status == "FINISHED"]
+    assert len(finished) == 1  # one spec, one result
+    steps = [point.step for point in client.get_metric_history(finished[0].info.run_id, "train/loss")]
+    assert len(steps) == max_steps // log_every and len(set(steps)) == len(steps), steps
+
+
+def test_removing_the_sweep_folder_under_a_worker_ends_it_with_one_message(tmp_path):
+    sweep, runs = _one_cell_sweep(tmp_path, "removed", max_steps=150, checkpoint_every=10)
+    process = gatelab_cli("sweep", "run", str(sweep), "--runs-dir", str(runs), "--heartbeat", "1", cwd=tmp_path,
+                          wait=False)
+    _wait_for(lambda: any(runs.glob("removed/*/checkpoints/last.ckpt")), process)
+    shutil.rmtree(runs / "removed")  # `rm -rf runs/<sweep>`: the ledger, the checkpoints and the ownership files
+    output, _ = process.communicate(timeout=300)
+    assert process.returncode == 2 and "Traceback" not in output, output
+    assert f"ledger {runs / 'removed' / 'ledger.journal'} was removed" in output and "gatelab sweep run" in output

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -79,3 +80,31 @@ def test_the_hook_widens_threads_and_affinity_when_a_peer_stops(tmp_path, restor
     finally:
         peer.kill()
         peer.wait()
+
+
+def test_a_run_that_gatelab_train_is_training_goes_back_to_the_queue_without_costing_an_attempt(tmp_path, monkeypatch):
+    from gatelab.sweep.queue import ledger_states
+    from gatelab.sweep.spec import expand, load_sweep
+    from gatelab.sweep.worker import work
+    from gatelab.train import run as training
+    from gatelab.train.ownership import Owner, RunInProgress
+    from tests.helpers import write_sweep
+
+    sweep = write_sweep(tmp_path, {"grid": {"variant": ["baseline"]}, "retries": 0})
+    calls = []
+
+    def run(experiment, **_):
+        calls.append(time.time())
+        if len(calls) == 1:  # `gatelab train` of the same spec holds the run folder
+            raise RunInProgress(tmp_path / "run", Owner("host", 123, None, time.time()))
+        return training.RunResult("finished", "mlflow-run", "hash", {"ppl/avg": 2.0})
+
+    monkeypatch.setattr(training, "run", run)
+    lines = []
+    report = work(sweep, runs_dir=tmp_path / "runs", heartbeat_s=0.1, grace_s=0.5, log=lines.append)
+    assert len(calls) == 2 and calls[1] - calls[0] >= 0.5  # tried again once the grace period had passed
+    assert [line for line in lines if "PID 123 on host host" in line and "back in the queue" in line] == [lines[1]]
+    assert len(report.finished) == 1 and not report.failed
+    plan = load_sweep(sweep)
+    [state] = ledger_states(None, tmp_path / "runs", plan.name, expand(plan))
+    assert (state.status, state.attempts) == ("finished", 1)

@@ -9,6 +9,7 @@ import shlex
 import subprocess
 import tarfile
 import tempfile
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,12 +96,23 @@ def tar_members(path: Path, pattern: str) -> Iterator[tuple[str, bytes]]:
     Members are read in memory, never extracted, so a hostile archive cannot write outside a folder.
     """
     regex = re.compile(pattern)
-    with tarfile.open(path, "r:*") as tar:
-        members = sorted((m for m in tar.getmembers() if m.isfile() and regex.fullmatch(m.name)), key=lambda m: m.name)
-        for member in members:
-            handle = tar.extractfile(member)
-            if handle is not None:
-                yield member.name, handle.read()
+    try:
+        with tarfile.open(path, "r:*") as tar:
+            members = sorted((m for m in tar.getmembers() if m.isfile() and regex.fullmatch(m.name)),
+                             key=lambda m: m.name)
+            for member in members:
+                handle = tar.extractfile(member)
+                if handle is not None:
+                    yield member.name, handle.read()
+    except (tarfile.TarError, EOFError, zlib.error) as exc:
+        raise damaged_artifact(f"not a readable tarball ({exc})", path) from None
+
+
+def damaged_artifact(reason: str, *paths: Path) -> DataError:
+    """Files in sources/ that are there but unusable (truncated, overwritten): the next prepare fetches them anew only
+    once they are gone, so the fix is to delete them."""
+    return DataError(f"{' and '.join(map(str, paths))}: {' '.join(reason.split())}; delete "
+                     f"{'it' if len(paths) == 1 else 'them'} and prepare again to fetch anew")
 
 
 def apt_deb(package: str, data_dir: Path) -> Path:

@@ -7,11 +7,12 @@ and `dpkg-deb` always, to unpack them.
 from __future__ import annotations
 
 import re
+import subprocess
 import tempfile
 from pathlib import Path
 
 from gatelab.data.documents import DataError, Document
-from gatelab.data.sources.base import Fetched, Source, apt_deb, artifact, run_tool
+from gatelab.data.sources.base import Fetched, Source, apt_deb, artifact, damaged_artifact, run_tool
 
 PACKAGES = ("bible-kjv", "bible-kjv-text")
 _KJV_VERSE = re.compile(r"(\d?[A-Za-z]+)(\d+):(\d+) (.*)")
@@ -39,19 +40,32 @@ def kjv_chapters(dump: str) -> list[Document]:
     ]
 
 
+def _dpkg_deb(option: str, deb: Path, *args: str, cwd: Path) -> str:
+    """`dpkg-deb option deb args...`; a .deb it cannot read is named as a damaged file in sources/."""
+    try:
+        return run_tool(["dpkg-deb", option, str(deb), *args], cwd)
+    except DataError as exc:
+        if isinstance(exc.__cause__, (FileNotFoundError, subprocess.TimeoutExpired)):  # no dpkg-deb, or it hung
+            raise
+        raise damaged_artifact(f"dpkg-deb cannot read it ({exc})", deb) from None
+
+
 def fetch(data_dir: Path) -> Fetched:
     debs = [apt_deb(p, data_dir) for p in PACKAGES]
-    version = run_tool(["dpkg-deb", "-f", str(debs[1]), "Version"], data_dir).strip()
+    version = _dpkg_deb("-f", debs[1], "Version", cwd=data_dir).strip()
     with tempfile.TemporaryDirectory() as tmp:
         for deb in debs:
-            run_tool(["dpkg-deb", "-x", str(deb), tmp], data_dir)
+            _dpkg_deb("-x", deb, tmp, cwd=data_dir)
         # The text is in the program's own compressed format; its `bible` binary dumps it. -f turns off
         # pretty-printing (one "Ge1:1 text" line per verse); cwd + "-p ." finds bible.data without a system install.
         lib = Path(tmp) / "usr" / "lib"
-        dump = run_tool([str(Path(tmp) / "usr" / "bin" / "bible"), "-f", "-p", ".", "Gen1:1-Rev22:21"], lib)
+        try:
+            dump = run_tool([str(Path(tmp) / "usr" / "bin" / "bible"), "-f", "-p", ".", "Gen1:1-Rev22:21"], lib)
+        except DataError as exc:
+            raise damaged_artifact(f"the `bible` program they hold fails ({exc})", *debs) from None
     docs = kjv_chapters(dump)
     if len(docs) < 1000:
-        raise DataError(f"`bible` from {debs[0].name} printed {len(docs)} chapters, expected 1189")
+        raise damaged_artifact(f"`bible` printed {len(docs)} chapters from them, expected 1189", *debs)
     return Fetched(version, tuple(artifact(d, data_dir) for d in debs), {"scripture": docs})
 
 

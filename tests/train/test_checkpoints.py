@@ -1,0 +1,90 @@
+"""Checkpoints are whole or absent; one that does not load is set aside and the run starts again, once."""
+
+from __future__ import annotations
+
+import errno
+import signal
+import time
+
+import mlflow
+import pytest
+import torch
+
+from gatelab.train import checkpoints
+from gatelab.train.checkpoints import DurableCheckpointIO, set_aside_if_unreadable
+from tests.helpers import sqlite_uri, train_cli, write_micro_experiment
+
+
+def test_a_write_that_fails_leaves_the_previous_checkpoint_and_no_partial_file(tmp_path, monkeypatch):
+    path = tmp_path / "checkpoints" / "last.ckpt"
+    DurableCheckpointIO().save_checkpoint({"step": 1, "w": torch.ones(3)}, path)
+
+    def disk_full(obj, file):
+        file.write(b"half a checkpoint")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoints.torch, "save", disk_full)
+    with pytest.raises(OSError):
+        DurableCheckpointIO().save_checkpoint({"step": 2}, path)
+    assert torch.load(path, weights_only=False)["step"] == 1
+    assert [p.name for p in path.parent.iterdir()] == ["last.ckpt"]
+
+
+def test_an_unreadable_checkpoint_is_moved_aside_with_one_line(tmp_path):
+    path = tmp_path / "last.ckpt"
+    torch.save({"w": torch.ones(1000)}, path)
+    assert set_aside_if_unreadable(path, print)
+    path.write_bytes(path.read_bytes()[:500])  # truncated, as by a full disk or a copy cut short
+    lines = []
+    assert not set_aside_if_unreadable(path, lines.append)
+    assert not path.exists() and len(list(tmp_path.glob("last.ckpt.unreadable-*"))) == 1
+    assert len(lines) == 1 and str(path) in lines[0] and "step 0" in lines[0]
+    assert not set_aside_if_unreadable(path, lines.append)  # no checkpoint: a fresh start, nothing said
+
+
+def _train_until_a_checkpoint(experiment, runs):
+    process = train_cli(experiment, runs, wait=False)
+    deadline = time.time() + 300
+    while time.time() < deadline and process.poll() is None and not list(runs.glob("micro/*/checkpoints/last.ckpt")):
+        time.sleep(0.05)
+    assert process.poll() is None, "the run ended before the test could stop it: " + process.stdout.read()
+    return process
+
+
+@pytest.mark.slow
+def test_a_truncated_checkpoint_restarts_the_run_from_scratch_into_a_new_mlflow_run(tmp_path):
+    experiment = write_micro_experiment(tmp_path, max_steps=200, checkpoint_every=20, log_every=10)
+    runs = tmp_path / "runs"
+    process = _train_until_a_checkpoint(experiment, runs)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    checkpoint = next(runs.glob("micro/*/checkpoints/last.ckpt"))
+    checkpoint.write_bytes(checkpoint.read_bytes()[:1000])
+    result = train_cli(experiment, runs)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "does not load" in result.stdout and "Traceback" not in result.stdout + result.stderr
+    client = mlflow.MlflowClient(sqlite_uri(runs))
+    found = client.search_runs([client.get_experiment_by_name("micro").experiment_id])
+    assert sorted(run.info.status for run in found) == ["FINISHED", "KILLED"]  # the cut-off attempt is superseded
+    finished = next(run for run in found if run.info.status == "FINISHED")
+    assert [m.step for m in client.get_metric_history(finished.info.run_id, "train/loss")] == list(range(9, 200, 10))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_stops_the_run_as_killed_and_the_same_command_resumes_it(tmp_path, signum, code):
+    experiment = write_micro_experiment(tmp_path, max_steps=300, checkpoint_every=20, log_every=10)
+    runs = tmp_path / "runs"
+    process = _train_until_a_checkpoint(experiment, runs)
+    process.send_signal(signum)
+    output = process.communicate(timeout=120)[0]
+    assert process.returncode == code, output
+    assert "run the same command again to resume" in output and "Traceback" not in output
+    client = mlflow.MlflowClient(sqlite_uri(runs))
+    [stopped] = client.search_runs([client.get_experiment_by_name("micro").experiment_id])
+    assert stopped.info.status == "KILLED" and stopped.data.tags["gatelab.status"] == "interrupted"
+    assert not list(runs.glob("micro/*/owner.json"))  # the run is free for the next command
+    resumed = train_cli(experiment, runs)
+    assert resumed.returncode == 0 and "resuming" in resumed.stdout, resumed.stdout + resumed.stderr
+    [done] = client.search_runs([client.get_experiment_by_name("micro").experiment_id])
+    assert done.info.run_id == stopped.info.run_id and done.info.status == "FINISHED"
