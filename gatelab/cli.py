@@ -502,14 +502,17 @@ def claims(
     tracking_uri: Annotated[Optional[str], typer.Option(help="MLflow tracking URI (default: sqlite under runs/)")] = None,
     storage: Annotated[Optional[str], typer.Option(help="the sweeps' ledger (default: the journals under runs/)")] = None,
     runs_dir: RunsDir = Path("runs"),
+    claims_file: Annotated[Path, typer.Option("--claims", help="the claims file; its sweeps are the files in its "
+                                              "parent folder")] = Path("sweeps/claims/tiny.yaml"),
 ) -> None:
-    """The paper's claims, one row each, checked on the sweeps' runs: figure, spread, p-value, MDE and a verdict."""
+    """The paper's claims, one row each, checked on the sweeps' runs: figure, spread, p and q, MDE and a verdict."""
     try:
         from gatelab.report.claims import make_claims
 
         formats = [f.strip() for f in format_.split(",") if f.strip()]
         command = "gatelab claims " + " ".join(shlex.quote(a) for a in sys.argv[2:])
-        written = make_claims(sweeps, out, formats, tracking_uri, runs_dir, storage, command, log=typer.echo)
+        written = make_claims(sweeps, out, formats, tracking_uri, runs_dir, storage, command, log=typer.echo,
+                              claims_path=claims_file)
     except (GatelabError, ValueError) as error:
         _fail(GatelabError(str(error)))
     typer.echo("wrote " + ", ".join(str(p) for p in written))

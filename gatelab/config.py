@@ -40,10 +40,13 @@ class GateConfig(StrictModel):
     `kind: gate` is the paper's Eq. 5, Y' = Y * act(X W_theta) (or Y + act(X W_theta) when additive), with X the pre-norm
     hidden state of the token Y belongs to: the query token for G1/G4/G5, the key/value token for G2/G3.
     `kind: rmsnorm` and `kind: silu` are Table 3's parameter-free ablations on the SDPA output (G1 only).
+    `kind: scale` is a control, not a gate: Y' = c Y with a constant c (`scale`), or with c the root mean square of a
+    multiplicative SiLU gate's scores at initialisation (`scale: silu_gate_init`, see gatelab.model.gates).
     """
 
     position: GatePosition
-    kind: Literal["gate", "rmsnorm", "silu"] = "gate"
+    kind: Literal["gate", "rmsnorm", "silu", "scale"] = "gate"
+    scale: PositiveFloat | Literal["silu_gate_init"] | None = None  # kind 'scale' only
     granularity: Literal["elementwise", "headwise"] = "elementwise"
     heads: Literal["specific", "shared"] = "specific"
     # The paper's 201M/25M counts for the shared rows imply the full per-head projection is kept and the scores are
@@ -59,6 +62,9 @@ class GateConfig(StrictModel):
     def _check(self) -> GateConfig:
         if self.kind != "gate" and self.position != "g1":
             raise ValueError(f"kind '{self.kind}' acts on the SDPA output and needs position 'g1', not '{self.position}'")
+        if (self.kind == "scale") != (self.scale is not None):
+            raise ValueError("scale: set it (a positive number or 'silu_gate_init') with kind 'scale', and only then"
+                             if self.kind == "scale" else f"scale is for kind 'scale', not kind '{self.kind}'")
         return self
 
 
@@ -116,6 +122,9 @@ class ModelConfig(StrictModel):
     norm_eps: PositiveFloat = 1e-6
     rope_base: PositiveFloat = 10_000.0
     init_std: PositiveFloat = 0.02  # N(0, 0.02) for every weight, gates included, as the official code
+    # The output projection's init std as a multiple of init_std (the init-matched control: an attention output as
+    # small at the start as a gate's, with nothing in the forward pass changed).
+    o_proj_init_scale: PositiveFloat = 1.0
     gates: list[GateConfig] = []
     switch_head: SwitchHeadConfig | None = None
     # Dense rows of the paper keep the parameter count by narrowing the FFN; off by default (MoE rows are not matched).
@@ -283,6 +292,10 @@ class TrainConfig(StrictModel):
     # every process, which a short CPU run does not win back (`gatelab bench --compile` measures both; results/bench/
     # holds dated figures); worth trying for long runs and on GPUs.
     compile: bool = False
+    # Weight decay on input-independent gate logits (a 2-D (H, D) tensor, decayed by an ndim rule until the fix; decay
+    # pulls them to 0, a score of 0.5, which is not what the paper's "no weight decay on gates" set-up does). Off: the
+    # logits go with the norms into the group without decay. The first-pass sweeps of results/tiny set it true.
+    decay_gate_logits: bool = False
 
 
 class LmEvalConfig(StrictModel):
@@ -535,11 +548,26 @@ def to_yaml(config: BaseModel) -> str:
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
 
 
+def _drop_keys_added_later(payload: dict, experiment: ExperimentConfig) -> None:
+    """Keys added after runs were recorded leave the hash where they hold the value those runs had, so a sweep still
+    finds its runs by hash; where they change what a run does, they are in it."""
+    model = payload["model"]
+    if model["o_proj_init_scale"] == 1.0:
+        del model["o_proj_init_scale"]
+    for gate in model["gates"]:
+        if gate["scale"] is None:
+            del gate["scale"]
+    has_gate_logits = any(g.kind == "gate" and not g.input_dependent for g in experiment.model.gates)
+    if experiment.train.decay_gate_logits or not has_gate_logits:
+        del payload["train"]["decay_gate_logits"]  # decayed, as before the key existed, or no such logits to decay
+
+
 def spec_hash(experiment: ExperimentConfig) -> str:
     """A content hash of everything that decides a run's result (not where it is tracked): the run's identity."""
     payload = experiment.model_dump(mode="json", exclude={"tracking"})
     data = payload["data"]
     del data["shard_mb"], data["loader_workers"]  # storage and speed: the same batches either way
+    _drop_keys_added_later(payload, experiment)
     if experiment.eval.lm_eval is None:
         del payload["eval"]["lm_eval"]  # as for `task` below: runs recorded before the key existed keep their hashes
     if experiment.eval.blimp:

@@ -141,6 +141,17 @@ VARIANTS: dict[str, Variant] = {
                 f"{_Y} = Y_{{t,i}} * (0.5 + 0.5 sigmoid(X_t W^i))", _t(4, 7), (_gate("g1", activation="ns_sigmoid"),)),
         Variant("sandwich_norm", "no gate; an RMSNorm on each sublayer output before the residual add",
                 "h = h + Norm(Attn(Norm(h)))", _t(2, 7), model_changes={"sandwich_norm": True}),
+        # Controls, not in the paper: what a gate does to the size of the attention output at init, without gating.
+        Variant("ctrl_scale_0p5", "control: the SDPA output times 0.5 (a sigmoid gate's score at init), no parameters",
+                f"{_Y} = 0.5 Y_{{t,i}}", (), (_gate("g1", kind="scale", scale=0.5),),
+                note="Tests whether G1's gain needs input-dependent gating or only a smaller attention output."),
+        Variant("ctrl_scale_silu", "control: the SDPA output times the RMS of a SiLU gate's scores at init",
+                f"{_Y} = c Y_{{t,i}}, c = RMS(SiLU(z)), z ~ N(0, d_model init_std^2)", (),
+                (_gate("g1", kind="scale", scale="silu_gate_init"),),
+                note="c depends on the model: 0.115 for d_model 128 at init_std 0.02 (gatelab.model.gates)."),
+        Variant("ctrl_oproj_init_0p5", "control: no gate; the output projection initialised at half the std",
+                "O = concat(Y) W_O, W_O ~ N(0, (0.5 init_std)^2)", (), model_changes={"o_proj_init_scale": 0.5},
+                note="The attention output starts as small as under a sigmoid gate; the forward pass is the baseline's."),
     ]
     + [
         Variant(f"switch_{proj}_{e}top{k}", f"Switch-Head: {e} experts per KV head for {proj.upper()}, top-{k}",

@@ -74,7 +74,8 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv_heads, self.head_dim = H, K, Dk
         heads_and_dim = {"g1": (H, Dk), "g4": (H, Dk), "g2": (K, Dk), "g3": (K, Dk), "g5": (1, D)}
         self.gates = nn.ModuleList(
-            Gate(g, *heads_and_dim[g.position], norm_eps=config.norm_eps) for g in config.gates
+            Gate(g, *heads_and_dim[g.position], norm_eps=config.norm_eps, logit_std=math.sqrt(D) * config.init_std)
+            for g in config.gates
         )
         self.switch = config.switch_head
         experts = {"k": 1, "v": 1}

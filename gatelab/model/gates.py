@@ -6,8 +6,10 @@ the KV heads are repeated), Q at G4 (H = q), and the output projection at G5 (H 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -22,16 +24,30 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
 }
 
 
+def silu_gate_init_rms(logit_std: float) -> float:
+    """The root mean square of SiLU(z), z ~ N(0, logit_std^2): how much a multiplicative SiLU gate shrinks Y at init.
+
+    A gate's logits X W read the pre-norm hidden state, whose RMSNorm output has mean square 1 per element at init, and
+    W ~ N(0, init_std^2), so each logit is N(0, d_model init_std^2). Gauss-Hermite quadrature (exact to float precision
+    for this smooth integrand at 64 nodes)."""
+    nodes, weights = np.polynomial.hermite_e.hermegauss(64)  # probabilists' Hermite: weight exp(-z^2 / 2)
+    z = logit_std * nodes
+    silu = z / (1.0 + np.exp(-z))
+    return float(math.sqrt(np.sum(weights * silu**2) / math.sqrt(2 * math.pi)))
+
+
 class Gate(nn.Module):
     """score = act(logits); Y' = Y * score (multiplicative) or Y + score (additive).
 
     Logits read the pre-norm hidden state X through `logit_width` columns of the attention's fused input projection
     (so the gate costs no extra matmul), or, for an input-independent gate, a learned (H, D) tensor that is
     zero-initialised (the paper: sigmoid starts at 0.5). `kind` rmsnorm and silu are Table 3's parameter-free
-    non-linearities on Y: they return no score.
+    non-linearities on Y, and `kind` scale the constant control Y' = c Y: they return no score. `logit_std` is the
+    std of a gate logit at init (sqrt(d_model) * init_std), which `scale: silu_gate_init` matches.
     """
 
-    def __init__(self, config: GateConfig, n_heads: int, head_dim: int, norm_eps: float = 1e-6):
+    def __init__(self, config: GateConfig, n_heads: int, head_dim: int, norm_eps: float = 1e-6,
+                 logit_std: float = 0.0):
         super().__init__()
         self.config = config
         self.score_dim = 1 if config.granularity == "headwise" else head_dim
@@ -43,6 +59,8 @@ class Gate(nn.Module):
             self.logits_HD = nn.Parameter(torch.zeros(self.score_heads, self.score_dim))
         if config.kind == "rmsnorm":
             self.norm = nn.RMSNorm(head_dim, eps=norm_eps)
+        if config.kind == "scale":
+            self.constant = silu_gate_init_rms(logit_std) if config.scale == "silu_gate_init" else float(config.scale)
 
     @property
     def site(self) -> str:
@@ -66,6 +84,8 @@ class Gate(nn.Module):
             return self.norm(y_BTHD), None
         if self.config.kind == "silu":
             return F.silu(y_BTHD), None
+        if self.config.kind == "scale":
+            return y_BTHD * self.constant, None
         scores = self.scores(logits_BTW, y_BTHD.shape[0], y_BTHD.shape[1])
         if self.config.form == "additive":
             return y_BTHD + scores, scores

@@ -98,7 +98,8 @@ def _normal_(target: Tensor, std: float, seed: int, name: str) -> None:
 
 @torch.no_grad()
 def init_weights(model: GatedTransformer, seed: int) -> None:
-    """N(0, init_std) for every matrix, ones for norms, zeros for input-independent gate logits.
+    """N(0, init_std) for every matrix (o_proj: times o_proj_init_scale), ones for norms, zeros for input-independent
+    gate logits.
 
     Each weight (each row block of a fused projection, each expert) draws from its own random stream named after it,
     so a variant shares with `baseline` the exact initial values of every parameter they have in common, and what the
@@ -110,7 +111,7 @@ def init_weights(model: GatedTransformer, seed: int) -> None:
         if isinstance(module, Attention):
             for block, rows in module.row_blocks().items():
                 _normal_(module.in_proj.weight[rows], std, seed, f"{prefix}in_proj.{block}")
-            _normal_(module.o_proj.weight, std, seed, f"{prefix}o_proj")
+            _normal_(module.o_proj.weight, std * model.config.o_proj_init_scale, seed, f"{prefix}o_proj")
         elif isinstance(module, MoEFeedForward):
             _normal_(module.router.weight, std, seed, f"{prefix}router")
             for expert in range(module.config.n_experts):

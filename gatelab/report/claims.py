@@ -1,43 +1,60 @@
-"""The paper's claims, each checked on the runs of a sweep: our figure, its spread, the p-value, the minimum detectable
+"""The paper's claims, each checked on the runs of a sweep: our figure, its spread, p and q, the minimum detectable
 effect and a verdict, one row per claim (`gatelab claims`).
 
-A claim is data: which sweep, which two groups of runs (a variant plus any other swept keys, as in `gatelab table`),
-which metric, and which way the paper says it goes. Runs of one seed share data order and initialisation, so two
-groups are compared paired by seed (`stats.compare`).
-
-Verdicts, stated once here and printed under the table:
-- a direction ("lower", "higher"): *holds* when the paired difference goes the paper's way at p < 0.05; *does not hold*
-  when it goes the other way at p < 0.05, or, for perplexity, when it is not significant although an effect of the
-  paper's relative size would have been detected (MDE below it); otherwise *inconclusive*.
-- "close": the 95% interval of the paired difference inside +-half the G1 elementwise gain over baseline (the same
-  sweep and seeds) *holds*; entirely outside it *does not hold*; otherwise *inconclusive*.
-- "below"/"above" a level: the 95% interval of the mean below (above) it *holds*; above (below) it *does not hold*.
-- "smaller change": the paired difference-in-differences of log perplexity between two settings (e.g. 4x the learning
-  rate): a group whose perplexity rises less, tested like a direction; a diverged run counts against its group.
-- "rank": Kendall's tau of our means against the paper's: tau > 0 at p < 0.05 *holds*, tau < 0 at p < 0.05 *does not
-  hold*, otherwise *inconclusive*.
+The claims are data (sweeps/claims/tiny.yaml, read by gatelab.report.claims_file): which sweep, which groups of runs,
+which metric, which way the paper says it goes, the paper's figure, and when this scale can test it at all. This
+module turns each claim into a row. Every tested row has a p-value; the p-values of the whole table are corrected
+together (Benjamini-Hochberg) and the verdicts are decided on the q-values. `VERDICT_RULES`, printed under the table,
+states every rule.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
+from gatelab.errors import GatelabError
 from gatelab.paper import missing_note
-from gatelab.report.stats import compare, mean_std, rank_agreement
+from gatelab.report.claims_file import (
+    UNIFORM_FIRST_TOKEN,
+    Claim,
+    Kind,
+    TestableIf,
+    group_name,
+    load_claims,
+    parse_group,
+    parse_settings,
+)
+from gatelab.report.stats import (
+    benjamini_hochberg,
+    compare_shared_seeds,
+    lr_sensitivity,
+    mean_std,
+    rank_agreement,
+    rank_agreement_interval,
+    shared_seeds,
+    tost,
+)
 from gatelab.report.tables import PPL, RunRecord, paper_reference
 
-Kind = Literal["lower", "higher", "close", "below", "above", "smaller change", "rank"]
-HOLDS, FAILS, INCONCLUSIVE, NOT_RUN = "holds", "does not hold", "inconclusive at this scale", "not run"
+HOLDS, FAILS, INCONCLUSIVE = "holds", "does not hold", "inconclusive at this scale"
+NOT_TESTABLE, TRUE_BY_CONSTRUCTION = "not testable at this scale", "true by construction"
+DESCRIPTIVE, NOT_RUN = "descriptive (not tested)", "not run"
 ALPHA = 0.05
-CLOSE_MARGIN = 0.5  # "close": within half of the G1 elementwise gain over baseline
+DEFAULT_CLAIMS = Path("sweeps/claims/tiny.yaml")  # relative to the repository root, where gatelab is run from
+BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_SEED = 0  # a fixed numpy Generator seed: the table made twice from one store is the same, byte for byte
+COLUMNS = ["claim", "sweep", "comparison", "metric", "paper", "ours", "spread (sd)", "n", "test", "r (seeds)", "p",
+           "q", "MDE", "verdict", "note"]
+
+
+# --- what a run measured ----------------------------------------------------------------------------------------------
 
 
 def _long_context(metrics: Mapping[str, float]) -> float:
@@ -47,310 +64,482 @@ def _long_context(metrics: Mapping[str, float]) -> float:
     return math.log(metrics["long_ppl_beyond_train/x8"] / metrics["long_ppl/x1"])
 
 
-DERIVED: dict[str, Callable[[Mapping[str, float]], float]] = {"long_context_growth": _long_context}
+def _ln_ppl(metrics: Mapping[str, float]) -> float:
+    value = metrics.get(PPL, math.nan)
+    return math.log(value) if value > 0 else math.nan
 
 
-@dataclass(frozen=True)
-class Claim:
-    claim: str  # the paper's statement, as the table prints it
-    sweep: str  # the sweep (by name) whose runs test it
-    kind: Kind
-    a: str  # the group the claim is about: "g1_elem_sig", or with settings "g1_elem_sig train.lr=0.002"
-    b: str | None = None  # what it is compared with (for "smaller change": the other group, see `setting`)
-    metric: str = PPL  # an MLflow metric of the runs, or a key of DERIVED
-    level: float | None = None  # for "below"/"above"
-    setting: tuple[str, str] | None = None  # for "smaller change": (from, to) settings, e.g. the two learning rates
-    rank_ids: tuple[str, ...] = ()  # for "rank": the variants ranked
-    paper_table: str | None = None  # the paper's numbers for this claim's variants (a gatelab.paper.SWEEP_TABLES key)
-    paper_column: str = "ppl"  # which paper column the paper figure comes from
-    paper_ids: tuple[str, str] | None = None  # the paper's row ids for (a, b) where they are not the variant ids
-    paper_text: str = ""  # the paper's figure in words, where no single table pair gives it
-    why: str = ""  # a note on the row: what the test means at this scale
+DERIVED: dict[str, Callable[[Mapping[str, float]], float]] = {"long_context_growth": _long_context, "ln_ppl": _ln_ppl}
 
 
-CORE, MOE, SINK = "repro-core", "repro-table1-3-4", "repro-sink"
-BASE, HIGH = "train.lr=0.002", "train.lr=0.008"
-MOE_FIGURE = "the paper's figure is its MoE model's (Tables 1 and 4)"
-TABLE1_ROWS = ("baseline", "ref_kv8", "ref_q48", "ref_add4experts", "g1_elem_sig", "g2_elem_sig", "g3_elem_sig",
-               "g4_elem_sig", "g5_elem_sig", "g1_head_sig", "g2_head_sig", "g1_elem_sig_shared", "g2_elem_sig_shared",
-               "g1_elem_silu_add", "g1_elem_silu")
-TABLE4_ROWS = ("baseline", "g1_elem_sig", "g1_head_sig", "g1_elem_sig_shared", "g1_inputindep_sig", "g1_elem_nssig")
+def _vocab_size(record: RunRecord) -> int | None:
+    size = record.spec.experiment.model.vocab_size
+    return size if isinstance(size, int) else None
 
-CLAIMS: tuple[Claim, ...] = (
-    Claim("G1 elementwise sigmoid lowers Avg PPL (dense)", CORE, "lower", f"g1_elem_sig {BASE}", f"baseline {BASE}",
-          paper_table="table2", paper_ids=("dense28_400b_g1_elem_sig", "dense28_400b_baseline")),
-    Claim("G1 elementwise sigmoid lowers Avg PPL (MoE)", MOE, "lower", "g1_elem_sig", "baseline", paper_table="table1"),
-    *(Claim(f"G1's gain beats the parameter-matched reference {ref}", MOE, "lower", "g1_elem_sig", ref,
-            paper_table="table1") for ref in ("ref_kv8", "ref_q48", "ref_add4experts")),
-    Claim("G1 beats G2 (MoE)", MOE, "lower", "g1_elem_sig", "g2_elem_sig", paper_table="table1"),
-    Claim("G1 beats G2 (dense)", CORE, "lower", f"g1_elem_sig {BASE}", f"g2_elem_sig {BASE}", paper_table="table1",
-          why=MOE_FIGURE),
-    *(Claim(f"G2 beats {g.upper()}", MOE, "lower", "g2_elem_sig", f"{g}_elem_sig", paper_table="table1")
-      for g in ("g3", "g4", "g5")),
-    Claim("G2 beats G5 (dense)", CORE, "lower", f"g2_elem_sig {BASE}", f"g5_elem_sig {BASE}", paper_table="table1",
-          why=MOE_FIGURE),
-    Claim("Headwise is close to elementwise (MoE)", MOE, "close", "g1_head_sig", "g1_elem_sig", paper_table="table1"),
-    Claim("Headwise is close to elementwise (dense)", CORE, "close", f"g1_head_sig {BASE}", f"g1_elem_sig {BASE}",
-          paper_table="table2", paper_ids=("dense48_400b_g1_head_sig_lr4e-3", "dense48_400b_g1_elem_sig_lr4e-3")),
-    Claim("Head-specific beats head-shared (G1)", MOE, "lower", "g1_elem_sig", "g1_elem_sig_shared",
-          paper_table="table1"),
-    Claim("Head-specific beats head-shared (G2)", MOE, "lower", "g2_elem_sig", "g2_elem_sig_shared",
-          paper_table="table1"),
-    Claim("Multiplicative beats additive (sigmoid x vs SiLU +)", MOE, "lower", "g1_elem_sig", "g1_elem_silu_add",
-          paper_table="table1", why="the paper's own pair: its additive gate is SiLU"),
-    Claim("Multiplicative vs additive, same activation (SiLU x vs SiLU +)", MOE, "lower", "g1_elem_silu",
-          "g1_elem_silu_add", paper_table="table1", why="the paper finds no difference here (5.822 vs 5.821)"),
-    Claim("Sigmoid beats SiLU (multiplicative G1)", MOE, "lower", "g1_elem_sig", "g1_elem_silu", paper_table="table1"),
-    Claim("Non-linearity alone helps: RMSNorm after SDPA", MOE, "lower", "g1_rmsnorm", "baseline",
-          paper_table="table3"),
-    Claim("Non-linearity alone helps: parameter-free SiLU after SDPA", MOE, "lower", "g1_silu_noparam", "baseline",
-          paper_table="table3"),
-    Claim("... but only part of the gain: RMSNorm trails the sigmoid gate", MOE, "lower", "g1_elem_sig", "g1_rmsnorm",
-          paper_table="table3"),
-    Claim("... but only part of the gain: SiLU trails the sigmoid gate", MOE, "lower", "g1_elem_sig",
-          "g1_silu_noparam", paper_table="table3"),
-    Claim("The G1 gate score is sparse (mean below 0.25)", MOE, "below", "g1_elem_sig", metric="probe/gate_score_mean",
-          level=0.25, paper_table="table4", paper_column="Gate Score",
-          why="paper: 0.116 for G1, 0.653 for the non-sparse NS-sigmoid"),
-    *(Claim(f"Gate score is higher for {v}", MOE, "higher", v, "g1_elem_sig", metric="probe/gate_score_mean",
-            paper_table="table4", paper_column="Gate Score")
-      for v in ("g1_elem_sig_shared", "g1_inputindep_sig", "g1_elem_nssig")),
-    Claim("F-Attn (first-token attention) falls with the G1 gate (MoE)", MOE, "lower", "g1_elem_sig", "baseline",
-          metric="probe/f_attn", paper_table="table4", paper_column="F-Attn"),
-    Claim("F-Attn falls with the G1 gate (dense)", CORE, "lower", f"g1_elem_sig {BASE}", f"baseline {BASE}",
-          metric="probe/f_attn", paper_table="table4", paper_column="F-Attn", why=MOE_FIGURE),
-    Claim("M-Act (massive activations) falls with the G1 gate (MoE)", MOE, "lower", "g1_elem_sig", "baseline",
-          metric="probe/m_act", paper_table="table4", paper_column="M-Act"),
-    Claim("M-Act falls with the G1 gate (dense)", CORE, "lower", f"g1_elem_sig {BASE}", f"baseline {BASE}",
-          metric="probe/m_act", paper_table="table4", paper_column="M-Act", why=MOE_FIGURE),
-    Claim("M-Act falls with the G1 gate (dense, 4x the learning rate)", CORE, "lower", f"g1_elem_sig {HIGH}",
-          f"baseline {HIGH}", metric="probe/m_act", paper_table="table4", paper_column="M-Act", why=MOE_FIGURE),
-    Claim("4x the learning rate hurts the baseline", CORE, "higher", f"baseline {HIGH}", f"baseline {BASE}",
-          paper_table="table2", paper_ids=("dense48_400b_baseline_lr8e-3", "dense48_400b_baseline_lr4e-3"),
-          why="the paper doubles its rate (4e-3 to 8e-3); ours is 4x (2e-3 to 8e-3)"),
-    Claim("The gated model tolerates 4x the learning rate better than the baseline", CORE, "smaller change",
-          "g1_elem_sig", "baseline", setting=(BASE, HIGH),
-          paper_text="48 layers, 4e-3 -> 8e-3: baseline 7.421 -> 9.195, gated 7.288 -> 7.325 (Table 2)",
-          why="change of ln Avg PPL from the base rate to 4x, gated minus baseline, paired by seed"),
-    Claim("Long-context perplexity degrades less with the gate (dense)", CORE, "lower", f"g1_elem_sig {BASE}",
-          f"baseline {BASE}", metric="long_context_growth",
-          why="ln(PPL beyond the training length at 8x / PPL at 1x); RoPE without YaRN"),
-    Claim("Long-context perplexity degrades less with the gate (MoE)", MOE, "lower", "g1_elem_sig", "baseline",
-          metric="long_context_growth", why="ln(PPL beyond the training length at 8x / PPL at 1x); RoPE without YaRN"),
-    Claim("Our Table 1 ranks the variants like the paper's (Avg PPL)", MOE, "rank", "", rank_ids=TABLE1_ROWS,
-          paper_table="table1"),
-    Claim("Sink task: the baseline forms an attention sink (F-Attn on non-trigger queries above 0.25)", SINK, "above",
-          "baseline", metric="bb/f_attn_other_queries", level=0.25,
-          why="the precondition of the sink claims: a quarter of the attention on 1 of 64 tokens (uniform: 0.059); "
-              "paper's baseline F-Attn: 0.467"),
-    Claim("Sink task: F-Attn falls with the G1 elementwise gate", SINK, "lower", "g1_elem_sig", "baseline",
-          metric="probe/f_attn", paper_table="table4", paper_column="F-Attn"),
-    Claim("Sink task: F-Attn falls with the G1 headwise gate", SINK, "lower", "g1_head_sig", "baseline",
-          metric="probe/f_attn", paper_table="table4", paper_column="F-Attn"),
-    Claim("Sink task: M-Act falls with the G1 gate", SINK, "lower", "g1_elem_sig", "baseline", metric="probe/m_act",
-          paper_table="table4", paper_column="M-Act"),
-    Claim("Sink task: F-Attn ranks the gates like the paper's Table 4", SINK, "rank", "", metric="probe/f_attn",
-          rank_ids=TABLE4_ROWS, paper_table="table4", paper_column="F-Attn"),
-    *(Claim(f"Sink task: gate score is higher for {v}", SINK, "higher", v, "g1_elem_sig",
-            metric="probe/gate_score_mean", paper_table="table4", paper_column="Gate Score")
-      for v in ("g1_elem_sig_shared", "g1_inputindep_sig", "g1_elem_nssig")),
-)
+
+def worst_value(record: RunRecord, metric: str) -> float:
+    """What a diverged run counts as: the loss or perplexity of uniform prediction over the vocabulary (what a model
+    that learned nothing scores, and the cap of the learning-rate sensitivity); NaN for metrics with no worst value
+    (the probes), whose diverged runs are then left out and counted in the row's note."""
+    vocab = _vocab_size(record)
+    if vocab is None:
+        return math.nan
+    if metric.startswith("ppl/"):
+        return float(vocab)
+    if metric in ("val/loss", "train/loss", "ln_ppl"):
+        return math.log(vocab)
+    return math.nan
 
 
 def _value(record: RunRecord, metric: str) -> float:
-    if metric in DERIVED:
-        return DERIVED[metric](record.metrics)
-    return float(record.metrics.get(metric, math.nan))
+    if record.status == "diverged":
+        return worst_value(record, metric)
+    value = DERIVED[metric](record.metrics) if metric in DERIVED else float(record.metrics.get(metric, math.nan))
+    return value if math.isfinite(value) else worst_value(record, metric)
 
 
 def by_seed(records: Sequence[RunRecord], group: str, metric: str) -> dict[int, float]:
-    """{seed: value} of a group's finished runs; a diverged run is NaN (no perplexity), other states are left out."""
-    return {r.spec.experiment.seed: (_value(r, metric) if r.status == "finished" else math.nan)
-            for r in records if r.group == group and r.status in ("finished", "diverged")}
+    """{seed: value} of a group's ended runs: a finished run's metric, a diverged run's `worst_value` (NaN where the
+    metric has none). Runs in other states (missing, running, failed) are left out."""
+    return {r.spec.experiment.seed: _value(r, metric) for r in records
+            if r.group == group and r.status in ("finished", "diverged")}
 
 
-def _interval(values: np.ndarray) -> tuple[float, float]:
-    """The 95% t-interval of the mean of `values` (n >= 2)."""
-    low, high = scipy_stats.ttest_1samp(values, 0.0).confidence_interval(1 - ALPHA)
-    return float(low), float(high)
+def _axis_runs(records: Sequence[RunRecord], group: str, axis: str) -> dict[float, list[RunRecord]]:
+    """{value of `axis`: the ended runs of `group` (a group without `axis`) at that value}, by value."""
+    variant, settings = parse_group(group)
+    runs: dict[float, list[RunRecord]] = {}
+    for r in records:
+        rest = {k: v for k, v in r.spec.settings().items() if k != axis}
+        if (r.spec.experiment.variant == variant and axis in r.spec.settings() and rest == settings
+                and r.status in ("finished", "diverged")):
+            runs.setdefault(r.spec.settings()[axis], []).append(r)
+    return dict(sorted(runs.items()))
+
+
+def _with(group: str, more: Mapping[str, object]) -> str:
+    """The group with more settings: ('g1_elem_sig', {'train.lr': 0.008}) -> 'g1_elem_sig train.lr=0.008'."""
+    variant, settings = parse_group(group)
+    return group_name(variant, {**settings, **more})
+
+
+def uniform_first_token_share(seq_len: int) -> float:
+    """F-Attn of attention spread evenly over the causal prefix: query i (1..T-1; query 0 is left out, as the probe
+    does) puts 1/(i+1) on token 0, so the mean is (H_T - 1)/(T - 1), H_T the T-th harmonic number."""
+    return (sum(1.0 / k for k in range(1, seq_len + 1)) - 1.0) / (seq_len - 1)
+
+
+# --- formatting -------------------------------------------------------------------------------------------------------
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:
     return "n/a" if value is None or not math.isfinite(value) else f"{value:.{digits}g}"
 
 
+def _p(value: float | None) -> str:
+    return "" if value is None else _fmt(value)
+
+
+# --- one row ----------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    """A row's figures before the table's correction: its cells, its p-value (None: not tested) and how its verdict
+    follows from the row's q-value."""
+
+    cells: dict[str, str]
+    p_value: float | None = None
+    decide: Callable[[float | None], str] = lambda q: INCONCLUSIVE
+    notes: list[str] = field(default_factory=list)
+
+
 def _paper_figure(claim: Claim) -> tuple[str, float | None]:
     """The paper's figure for the claim, and its relative effect for perplexity comparisons (None otherwise)."""
-    reference = paper_reference(claim.paper_table)
-    column = claim.paper_column
-    if claim.paper_text or claim.paper_table is None or column not in reference.columns:
-        return claim.paper_text, None
-    values = reference[column]
-    a_id, b_id = claim.paper_ids or (claim.a.split(" ")[0], (claim.b or "").split(" ")[0])
-    if claim.kind in ("below", "above"):
-        return (f"{values[a_id]:g}" if a_id in values.index else ""), None
-    if claim.kind == "rank" or a_id not in values.index or b_id not in values.index:
+    figure = claim.paper
+    if figure.text or figure.table is None:
+        return figure.text, None
+    reference = paper_reference(figure.table)
+    if figure.column not in reference.columns:
         return "", None
-    a, b = float(values[a_id]), float(values[b_id])
-    relative = (a - b) / b if column == "ppl" else None
-    text = f"{a:g} vs {b:g}" + (f" ({100 * relative:+.1f}%)" if relative is not None else "")
-    return text, relative
+    values = reference[figure.column]
+    ids = figure.ids or [parse_group(g)[0] for g in (claim.a, claim.b or "")]
+    present = lambda i: i in values.index and pd.notna(values[i])  # noqa: E731
+    if claim.kind == "level":
+        return (f"{values[ids[0]]:g}" if present(ids[0]) else ""), None
+    if claim.kind == "rank" or len(ids) < 2 or not (present(ids[0]) and present(ids[1])):
+        return "", None
+    a, b = float(values[ids[0]]), float(values[ids[1]])
+    relative = (a - b) / b if figure.column == "ppl" else None
+    return f"{a:g} vs {b:g}" + (f" ({100 * relative:+.1f}%)" if relative is not None else ""), relative
 
 
-def _direction(claim: Claim, a: Mapping[int, float], b: Mapping[int, float], relative: bool,
-               paper_relative: float | None) -> dict[str, str]:
-    result = compare(a, b)
-    scale = abs(mean_std(b.values())[0]) if relative else 1.0
-    unit = "%" if relative else ""
-    factor = 100.0 / scale if relative else 1.0
-    expected = -1 if claim.kind in ("lower", "smaller change") else 1
-    means = f" ({_fmt(mean_std(a.values())[0], 4)} vs {_fmt(mean_std(b.values())[0], 4)})"
-    row = {"ours": f"{_fmt(result.delta * factor)}{unit}{means}",
-           "spread (sd)": f"{_fmt(result.sd and result.sd * factor)}{unit}", "n": str(result.n),
-           "p": _fmt(result.p_value) if result.p_value is not None else (result.reason or "n/a"),
-           "MDE": f"{_fmt(result.mde and result.mde * factor)}{unit}"}
-    if result.p_value is not None and result.p_value < ALPHA:
-        row["verdict"] = HOLDS if np.sign(result.delta) == expected else f"{FAILS} (significant, the other way)"
-    elif (paper_relative is not None and result.mde is not None and relative
-          and result.mde / scale < abs(paper_relative)):
-        row["verdict"] = f"{FAILS} (an effect of the paper's size would have been seen)"
-    else:
-        row["verdict"] = INCONCLUSIVE
-    return row
+def _relative(metric: str) -> bool:
+    return metric.startswith("ppl/")
 
 
-def _groups(claim: Claim) -> list[str]:
-    """The groups of runs a claim reads."""
-    if claim.kind == "rank":
-        return list(claim.rank_ids)
-    if claim.kind == "smaller change":
-        return [f"{group} {setting}" for group in (claim.a, claim.b) for setting in claim.setting]
-    return [claim.a] + ([claim.b] if claim.b else [])
+def _two_groups(claim: Claim, a: Mapping[int, float], b: Mapping[int, float], paper_relative: float | None,
+                unit: str = "") -> Outcome:
+    """Group a against group b over their shared seeds (`compare_shared_seeds`), in the claim's direction."""
+    result = compare_shared_seeds(a, b)
+    seeds = shared_seeds(a, b)
+    mean_a = float(np.mean([a[s] for s in seeds])) if seeds else math.nan
+    mean_b = float(np.mean([b[s] for s in seeds])) if seeds else math.nan
+    relative = _relative(claim.metric) and claim.kind == "direction" and math.isfinite(mean_b) and mean_b != 0
+    factor, unit = (100.0 / abs(mean_b), "%") if relative else (1.0, unit)
+    expected = -1.0 if claim.direction == "lower" else 1.0
+    cells = {"ours": f"{_fmt(result.delta * factor)}{unit} ({_fmt(mean_a, 4)} vs {_fmt(mean_b, 4)})",
+             "spread (sd)": f"{_fmt(result.sd and result.sd * factor)}{unit}", "n": str(len(seeds)),
+             "test": result.test if result.p_value is not None else (result.reason or ""),
+             "r (seeds)": _fmt(result.correlation, 2),
+             "MDE": f"{_fmt(result.mde and result.mde * factor)}{unit}" if result.mde else ""}
+
+    def decide(q: float | None) -> str:
+        if q is not None and q < ALPHA:
+            return HOLDS if np.sign(result.delta) == expected else f"{FAILS} (significant, the other way)"
+        if (paper_relative is not None and relative and result.mde is not None
+                and result.mde / abs(mean_b) < abs(paper_relative)):
+            return f"{FAILS} (an effect of the paper's size would have been seen)"
+        return INCONCLUSIVE
+
+    return Outcome(cells, result.p_value, decide)
 
 
-_EMPTY = {"ours": "", "spread (sd)": "", "n": "0", "p": "", "MDE": ""}
+def _direction_claim(claim: Claim, records: Sequence[RunRecord], paper_relative: float | None) -> Outcome:
+    """direction: group a lower (higher) than group b."""
+    a, b = by_seed(records, claim.a, claim.metric), by_seed(records, claim.b or "", claim.metric)
+    return _two_groups(claim, a, b, paper_relative)
 
 
-def _direction_claim(claim: Claim, records: Sequence[RunRecord], paper_relative: float | None) -> dict[str, str]:
-    """"lower"/"higher": the paired difference of the two groups against the paper's direction."""
-    a, b = by_seed(records, claim.a, claim.metric), by_seed(records, claim.b, claim.metric)
-    return _direction(claim, a, b, claim.metric == PPL, paper_relative)
-
-
-def _smaller_change_claim(claim: Claim, records: Sequence[RunRecord], paper_relative: float | None) -> dict[str, str]:
-    """"smaller change": the paired difference-in-differences of ln perplexity between the two settings."""
-    low, high = claim.setting
+def _change_claim(claim: Claim, records: Sequence[RunRecord], paper_relative: float | None) -> Outcome:
+    """change: per seed, the change of the metric from setting[0] to setting[1], group a against group b."""
+    low, high = (parse_settings(s) for s in claim.setting or ())
     change = {}
-    for group in (claim.a, claim.b):
-        before, after = by_seed(records, f"{group} {low}", PPL), by_seed(records, f"{group} {high}", PPL)
-        # a run that diverged at the higher setting has risen without bound: its change is +inf, not missing
-        change[group] = {s: (math.log(after[s] / before[s]) if math.isfinite(after[s]) else math.inf)
-                         for s in before.keys() & after.keys() if math.isfinite(before[s])}
-    diverged = {g: sum(math.isinf(v) for v in change[g].values()) for g in change}
-    if diverged[claim.b] > diverged[claim.a]:
-        return {"ours": f"diverged: {diverged[claim.a]} {claim.a}, {diverged[claim.b]} {claim.b}",
-                "spread (sd)": "", "n": str(len(change[claim.a])), "p": "", "MDE": "", "verdict": HOLDS}
-    finite = {g: {s: v for s, v in change[g].items() if math.isfinite(v)} for g in change}
-    result = _direction(claim, finite[claim.a], finite[claim.b], False, None)
-    result["ours"] += f" (nats; diverged {diverged[claim.a]} vs {diverged[claim.b]})"
-    return result
+    for group in (claim.a, claim.b or ""):
+        before = by_seed(records, _with(group, low), claim.metric)
+        after = by_seed(records, _with(group, high), claim.metric)
+        change[group] = {s: after[s] - before[s] for s in shared_seeds(before, after)}
+    return _two_groups(claim, change[claim.a], change[claim.b or ""], None, unit=" nats")
 
 
-def _close_claim(claim: Claim, records: Sequence[RunRecord], paper_relative: float | None) -> dict[str, str]:
-    """"close": the 95% interval of the paired difference against a margin from the G1 gain over baseline."""
-    a, b = by_seed(records, claim.a, claim.metric), by_seed(records, claim.b, claim.metric)
-    base = by_seed(records, claim.b.replace(claim.b.split(" ")[0], "baseline", 1), claim.metric)
-    shared = sorted(s for s in a.keys() & b.keys() & base.keys() if all(math.isfinite(x[s]) for x in (a, b, base)))
-    if len(shared) < 2:
-        return _EMPTY | {"verdict": INCONCLUSIVE, "n": str(len(shared)), "note": "fewer than two seeds"}
-    differences = np.array([a[s] - b[s] for s in shared])
-    gain = abs(float(np.mean([b[s] - base[s] for s in shared])))
-    margin = CLOSE_MARGIN * gain
-    low, high = _interval(differences)
-    scale = 100.0 / float(np.mean([b[s] for s in shared]))
-    result = _direction(claim, {s: a[s] for s in shared}, {s: b[s] for s in shared}, claim.metric == PPL, None)
-    result["ours"] += f" (95% CI {low * scale:+.2f}% to {high * scale:+.2f}%; margin +-{margin * scale:.2f}%)"
-    result["verdict"] = (HOLDS if -margin < low and high < margin
-                         else FAILS if low > margin or high < -margin else INCONCLUSIVE)
-    return result
+def _margin(claim: Claim, records: Sequence[RunRecord]) -> tuple[float, str]:
+    """The closeness margin: `fraction` of the gain's mean over the gain groups' shared seeds, and how it was made."""
+    gain_a, gain_b = claim.margin.gain
+    a, b = by_seed(records, gain_a, claim.metric), by_seed(records, gain_b, claim.metric)
+    seeds = shared_seeds(a, b)
+    gain = abs(float(np.mean([a[s] - b[s] for s in seeds]))) if seeds else math.nan
+    return claim.margin.fraction * gain, f"{claim.margin.fraction:g} x the gain of {gain_a} over {gain_b}"
 
 
-def _level_claim(claim: Claim, records: Sequence[RunRecord], paper_relative: float | None) -> dict[str, str]:
-    """"below"/"above": the 95% interval of the group's mean against the claimed level."""
+def _closeness_claim(claim: Claim, records: Sequence[RunRecord], paper_relative: float | None) -> Outcome:
+    """closeness: TOST of a - b within +-margin, paired where pairing helps (as direction claims), else Welch."""
+    a, b = by_seed(records, claim.a, claim.metric), by_seed(records, claim.b or "", claim.metric)
+    seeds = shared_seeds(a, b)
+    margin, made = _margin(claim, records)
+    paired = compare_shared_seeds(a, b)
+    result = tost([a[s] for s in seeds], [b[s] for s in seeds], margin, paired.test == "paired t")
+    mean_b = float(np.mean([b[s] for s in seeds])) if seeds else math.nan
+    scale, unit = (100.0 / abs(mean_b), "%") if _relative(claim.metric) and seeds and mean_b else (1.0, "")
+    mean_a = float(np.mean([a[s] for s in seeds])) if seeds else math.nan
+    interval = "" if result.interval is None else \
+        f"; 95% CI {result.interval[0] * scale:+.3g}{unit} to {result.interval[1] * scale:+.3g}{unit}"
+    cells = {"ours": f"{_fmt(result.delta * scale)}{unit} ({_fmt(mean_a, 4)} vs {_fmt(mean_b, 4)}){interval}; "
+                     f"margin +-{_fmt(margin * scale)}{unit}",
+             "spread (sd)": f"{_fmt(paired.sd and paired.sd * scale)}{unit}", "n": str(len(seeds)),
+             "test": f"TOST, {result.test}" if result.p_value is not None else (result.reason or ""),
+             "r (seeds)": _fmt(paired.correlation, 2), "MDE": ""}
+
+    def decide(q: float | None) -> str:
+        if q is not None and q < ALPHA:
+            return HOLDS
+        if result.interval is not None and (result.interval[0] > margin or result.interval[1] < -margin):
+            return f"{FAILS} (apart by more than the margin)"
+        return INCONCLUSIVE
+
+    return Outcome(cells, result.p_value, decide, [f"margin: {made}"])
+
+
+def _level_claim(claim: Claim, records: Sequence[RunRecord], paper_relative: float | None) -> Outcome:
+    """level: the mean of group a against the claimed level, one-sample t-test (two-sided)."""
     values = np.array([v for v in by_seed(records, claim.a, claim.metric).values() if math.isfinite(v)])
-    if len(values) < 2:
-        return _EMPTY | {"verdict": INCONCLUSIVE, "n": str(len(values)), "note": "fewer than two seeds"}
-    low, high = _interval(values)
-    result = {"ours": f"{np.mean(values):.3g} (95% CI {low:.3g} to {high:.3g})",
-              "spread (sd)": _fmt(float(np.std(values, ddof=1))), "n": str(len(values)), "p": "", "MDE": ""}
-    inside, outside = (high < claim.level, low > claim.level) if claim.kind == "below" else \
-        (low > claim.level, high < claim.level)
-    result["verdict"] = HOLDS if inside else FAILS if outside else INCONCLUSIVE
-    return result
+    mean, sd, n = mean_std(values)
+    cells = {"ours": _fmt(mean), "spread (sd)": _fmt(sd), "n": str(n), "test": "one-sample t", "r (seeds)": "",
+             "MDE": ""}
+    if n < 2 or sd is None or sd == 0.0:
+        cells["test"] = "fewer than two seeds" if n < 2 else "zero variance"
+        return Outcome(cells, None, lambda q: INCONCLUSIVE)
+    test = scipy_stats.ttest_1samp(values, claim.level)
+    low, high = test.confidence_interval(1 - ALPHA)
+    cells["ours"] = f"{mean:.3g} (95% CI {low:.3g} to {high:.3g})"
+    claimed_side = mean < claim.level if claim.direction == "lower" else mean > claim.level
+
+    def decide(q: float | None) -> str:
+        if q is not None and q < ALPHA:
+            return HOLDS if claimed_side else FAILS
+        return INCONCLUSIVE
+
+    return Outcome(cells, float(test.pvalue), decide)
 
 
-def _rank_claim(claim: Claim, records: Sequence[RunRecord], paper_relative: float | None) -> dict[str, str]:
-    """"rank": Kendall's tau of our group means against the paper's column."""
-    ours = {v: mean_std(by_seed(records, v, claim.metric).values())[0] for v in claim.rank_ids}
-    reference = paper_reference(claim.paper_table)
-    paper = {v: float(reference[claim.paper_column][v]) for v in claim.rank_ids
-             if v in reference.index and pd.notna(reference[claim.paper_column][v])}
+def _rank_ids(claim: Claim) -> list[str]:
+    if not claim.only_gated:
+        return list(claim.rank_ids)
+    from gatelab.variants import VARIANTS
+
+    def gated(group: str) -> bool:
+        variant = VARIANTS.get(parse_group(group)[0])
+        return variant is not None and any(gate.kind == "gate" for gate in variant.gates)
+
+    return [g for g in claim.rank_ids if gated(g)]
+
+
+def _rank_claim(claim: Claim, records: Sequence[RunRecord], paper_relative: float | None) -> Outcome:
+    """rank: Kendall's tau of our group means against the paper's column, with a bootstrap interval over seeds."""
+    ids = _rank_ids(claim)
+    values = {g: by_seed(records, g, claim.metric) for g in ids}
+    ours = {parse_group(g)[0]: mean_std(v.values())[0] for g, v in values.items()}
+    reference = paper_reference(claim.paper.table)
+    column = reference[claim.paper.column] if claim.paper.column in reference.columns else pd.Series(dtype=float)
+    paper = {v: float(column[v]) for v in ours if v in column.index and pd.notna(column[v])}
     agreement = rank_agreement({k: v for k, v in ours.items() if math.isfinite(v)}, paper)
-    tau, p = agreement.get("tau"), agreement.get("p_value")
-    verdict = INCONCLUSIVE if tau is None or p is None or p >= ALPHA else HOLDS if tau > 0 else FAILS
-    return {"ours": f"Kendall's tau {_fmt(tau)}", "spread (sd)": "", "n": str(agreement.get("n", 0)), "p": _fmt(p),
-            "MDE": "", "verdict": verdict}
+    tau, p = agreement["tau"], agreement["p_value"]
+    interval = rank_agreement_interval({parse_group(g)[0]: v for g, v in values.items()}, paper,
+                                       BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED)
+    ci = "" if interval is None else f" (95% bootstrap CI over seeds {interval[0]:+.2f} to {interval[1]:+.2f})"
+    cells = {"ours": f"Kendall's tau {_fmt(tau)}{ci}", "spread (sd)": "", "n": str(agreement["n"]),
+             "test": "Kendall tau" if p is not None else (agreement["reason"] or ""), "r (seeds)": "", "MDE": ""}
+
+    def decide(q: float | None) -> str:
+        if q is not None and q < ALPHA and tau is not None:
+            return HOLDS if tau > 0 else FAILS
+        return INCONCLUSIVE
+
+    return Outcome(cells, p, decide, [f"{len(ids)} variants: {', '.join(parse_group(g)[0] for g in ids)}"]
+                   if claim.only_gated else [])
 
 
-# How each kind of claim is tested: (claim, its sweep's records, the paper's relative effect) -> the row's figures.
-CHECKS: dict[str, Callable[[Claim, Sequence[RunRecord], float | None], dict[str, str]]] = {
-    "lower": _direction_claim,
-    "higher": _direction_claim,
-    "smaller change": _smaller_change_claim,
-    "close": _close_claim,
-    "below": _level_claim,
-    "above": _level_claim,
+def _init_loss(runs: Mapping[float, list[RunRecord]]) -> float:
+    """ln(vocabulary size): the loss of uniform prediction, which a N(0, 0.02) initialisation gives to ~0.01 nats."""
+    vocab = next((_vocab_size(r) for rs in runs.values() for r in rs if _vocab_size(r)), None)
+    return math.log(vocab) if vocab else math.nan
+
+
+def _sensitivity_by_seed(records: Sequence[RunRecord], group: str, axis: str, metric: str) -> dict[int, float]:
+    """{seed: LR sensitivity over the axis} for the seeds that ended at every value of the axis."""
+    runs = _axis_runs(records, group, axis)
+    init_loss = _init_loss(runs)
+    losses: dict[int, dict[float, float]] = {}
+    for value, members in runs.items():
+        for r in members:
+            losses.setdefault(r.spec.experiment.seed, {})[value] = _value(r, metric)
+    return {seed: lr_sensitivity(by_value, init_loss) for seed, by_value in sorted(losses.items())
+            if len(by_value) == len(runs)}
+
+
+def _lr_sensitivity_claim(claim: Claim, records: Sequence[RunRecord], paper_relative: float | None) -> Outcome:
+    """lr sensitivity: per seed, Wortsman et al.'s LR sensitivity over the axis, group a against group b."""
+    a = _sensitivity_by_seed(records, claim.a, claim.axis or "", claim.metric)
+    b = _sensitivity_by_seed(records, claim.b or "", claim.axis or "", claim.metric)
+    outcome = _two_groups(claim, a, b, None, unit=" nats")
+    rates = _axis_runs(records, claim.a, claim.axis or "")
+    outcome.notes.append(f"{len(rates)} values of {claim.axis}: {', '.join(f'{v:g}' for v in rates)}")
+    return outcome
+
+
+def _stable(run: RunRecord, metric: str, init_loss: float) -> bool:
+    """A run trained without diverging: not stopped as diverged, and its final loss finite and below uniform."""
+    value = float(run.metrics.get(metric, math.nan))
+    return run.status == "finished" and math.isfinite(value) and value < init_loss
+
+
+def _stable_rate_claim(claim: Claim, records: Sequence[RunRecord], paper_relative: float | None) -> Outcome:
+    """stable rate: the highest value of the axis at which every ended run of the group trained; shown, not tested."""
+    highest = {}
+    for group in (claim.a, claim.b or ""):
+        runs = _axis_runs(records, group, claim.axis or "")
+        init_loss = _init_loss(runs)
+        stable = [v for v, members in runs.items() if all(_stable(r, claim.metric, init_loss) for r in members)]
+        highest[group] = max(stable) if stable else math.nan
+    a, b = highest[claim.a], highest[claim.b or ""]
+    cells = {"ours": f"{_fmt(a)} vs {_fmt(b)}", "spread (sd)": "", "n": "", "test": "", "r (seeds)": "", "MDE": ""}
+    shown = "higher" if a > b else "lower" if a < b else "the same"
+    return Outcome(cells, None, lambda q: f"{DESCRIPTIVE}: {shown}")
+
+
+# How each kind of claim is tested: (claim, its sweep's records, the paper's relative effect) -> the row's outcome.
+CHECKS: dict[str, Callable[[Claim, Sequence[RunRecord], float | None], Outcome]] = {
+    "direction": _direction_claim,
+    "closeness": _closeness_claim,
+    "level": _level_claim,
+    "change": _change_claim,
     "rank": _rank_claim,
+    "lr sensitivity": _lr_sensitivity_claim,
+    "stable rate": _stable_rate_claim,
 }
 
 
-def evaluate_claim(claim: Claim, records: Sequence[RunRecord] | None) -> dict[str, str]:
-    """One row of the claims table."""
-    paper_text, paper_relative = _paper_figure(claim)
-    comparison = claim.a if claim.b is None else f"{claim.a} vs {claim.b}"
+# --- when a claim can be tested here ----------------------------------------------------------------------------------
+
+
+def _rule_holds(rule: TestableIf, records: Sequence[RunRecord]) -> tuple[bool, str]:
+    """Whether a testable_if rule holds on the runs, and the rule with what was measured, in words."""
+    if rule.rule == "unstable":
+        runs = _axis_runs(records, rule.group, rule.axis or "")
+        diverged = sum(r.status == "diverged" for rs in runs.values() for r in rs)
+        finite = {v: [x for x in (_value(r, rule.metric) for r in rs) if math.isfinite(x)] for v, rs in runs.items()}
+        means = {v: float(np.mean(xs)) for v, xs in finite.items() if xs}
+        if not means:
+            return diverged > 0, f"{rule.group} over {rule.axis}: no {rule.metric} (diverged runs: {diverged})"
+        best = min(means, key=lambda v: means[v])
+        rises = [means[v] - means[best] for v in means if v > best]
+        above = f"above it {rule.metric} rises by at most {max(rises):.3g}" if rises else "no value above it"
+        text = (f"{rule.group}: lowest mean {rule.metric} at {rule.axis}={best:g}, {above}; {diverged} diverged run(s) "
+                f"(rule: a rise > {rule.by:g} or a diverged run)")
+        return diverged > 0 or max(rises, default=0.0) > (rule.by or 0.0), text
+    values = [v for v in by_seed(records, rule.group, rule.metric).values() if math.isfinite(v)]
+    mean = float(np.mean(values)) if values else math.nan
+    if rule.rule == "moved":
+        moved = abs(mean - (rule.start or 0.0))
+        return moved > (rule.by or 0.0), (f"{rule.group} {rule.metric} {mean:.3g}, {moved:.3g} from its initial "
+                                           f"{rule.start:g} (rule: > {rule.by:g})")
+    level, named = rule.level, f"{rule.level:g}" if isinstance(rule.level, float | int) else ""
+    if rule.level == UNIFORM_FIRST_TOKEN:
+        seq_len = next(r.spec.experiment.data.seq_len for r in records if r.group == rule.group)
+        level = uniform_first_token_share(seq_len)
+        named = f"uniform causal attention's {level:.3g} at {seq_len} tokens"
+    passed = mean > level if rule.rule == "above" else mean < level
+    return passed, f"{rule.group} {rule.metric} {mean:.3g} (rule: {rule.rule} {named})"
+
+
+def _groups(claim: Claim, records: Sequence[RunRecord]) -> list[str]:
+    """The groups of runs a claim reads, as RunRecord.group names them (an axis claim's are read by `_axis_runs`)."""
+    groups = list(_rank_ids(claim)) if claim.kind == "rank" else [g for g in (claim.a, claim.b) if g]
+    if claim.kind in ("lr sensitivity", "stable rate"):
+        groups = []  # read over the axis: see _axis_runs
+    if claim.kind == "change":
+        groups = [_with(g, parse_settings(s)) for g in groups for s in claim.setting or ()]
+    if claim.margin is not None:
+        groups += list(claim.margin.gain)
+    return list(dict.fromkeys(groups))
+
+
+def _runs_read(claim: Claim, records: Sequence[RunRecord]) -> list[RunRecord]:
+    """The runs a claim's test reads (not its testable_if rules')."""
+    if claim.kind in ("lr sensitivity", "stable rate"):
+        return [r for g in (claim.a, claim.b or "") for rs in _axis_runs(records, g, claim.axis or "").values()
+                for r in rs]
+    groups = set(_groups(claim, records))
+    return [r for r in records if r.group in groups]
+
+
+def _missing(claim: Claim, records: Sequence[RunRecord]) -> list[str]:
+    """What a claim reads and the runs lack, in words: groups without ended runs, metrics without a value."""
+    def measured(group: str, metric: str) -> bool:
+        return any(math.isfinite(v) for v in by_seed(records, group, metric).values())
+
+    reads = [(g, claim.metric) for g in _groups(claim, records)]
+    reads += [(rule.group, rule.metric) for rule in claim.testable_if if rule.rule != "unstable"]
+    unrun = [g for g, _ in reads if not by_seed(records, g, claim.metric)]
+    axis_groups = [(g, claim.axis) for g in (claim.a, claim.b) if g and claim.kind in ("lr sensitivity", "stable rate")]
+    axis_groups += [(rule.group, rule.axis) for rule in claim.testable_if if rule.rule == "unstable"]
+    unrun += [f"{g} over {axis}" for g, axis in axis_groups if not _axis_runs(records, g, axis or "")]
+    unmeasured = [f"no {metric} in the runs of {g}" for g, metric in reads
+                  if g not in unrun and not measured(g, metric)]
+    return ([f"no ended runs of {', '.join(dict.fromkeys(unrun))}"] if unrun else []) + list(dict.fromkeys(unmeasured))
+
+
+def _comparison(claim: Claim) -> str:
     if claim.kind == "rank":
-        comparison = f"{len(claim.rank_ids)} variants"
-    row = {"claim": claim.claim, "sweep": claim.sweep, "comparison": comparison, "metric": claim.metric,
+        return f"{len(_rank_ids(claim))} variants" + (" with a gate" if claim.only_gated else "")
+    if claim.kind == "change":
+        return f"{claim.a} vs {claim.b}, {' -> '.join(claim.setting or ())}"
+    if claim.kind in ("lr sensitivity", "stable rate"):
+        return f"{claim.a} vs {claim.b}, over {claim.axis}"
+    return claim.a if claim.b is None else f"{claim.a} vs {claim.b}"
+
+
+def evaluate_claim(claim: Claim, records: Sequence[RunRecord] | None) -> tuple[dict[str, str], Outcome]:
+    """One row of the claims table before the correction: its fixed cells, and the outcome of its test."""
+    paper_text, paper_relative = _paper_figure(claim)
+    row = {"claim": claim.claim, "sweep": claim.sweep, "comparison": _comparison(claim), "metric": claim.metric,
            "paper": paper_text}
+    empty = dict.fromkeys(("ours", "spread (sd)", "n", "test", "r (seeds)", "MDE"), "")
     if not records:
-        return row | _EMPTY | {"verdict": NOT_RUN, "note": claim.why}
-    missing = [g for g in _groups(claim) if not by_seed(records, g, claim.metric)]
+        return row, Outcome(empty, None, lambda q: NOT_RUN, [claim.why])
+    missing = _missing(claim, records)
     if missing:
-        return row | _EMPTY | {"verdict": NOT_RUN, "note": f"no ended runs of {', '.join(missing)}"}
-    result = CHECKS[claim.kind](claim, records, paper_relative)
-    return row | result | ({} if "note" in result else {"note": claim.why})
+        return row, Outcome(empty, None, lambda q: NOT_RUN, [*missing, claim.why])
+    outcome = CHECKS[claim.kind](claim, records, paper_relative)
+    diverged = sum(r.status == "diverged" for r in _runs_read(claim, records))
+    if diverged:
+        outcome.notes.append(f"{diverged} diverged run(s) counted as uniform prediction"
+                             if not math.isnan(worst_value(records[0], claim.metric))
+                             else f"{diverged} diverged run(s) have no {claim.metric} and are left out")
+    untested = outcome.cells | {"test": "", "r (seeds)": "", "MDE": ""}  # figures shown, no test
+    if claim.true_by_construction:
+        notes = [claim.true_by_construction, *outcome.notes, claim.why]
+        return row, Outcome(untested, None, lambda q: TRUE_BY_CONSTRUCTION, notes)
+    checked = [(rule, *_rule_holds(rule, records)) for rule in claim.testable_if]
+    failed = [(rule, text) for rule, passed, text in checked if not passed]
+    if failed:
+        reasons = [f"not testable: {rule.reason} ({text})" for rule, text in failed]
+        return row, Outcome(untested, None, lambda q: NOT_TESTABLE, [*reasons, *outcome.notes, claim.why])
+    outcome.notes = [f"testable: {text}" for _, _, text in checked] + outcome.notes + [claim.why]
+    return row, outcome
 
 
-def claims_table(records_by_sweep: Mapping[str, Sequence[RunRecord]]) -> pd.DataFrame:
-    """Every claim of `CLAIMS`, in order; a claim whose sweep is not given is marked "not run"."""
-    return pd.DataFrame([evaluate_claim(c, records_by_sweep.get(c.sweep)) for c in CLAIMS])
+def claims_table(records_by_sweep: Mapping[str, Sequence[RunRecord]], claims: Sequence[Claim]) -> pd.DataFrame:
+    """Every claim, in order, with p and the table's Benjamini-Hochberg q; a claim whose sweep is not given is marked
+    "not run"."""
+    evaluated = [evaluate_claim(claim, records_by_sweep.get(claim.sweep)) for claim in claims]
+    q_values = benjamini_hochberg([outcome.p_value for _, outcome in evaluated])
+    rows = []
+    for (row, outcome), q in zip(evaluated, q_values, strict=True):
+        rows.append(row | outcome.cells | {"p": _p(outcome.p_value), "q": _p(q), "verdict": outcome.decide(q),
+                                           "note": "; ".join(n for n in outcome.notes if n)})
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def kinds() -> tuple[str, ...]:
+    import typing
+
+    return typing.get_args(Kind)
 
 
 VERDICT_RULES = [
-    "Groups are compared paired by seed (runs of one seed share data order and initialisation); p: two-sided paired "
-    "t-test; MDE: the smallest difference these seeds detect at p < 0.05 with 80% power; perplexity differences are "
-    "% of the second group's mean.",
-    "Direction claims hold at p < 0.05 the paper's way, do not hold at p < 0.05 the other way or, for perplexity, "
-    "when the MDE is below the paper's own relative effect; otherwise inconclusive at this scale.",
-    f"'Close': the 95% interval of the difference within +-{CLOSE_MARGIN:g} x the G1 elementwise gain over baseline. "
-    "Levels: the 95% interval of the mean on the claimed side. Rank: Kendall's tau > 0 at p < 0.05.",
+    "Seeds: a row compares two groups over the seeds both ended (shared seeds), and its means are over those seeds. "
+    "Runs of one seed share data order and initialisation, but pairing helps only where the two groups move together: "
+    "the paired t-test is used when Pearson's r of the groups over the shared seeds (column r) is > 0, Welch's t-test "
+    "on the same values otherwise. Perplexity differences are % of the second group's mean.",
+    "Multiple comparisons: p (two-sided) of every tested row is corrected across the whole table by "
+    "Benjamini-Hochberg (column q); verdicts are decided on q < 0.05.",
+    "Direction: holds at q < 0.05 the paper's way; does not hold at q < 0.05 the other way or, for perplexity, when "
+    "the minimum detectable effect (MDE, 80% power at p < 0.05) is below the paper's own relative effect; otherwise "
+    "inconclusive at this scale. Change: the same, on each seed's change of the metric between two settings.",
+    "Closeness (also where the paper reports no difference): two one-sided tests (TOST) of the difference within "
+    "+-margin, the margin stated in the row (a fraction of a gain measured in the same sweep); holds at q < 0.05, does "
+    "not hold when the 95% interval of the difference lies beyond the margin, otherwise inconclusive.",
+    "Level: one-sample t-test of the mean against the level; holds at q < 0.05 on the claimed side, does not hold at "
+    "q < 0.05 on the other. Rank: Kendall's tau of our means against the paper's, holds at q < 0.05 with tau > 0; "
+    f"also within the gated rows only, with a 95% bootstrap interval over seeds ({BOOTSTRAP_RESAMPLES} resamples, "
+    "fixed seed).",
+    "LR sensitivity (Wortsman et al. 2023): per seed, the mean over the grid of rates of min(final val/loss, ln vocab) "
+    "minus its lowest; compared like a direction. Stable rate: the highest rate at which no run diverged or ended at "
+    "or above ln vocab; descriptive, not tested.",
+    "Diverged runs count in both groups, as the worst value: the loss (ln vocab) or perplexity (vocab) of uniform "
+    "prediction; a probe has no worst value, so its diverged runs are left out and counted in the note.",
+    "Not testable at this scale: a condition the claim needs did not arise in these runs (no attention sink, no "
+    "massive activation, gate scores not moved from init, no instability at any rate); the row's note states the rule, "
+    "its threshold and what was measured. Such rows, rows true by construction (shown with the reason) and "
+    "descriptive rows get no p-value and count neither for nor against the paper.",
     "Paper: Qiu et al. 2025 (arXiv 2505.06708), Tables 1-4, numbers in results/paper/; its models are 15B MoE / 1.7B "
     "dense on 400B tokens, so compare directions, not magnitudes.",
 ]
 
 
 def make_claims(sweep_paths: Sequence[Path], out_dir: Path, formats: Sequence[str], tracking_uri: str | None,
-                runs_dir: Path, storage: str | None, command: str | None = None, log=print) -> list[Path]:
+                runs_dir: Path, storage: str | None, command: str | None = None, log=print,
+                claims_path: Path = DEFAULT_CLAIMS) -> list[Path]:
     """`gatelab claims`: the claims table of the given sweeps' runs, written as `claims.<format>` under `out_dir`."""
     from gatelab.report.export import ReportTable, check_formats, export_report
     from gatelab.report.tables import collect_runs, data_stamp
@@ -359,20 +548,27 @@ def make_claims(sweep_paths: Sequence[Path], out_dir: Path, formats: Sequence[st
     from gatelab.tracking import RunStore, default_tracking_uri
 
     check_formats(formats)
-    store = RunStore(tracking_uri or default_tracking_uri(runs_dir), runs_dir)
-    records: dict[str, list[RunRecord]] = {}
+    sweeps = {}
     for path in sweep_paths:
         sweep = load_sweep(path)
+        sweeps[sweep.name] = sweep
+    if not Path(claims_path).exists():
+        raise GatelabError(f"{claims_path}: no such claims file; run gatelab claims from the repository root (the "
+                           "default is sweeps/claims/tiny.yaml there) or name one with --claims FILE")
+    claims = load_claims(claims_path, sweeps)
+    store = RunStore(tracking_uri or default_tracking_uri(runs_dir), runs_dir)
+    records: dict[str, list[RunRecord]] = {}
+    for name, sweep in sweeps.items():
         specs = expand(sweep)
-        records[sweep.name] = collect_runs(specs, store, sweep.name, ledger_states(storage, runs_dir, sweep.name, specs))
-    known = {claim.sweep for claim in CLAIMS}
+        records[name] = collect_runs(specs, store, name, ledger_states(storage, runs_dir, name, specs))
+    known = {claim.sweep for claim in claims}
     unused = sorted(set(records) - known)
     if unused:
         log(f"no claim reads the sweep(s) {', '.join(unused)}; claims read {', '.join(sorted(known))}")
-    frame = claims_table(records)
-    missing = dict.fromkeys(note for c in CLAIMS for note in missing_note(c.paper_table))  # one note per file
+    frame = claims_table(records, claims)
+    missing = dict.fromkeys(note for c in claims for note in missing_note(c.paper.table))  # one note per file
     table = ReportTable("The paper's claims at tiny scale", frame, VERDICT_RULES + list(missing))
     written = export_report([table], [], out_dir, formats, "claims", command=command,
                             stamp=data_stamp([r for rs in records.values() for r in rs]))
-    log(frame[["claim", "ours", "p", "verdict"]].to_string(index=False))
+    log(frame[["claim", "ours", "p", "q", "verdict"]].to_string(index=False))
     return written

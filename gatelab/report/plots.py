@@ -203,3 +203,66 @@ def run_plot_writers(label: str, loss_history: tuple[Sequence[int], Sequence[flo
         writers["gate_score_histogram.png"] = lambda path: plot_gate_histograms(
             {f"{label} {position}": np.sum(per_layer, axis=0) for position, per_layer in gate_histogram.items()}, path)
     return writers
+
+
+def plot_gap_to_baseline(curves: Mapping[str, tuple[Sequence[int], Sequence[float], Sequence[float], Sequence[float]]],
+                         path: str | Path) -> Path:
+    """Each variant's val/loss minus the baseline's against the training step, (steps, mean gaps, interval lows,
+    interval highs) each: a line with its seed spread shaded (a NaN bound, one seed, leaves no band). Below the zero
+    line the variant is ahead; whether the gap grows, holds or closes as the models train is the question (issue 17)."""
+    figure, axes = _figure("Gap to baseline during training (band: 95% t-interval over seeds)")
+    axes.set_xlabel("step")
+    axes.set_ylabel("val/loss minus baseline (nats)")
+    drawn = 0
+    for name, (steps, means, lows, highs) in curves.items():
+        steps, means = np.asarray(list(steps), dtype=float), _finite(means)
+        if not steps.size or steps.size != means.size:
+            continue
+        (line,) = axes.plot(steps, means, marker="o", markersize=3, linewidth=1.4, label=name)
+        axes.fill_between(steps, _finite(lows), _finite(highs), color=line.get_color(), alpha=0.18, linewidth=0)
+        drawn += 1
+    if not drawn:
+        return _no_data(figure, axes, path)
+    axes.axhline(0.0, color="0.3", linewidth=0.9, linestyle="--", label="baseline")
+    axes.grid(alpha=0.3)
+    _legend(axes, drawn + 1)
+    return _save(figure, path)
+
+
+def plot_loss_vs_lr(curves: Mapping[str, tuple[Sequence[float], Sequence[float], Sequence[float]]],
+                    diverged_rates: Mapping[str, Sequence[float]], init_loss: Mapping[str, float],
+                    path: str | Path) -> Path:
+    """Final loss against learning rate (log axis), one line per variant, (rates, mean final losses, sds) each with
+    the sd as error bars; each diverged run an 'x' at its variant's loss at init (dotted): Wortsman et al. 2023's
+    loss-against-rate curves, a flatter and wider basin being the more stable variant."""
+    figure, axes = _figure("Final loss against learning rate (x: a diverged run, at the loss at init)")
+    axes.set_xlabel("learning rate (log scale)")
+    axes.set_ylabel("final val/loss (nats)")
+    rates_seen: set[float] = set()
+    drawn = 0
+    for name, (rates, means, sds) in curves.items():
+        rates, means = np.asarray(list(rates), dtype=float), _finite(means)
+        if not rates.size or rates.size != means.size or (np.isnan(means).all() and not diverged_rates.get(name)):
+            continue
+        container = axes.errorbar(rates, means, yerr=np.nan_to_num(_finite(sds)), marker="o", markersize=4,
+                                  capsize=3, linewidth=1.4, label=name)
+        color = container.lines[0].get_color()
+        crashed = np.asarray(list(diverged_rates.get(name, [])), dtype=float)
+        if crashed.size:  # nudged sideways per variant (3% of a rate), else every variant's x at a rate coincides
+            nudge = 1.03 ** (drawn - (len(curves) - 1) / 2.0)
+            axes.scatter(crashed * nudge, np.full(crashed.size, init_loss.get(name, np.nan)), marker="x", s=60,
+                         color=color, zorder=3)
+        rates_seen.update(float(r) for r in rates)
+        drawn += 1
+    if not drawn:
+        return _no_data(figure, axes, path)
+    for level in sorted({float(v) for v in init_loss.values() if math.isfinite(float(v))}):
+        axes.axhline(level, color="0.5", linewidth=0.9, linestyle=":")
+    axes.set_xscale("log")
+    ticks = sorted(rates_seen)
+    axes.xaxis.set_major_locator(FixedLocator(ticks))
+    axes.xaxis.set_minor_locator(NullLocator())
+    axes.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    axes.grid(alpha=0.3)
+    _legend(axes, drawn)
+    return _save(figure, path)

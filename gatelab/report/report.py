@@ -14,6 +14,7 @@ from gatelab.output_folders import require_writable_folder
 from gatelab.report.export import ReportTable, check_formats, export_report
 from gatelab.report.plots import (plot_context_length, plot_delta_vs_paper, plot_first_token_attention,
                                   plot_gate_histograms, plot_loss_curves)
+from gatelab.report.regimes import regime_reports
 from gatelab.report.tables import PPL, build_comparison, collect_runs, data_stamp, probe_payloads
 from gatelab.sweep.queue import ledger_states
 from gatelab.sweep.spec import expand, load_sweep
@@ -93,12 +94,16 @@ def make_report(sweep_path: Path, experiment: Path | None, formats: list[str], o
         plot_context_length({g: m for g, m in means.items() if m}, specs[0].experiment.data.seq_len,
                             out / "context_length.png"),
     ]
+    # Where the sweep has them: the gap to baseline against the step, and final loss against the learning rate.
+    regime_tables, regime_plots = regime_reports(records, store, sweep.name, out)
+    plots += regime_plots
     title = f"{sweep.name}: {PPL} by variant" + (f", beside the paper's {sweep.paper}" if sweep.paper else "")
+    tables = [ReportTable(title, comparison.frame, comparison.notes), *regime_tables]
     command = "gatelab table " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 2 else None
-    written = export_report([ReportTable(title, comparison.frame, comparison.notes)], plots, out, formats,
-                            sweep.name, command=command, stamp=data_stamp(records))
+    written = export_report(tables, plots, out, formats, sweep.name, command=command, stamp=data_stamp(records))
     store.log_report(sweep.name, written + plots)  # the report opens from the MLflow UI too
-    log(comparison.frame.to_string(index=False))
-    for note in comparison.notes:
-        log(note)
+    for table in tables:
+        log(table.frame.to_string(index=False))
+        for note in table.notes:
+            log(note)
     return written + plots

@@ -9,6 +9,11 @@ two-sample test on the same runs. Only without two shared seeds does `compare` f
 A run that diverged has no perplexity: its value arrives as NaN (or an overflowed inf) and is dropped, never averaged;
 every function here counts only the finite values it used.
 
+The claims table (gatelab.report.claims) is stricter, because a verdict rests on each row: `compare_shared_seeds`
+uses only the seeds both groups have and pairs them only where their correlation over those seeds is positive (with
+three seeds on text it often is not); "close" claims are equivalence tests (`tost`); the table's p-values are corrected
+together (`benjamini_hochberg`); `lr_sensitivity` and `rank_agreement_interval` give the learning-rate and rank rows.
+
 All statistics come from `scipy.stats`; this module only chooses the test, handles the degenerate cases (one seed,
 zero spread) with a stated reason instead of a NaN, and turns a test's power into "minimum detectable effect" and
 "seeds needed", which say whether a null result means "no effect" or merely "too few seeds".
@@ -16,9 +21,10 @@ zero spread) with a stated reason instead of a NaN, and turns a test's power int
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -55,6 +61,8 @@ class Comparison:
         alpha 0.05 with power 0.8 (see `seeds_needed`); None when delta is 0 or NaN, sd is unknown or zero, or more
         than 10,000 seeds would be needed.
     reason: why `p_value` is None; None when it was computed.
+    correlation: from `compare_shared_seeds`, the correlation of the two groups over the seeds they share, which chose
+        the test; None from `compare`, or where it is undefined (fewer than two seeds, a side without spread).
     """
 
     delta: float
@@ -65,6 +73,7 @@ class Comparison:
     mde: float | None
     seeds_needed: int | None
     reason: str | None = None
+    correlation: float | None = None  # Pearson's r over the shared seeds (`compare_shared_seeds` only)
 
 
 def _finite(values: Iterable[float]) -> np.ndarray:
@@ -199,7 +208,7 @@ def compare(variant: Mapping[int, float], baseline: Mapping[int, float]) -> Comp
     return _welch(np.array(list(v_all.values()), dtype=np.float64), np.array(list(b_all.values()), dtype=np.float64))
 
 
-def _paired(v: np.ndarray, b: np.ndarray) -> Comparison:
+def _paired(v: np.ndarray, b: np.ndarray, with_seeds_needed: bool = True) -> Comparison:
     differences = v - b
     n = int(differences.size)
     delta = float(np.mean(differences))
@@ -210,10 +219,10 @@ def _paired(v: np.ndarray, b: np.ndarray) -> Comparison:
     with _exact_zero_spread_ok():
         p_value = float(stats.ttest_rel(v, b).pvalue)
     return Comparison(delta, p_value, PAIRED, n, sd, minimum_detectable_effect(sd, n, paired=True),
-                      seeds_needed(delta, sd, paired=True))
+                      seeds_needed(delta, sd, paired=True) if with_seeds_needed else None)
 
 
-def _welch(v: np.ndarray, b: np.ndarray) -> Comparison:
+def _welch(v: np.ndarray, b: np.ndarray, with_seeds_needed: bool = True) -> Comparison:
     n = int(min(v.size, b.size))
     if n == 0:
         missing = " and ".join(name for name, side in (("variant", v), ("baseline", b)) if side.size == 0)
@@ -233,7 +242,7 @@ def _welch(v: np.ndarray, b: np.ndarray) -> Comparison:
     with _exact_zero_spread_ok():
         p_value = float(stats.ttest_ind(v, b, equal_var=False).pvalue)
     return Comparison(delta, p_value, WELCH, n, sd, minimum_detectable_effect(sd, n, paired=False),
-                      seeds_needed(delta, sd, paired=False))
+                      seeds_needed(delta, sd, paired=False) if with_seeds_needed else None)
 
 
 def rank_agreement(ours: Mapping[str, float], paper: Mapping[str, float]) -> dict[str, Any]:
@@ -277,3 +286,181 @@ def sign_agreement(our_deltas: Mapping[str, float], paper_deltas: Mapping[str, f
     return {"fraction": (n - len(disagree)) / n if n else None, "n": n, "agree": n - len(disagree),
             "disagree": disagree,
             "reason": None if n else "no variant has a nonzero, finite delta in both ours and the paper's"}
+
+
+# --- the claims table: pairing only where it helps, equivalence, multiplicity, LR sensitivity, rank intervals --------
+
+
+def shared_seeds(*groups: Mapping[int, float]) -> list[int]:
+    """The seeds at which every group has a finite value, sorted."""
+    common = set.intersection(*(set(seed for seed, value in group.items() if math.isfinite(float(value)))
+                                for group in groups)) if groups else set()
+    return sorted(common, key=repr)
+
+
+def seed_correlation(a: np.ndarray, b: np.ndarray) -> float | None:
+    """Pearson's r of two groups' values at the same seeds; None for fewer than two seeds or a side without spread
+    (r is 0/0 there)."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if a.size < 2 or _is_zero_spread(float(np.std(a)), a) or _is_zero_spread(float(np.std(b)), b):
+        return None
+    return float(np.corrcoef(a, b)[0, 1])
+
+
+def compare_shared_seeds(a: Mapping[int, float], b: Mapping[int, float]) -> Comparison:
+    """Group a against group b over the seeds both have finite values for, the test chosen by whether pairing helps.
+
+    Pairing by seed helps only when the two groups' values move together over seeds: var(a - b) = var a + var b -
+    2 cov(a, b) is below var a + var b only for a positive covariance, and the paired test pays for its pairs with
+    half the degrees of freedom. So: the paired t-test when Pearson's r over the shared seeds is > 0, otherwise
+    Welch's t-test on the same values. Seeds only one group has are left out either way, so that `delta` is always the
+    difference of the two means over one set of seeds. `correlation` reports r (None where it is undefined: fewer
+    than two shared seeds, or a group whose values are all equal, which then goes to Welch). `seeds_needed` is left
+    None: the claims table does not show it, and its search costs a tenth of a second a row.
+    """
+    seeds = shared_seeds(a, b)
+    v = np.array([float(a[s]) for s in seeds], dtype=np.float64)
+    w = np.array([float(b[s]) for s in seeds], dtype=np.float64)
+    if len(seeds) < 2:
+        delta = float(v[0] - w[0]) if seeds else math.nan
+        return Comparison(delta, None, WELCH, len(seeds), None, None, None,
+                          f"{len(seeds)} shared seed(s): need two to test")
+    correlation = seed_correlation(v, w)
+    paired = correlation is not None and correlation > 0.0
+    result = _paired(v, w, with_seeds_needed=False) if paired else _welch(v, w, with_seeds_needed=False)
+    return dataclasses.replace(result, correlation=correlation)
+
+
+@dataclass(frozen=True)
+class Equivalence:
+    """Two one-sided tests (TOST, Schuirmann 1987) of |mean(a) - mean(b)| < margin.
+
+    p_value: the larger of the two one-sided p-values (H0: delta <= -margin; H0: delta >= +margin); below alpha the
+        difference is inside +-margin at level alpha, which is the 90% interval lying inside it for alpha 0.05.
+    interval: the two-sided 95% interval of delta from the same test, to say "outside the margin" when it lies beyond.
+    """
+
+    delta: float
+    margin: float
+    p_value: float | None
+    test: TestName
+    n: int
+    interval: tuple[float, float] | None
+    reason: str | None = None
+
+
+def tost(a: Sequence[float], b: Sequence[float], margin: float, paired: bool) -> Equivalence:
+    """TOST for the difference of means a - b within +-`margin`; paired (a[i] with b[i]) or Welch.
+
+    Paired: one-sample t-tests of the differences against -margin (alternative "greater") and +margin ("less"), df
+    n - 1; statsmodels' `ttost_paired`. Welch: `ttest_ind(a + margin, b, equal_var=False, alternative="greater")` and
+    `ttest_ind(a - margin, b, ..., alternative="less")`, Welch-Satterthwaite df; statsmodels' `ttost_ind(...,
+    usevar="unequal")`. p_value is None with a reason for fewer than two values a side, a margin that is not > 0, or
+    zero spread.
+    """
+    v, w = _finite(a), _finite(b)
+    test: TestName = PAIRED if paired else WELCH
+    if paired and v.size != w.size:
+        raise ValueError(f"paired TOST needs as many values in a as in b, got {v.size} and {w.size}")
+    n = int(min(v.size, w.size))
+    delta = float(np.mean(v) - np.mean(w)) if v.size and w.size else math.nan
+    if n < 2:
+        return Equivalence(delta, margin, None, test, n, None, "fewer than two values a side: no spread")
+    if not (math.isfinite(margin) and margin > 0.0):
+        return Equivalence(delta, margin, None, test, n, None, f"margin {margin:g} is not > 0")
+    if paired:
+        differences = v - w
+        if _is_zero_spread(float(np.std(differences, ddof=1)), v, w):
+            return Equivalence(delta, margin, None, test, n, None, "zero variance: every paired difference is the same")
+        with _exact_zero_spread_ok():
+            above = stats.ttest_1samp(differences, -margin, alternative="greater").pvalue
+            below = stats.ttest_1samp(differences, margin, alternative="less").pvalue
+            low, high = stats.ttest_1samp(differences, 0.0).confidence_interval(0.95)
+    else:
+        if _is_zero_spread(math.sqrt((np.var(v, ddof=1) + np.var(w, ddof=1)) / 2.0), v, w):
+            return Equivalence(delta, margin, None, test, n, None,
+                               "zero variance: every run of both groups is the same")
+        with _exact_zero_spread_ok():
+            above = stats.ttest_ind(v + margin, w, equal_var=False, alternative="greater").pvalue
+            below = stats.ttest_ind(v - margin, w, equal_var=False, alternative="less").pvalue
+            low, high = stats.ttest_ind(v, w, equal_var=False).confidence_interval(0.95)
+    return Equivalence(delta, margin, float(max(above, below)), test, n, (float(low), float(high)))
+
+
+def benjamini_hochberg(p_values: Sequence[float | None]) -> list[float | None]:
+    """Benjamini-Hochberg q-values (adjusted p-values, `scipy.stats.false_discovery_control(method="bh")`) of the
+    p-values given; a None (an untested row) stays None and is not counted in the family."""
+    tested = [i for i, p in enumerate(p_values) if p is not None and math.isfinite(float(p))]
+    q_values: list[float | None] = [None] * len(p_values)
+    if tested:
+        adjusted = stats.false_discovery_control(np.array([float(p_values[i]) for i in tested]), method="bh")
+        for i, q in zip(tested, adjusted, strict=True):
+            q_values[i] = float(q)
+    return q_values
+
+
+def lr_sensitivity(final_loss_by_lr: Mapping[float, float], init_loss: float) -> float:
+    """Learning-rate sensitivity (Wortsman et al. 2023, arXiv 2309.14322, section 3.1): over a grid of rates, the mean
+    of how far each rate's final loss sits above the best one, each loss capped at the loss at initialisation:
+
+        mean_lr min(L(lr), L_init) - min_lr min(L(lr), L_init)
+
+    A diverged run (NaN or inf loss) counts as `init_loss`: it learned nothing that survived. 0 means every rate ends
+    at the best loss; the cap keeps one blown-up rate from dominating the mean. NaN for an empty grid.
+    """
+    capped = [min(float(loss), init_loss) if math.isfinite(float(loss)) else init_loss
+              for loss in final_loss_by_lr.values()]
+    if not capped:
+        return math.nan
+    return float(np.mean(capped) - min(capped))
+
+
+def kendall_tau_b(ours: np.ndarray, paper: np.ndarray) -> np.ndarray:
+    """Kendall's tau-b of each row of `ours` (R x K) against `paper` (K), NaN entries of a row left out of that row;
+    NaN where fewer than 3 entries are left or one side is all tied. The same figure as `scipy.stats.kendalltau`
+    (tau-b), vectorised over rows for the bootstrap: (concordant - discordant) pairs over
+    sqrt(pairs untied in ours x pairs untied in the paper), counted over the pairs both entries of which are present.
+    """
+    ours = np.atleast_2d(np.asarray(ours, dtype=np.float64))
+    paper = np.asarray(paper, dtype=np.float64)
+    present = np.isfinite(ours)
+    upper = np.triu(np.ones((paper.size, paper.size), dtype=bool), k=1)
+    pairs = present[:, :, None] & present[:, None, :] & upper
+    sign_ours = np.sign(np.nan_to_num(ours[:, :, None] - ours[:, None, :])) * pairs
+    sign_paper = np.sign(paper[:, None] - paper[None, :]) * pairs
+    numerator = np.sum(sign_ours * sign_paper, axis=(1, 2))
+    denominator = np.sqrt(np.sum(sign_ours**2, axis=(1, 2)) * np.sum(sign_paper**2, axis=(1, 2)))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tau = numerator / denominator
+    tau[(present.sum(axis=1) < 3) | (denominator == 0)] = np.nan
+    return tau
+
+
+def rank_agreement_interval(values: Mapping[str, Mapping[int, float]], paper: Mapping[str, float],
+                            resamples: int = 2000, seed: int = 0, level: float = 0.95) -> tuple[float, float] | None:
+    """A percentile bootstrap interval of Kendall's tau between our group means and the paper's, over seeds.
+
+    `values` is {variant: {seed: value}}; variants the paper lacks are left out. Each resample draws as many seeds as
+    there are (the union over variants) with replacement, takes each variant's mean over the drawn seeds it has finite
+    values for (a seed drawn twice counts twice), and computes tau-b against `paper` (`kendall_tau_b`); resamples with
+    no tau (fewer than 3 variants left, all tied) are skipped. A fixed `numpy.random.Generator` seed makes the interval
+    the same on every call. None when no resample gives a tau.
+    """
+    keys = [k for k in values if k in paper and math.isfinite(float(paper[k]))]
+    seeds = sorted({s for k in keys for s in values[k]}, key=repr)
+    if len(keys) < 3 or not seeds:
+        return None
+    table = np.array([[float(values[k].get(s, math.nan)) for s in seeds] for k in keys], dtype=np.float64)
+    table[~np.isfinite(table)] = np.nan
+    drawn = np.random.default_rng(seed).integers(0, len(seeds), size=(resamples, len(seeds)))
+    samples = table[:, drawn]  # K x R x S
+    counts = np.sum(np.isfinite(samples), axis=2)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = (np.nansum(samples, axis=2) / counts).T  # R x K; NaN where a variant drew none of its seeds
+    taus = kendall_tau_b(means, np.array([float(paper[k]) for k in keys]))
+    taus = taus[np.isfinite(taus)]
+    if taus.size == 0:
+        return None
+    tail = (1.0 - level) / 2.0
+    low, high = np.quantile(taus, [tail, 1.0 - tail])
+    return float(low), float(high)

@@ -91,8 +91,11 @@ class GatedLM(L.LightningModule):
 
     def configure_optimizers(self):
         train = self.experiment.train
-        decay = [p for p in self.parameters() if p.ndim >= 2]
-        no_decay = [p for p in self.parameters() if p.ndim < 2]  # norms and input-independent gate logits
+        decay, no_decay = [], []
+        for name, parameter in self.named_parameters():
+            gate_logits = name.endswith("logits_HD")  # input-independent gate logits: (H, D), yet not a weight matrix
+            is_weight = parameter.ndim >= 2 and (not gate_logits or train.decay_gate_logits)
+            (decay if is_weight else no_decay).append(parameter)  # no_decay: norms and gate logits
         optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": train.weight_decay},
                                        {"params": no_decay, "weight_decay": 0.0}], lr=train.lr, betas=train.betas)
         schedule = torch.optim.lr_scheduler.LambdaLR(

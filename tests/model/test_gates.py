@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from gatelab.model import build_model
+from gatelab.model import build_model, gates
 from gatelab.model.attention import Attention
 from gatelab.variants import apply_variant
 from tests.helpers import Capture, micro_config
@@ -119,3 +120,55 @@ def test_common_random_numbers_share_every_common_parameter():
             other = other[: value.shape[0]]  # q | k | v come first; the gate rows follow
         torch.testing.assert_close(value, other, rtol=0, atol=0, msg=name)
     assert not torch.equal(build_model(micro_config(), seed=6).embed.weight, plain.embed.weight)
+
+
+def test_the_constant_control_is_half_the_baseline_output_from_the_same_weights():
+    x = _x()
+    control, _ = _run(_attention("ctrl_scale_0p5"), x)
+    plain, _ = _run(_attention("baseline"), x)
+    torch.testing.assert_close(control, 0.5 * plain, rtol=0, atol=1e-6)
+
+
+def test_the_silu_matched_control_scales_by_the_measured_rms_of_silu_gate_scores_at_init():
+    """The constant is computed from d_model and init_std; the SiLU gate's scores measured over many tokens of real
+    pre-norm hidden states (RMSNorm output, mean square 1) agree with it."""
+    import math
+
+    config = micro_config(d_model=256, head_dim=64)
+    model = build_model(apply_variant(config, "g1_elem_silu"), seed=0)
+    ids = torch.randint(0, config.vocab_size, (8, 64), generator=torch.Generator().manual_seed(2))
+    probe = Capture()
+    with torch.no_grad():
+        model(ids, probe)
+    measured = probe.tensors[(0, "gate_score.g1")].pow(2).mean().sqrt().item()
+    control = build_model(apply_variant(config, "ctrl_scale_silu"), seed=0).blocks[0].attn.gates[0].constant
+    assert control == pytest.approx(measured, rel=0.05)
+    assert control == pytest.approx(gates.silu_gate_init_rms(math.sqrt(256) * 0.02))
+
+
+def test_silu_gate_init_rms_against_sampling_and_its_small_logit_limit():
+    z = torch.randn(2_000_000, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 0.7
+    assert gates.silu_gate_init_rms(0.7) == pytest.approx(torch.nn.functional.silu(z).pow(2).mean().sqrt().item(),
+                                                         rel=2e-3)
+    assert gates.silu_gate_init_rms(1e-3) == pytest.approx(1e-3 / 2, rel=1e-3)  # silu(z) ~ z / 2 near 0
+
+
+def test_the_init_matched_control_halves_only_the_output_projection_at_init():
+    plain = build_model(apply_variant(micro_config(), "baseline"), seed=3)
+    control = build_model(apply_variant(micro_config(), "ctrl_oproj_init_0p5"), seed=3)
+    for (name, a), (_, b) in zip(plain.named_parameters(), control.named_parameters()):
+        expected = 0.5 * a if name.endswith("o_proj.weight") else a
+        torch.testing.assert_close(b, expected, rtol=0, atol=0, msg=name)
+
+
+def test_a_scale_needs_kind_scale_and_kind_scale_needs_a_scale():
+    from pydantic import ValidationError
+
+    from gatelab.config import GateConfig
+
+    with pytest.raises(ValidationError, match="scale is for kind 'scale'"):
+        GateConfig(position="g1", scale=0.5)
+    with pytest.raises(ValidationError, match="silu_gate_init"):
+        GateConfig(position="g1", kind="scale")
+    with pytest.raises(ValidationError):
+        GateConfig(position="g1", kind="scale", scale="half")

@@ -39,7 +39,7 @@ def test_forward_backward_reaches_every_gate_parameter(variant, ffn, token_ids):
             for name, parameter in module.gates.named_parameters():
                 assert parameter.grad.abs().sum() > 0, (variant, name)
                 gate_gradients += 1
-    has_gate_params = any(g.kind != "silu" for g in model.config.gates) or model.config.switch_head is not None
+    has_gate_params = any(g.kind not in ("silu", "scale") for g in model.config.gates) or model.config.switch_head is not None
     assert (gate_gradients > 0) == has_gate_params
 
 

@@ -13,16 +13,22 @@ import math
 
 import numpy as np
 import pytest
-from scipy import special
+from scipy import special, stats
 
 from gatelab.report.stats import (
     Comparison,
+    benjamini_hochberg,
     compare,
+    compare_shared_seeds,
+    kendall_tau_b,
+    lr_sensitivity,
     mean_std,
     minimum_detectable_effect,
     rank_agreement,
+    rank_agreement_interval,
     seeds_needed,
     sign_agreement,
+    tost,
 )
 
 NAN = math.nan
@@ -332,3 +338,123 @@ def test_mean_std():
     assert mean_std([5.0]) == (5.0, None, 1)
     mean, std, n = mean_std([NAN])
     assert math.isnan(mean) and std is None and n == 0
+
+
+# --- the claims table's statistics ----------------------------------------------------------------------------------
+# Expected figures from statsmodels 0.15.0, computed once and written here, so the suite does not need statsmodels:
+#   ttost_paired(x1, x2, -1, 1), ttost_ind(y1, y2, -0.5, 0.5, usevar="unequal"), multipletests(p, method="fdr_bh").
+
+TOST_X1, TOST_X2 = [10.2, 11.5, 9.8, 12.1, 10.9], [10.0, 11.9, 9.5, 12.4, 10.1]
+TOST_Y1, TOST_Y2 = [5.1, 4.8, 5.6, 5.0], [4.7, 5.3, 4.9, 5.2, 5.0]
+BH_P = [0.01, 0.04, 0.03, 0.005, 0.20, 0.5, 0.049]
+BH_Q = [0.035, 0.0686, 0.0686, 0.035, 0.23333333333333334, 0.5, 0.0686]
+
+
+def test_tost_paired_matches_statsmodels():
+    result = tost(TOST_X1, TOST_X2, margin=1.0, paired=True)
+    assert result.test == "paired t" and result.n == 5
+    assert result.delta == pytest.approx(0.12)
+    assert result.p_value == pytest.approx(0.007789291145422637, rel=1e-9)
+    # The 95% interval of the mean difference, d = [0.2, -0.4, 0.3, -0.3, 0.8]: 0.12 +- t(0.975, 4) * sd / sqrt(5).
+    sd = float(np.std(np.subtract(TOST_X1, TOST_X2), ddof=1))
+    half = 2.7764451051977987 * sd / math.sqrt(5)
+    assert result.interval == pytest.approx((0.12 - half, 0.12 + half))
+
+
+def test_tost_welch_matches_statsmodels():
+    result = tost(TOST_Y1, TOST_Y2, margin=0.5, paired=False)
+    assert result.test == "Welch t" and result.n == 4
+    assert result.p_value == pytest.approx(0.052009147487064145, rel=1e-9)
+
+
+def test_tost_against_statsmodels_live():
+    weightstats = pytest.importorskip("statsmodels.stats.weightstats")
+    for margin in (0.3, 1.0, 2.5):
+        expected = weightstats.ttost_paired(np.array(TOST_X1), np.array(TOST_X2), -margin, margin)[0]
+        assert tost(TOST_X1, TOST_X2, margin, paired=True).p_value == pytest.approx(expected, rel=1e-9)
+        expected = weightstats.ttost_ind(np.array(TOST_Y1), np.array(TOST_Y2), -margin, margin, usevar="unequal")[0]
+        assert tost(TOST_Y1, TOST_Y2, margin, paired=False).p_value == pytest.approx(expected, rel=1e-9)
+
+
+def test_tost_wide_margin_is_equivalent_narrow_is_not():
+    assert tost(TOST_X1, TOST_X2, 5.0, paired=True).p_value < 1e-3
+    assert tost(TOST_X1, TOST_X2, 0.05, paired=True).p_value > 0.5
+
+
+def test_tost_degenerate_cases_say_why():
+    assert tost([1.0], [2.0], 1.0, paired=True).reason.startswith("fewer than two")
+    assert "margin" in tost([1.0, 2.0], [1.5, 2.5], 0.0, paired=True).reason
+    assert "zero variance" in tost([2.0, 3.0], [1.0, 2.0], 1.0, paired=True).reason
+    with pytest.raises(ValueError):
+        tost([1.0, 2.0, 3.0], [1.0, 2.0], 1.0, paired=True)
+
+
+def test_benjamini_hochberg_matches_statsmodels():
+    assert benjamini_hochberg(BH_P) == pytest.approx(BH_Q, rel=1e-9)
+    # By hand for the smallest: 0.005 is rank 1 of 7, 0.005 * 7 = 0.035, and 0.01 (rank 2) gives 0.01 * 7/2 = 0.035.
+
+
+def test_benjamini_hochberg_leaves_untested_rows_out_of_the_family():
+    q = benjamini_hochberg([None, 0.01, None, 0.04])
+    assert q[0] is None and q[2] is None
+    assert q[1] == pytest.approx(0.02) and q[3] == pytest.approx(0.04)  # a family of two, not four
+    assert benjamini_hochberg([]) == [] and benjamini_hochberg([None]) == [None]
+
+
+def test_benjamini_hochberg_against_statsmodels_live():
+    multitest = pytest.importorskip("statsmodels.stats.multitest")
+    p = np.random.default_rng(3).uniform(0, 0.2, size=25)
+    assert benjamini_hochberg(list(p)) == pytest.approx(list(multitest.multipletests(p, method="fdr_bh")[1]))
+
+
+def test_lr_sensitivity_by_hand():
+    # Capped at init 7.0: [5.0, 4.5, 4.0, 7.0 (diverged: NaN), 7.0 (9.0 capped)], mean 27.5 / 5 = 5.5, best 4.0.
+    losses = {1e-3: 5.0, 2e-3: 4.5, 4e-3: 4.0, 8e-3: NAN, 1.6e-2: 9.0}
+    assert lr_sensitivity(losses, 7.0) == pytest.approx(1.5)
+    assert lr_sensitivity({1e-3: 4.0, 2e-3: 4.0}, 7.0) == 0.0  # every rate at the best
+    assert lr_sensitivity({1e-3: math.inf, 2e-3: 8.0}, 7.0) == 0.0  # nothing learned anywhere: all at the cap
+    assert math.isnan(lr_sensitivity({}, 7.0))
+
+
+def test_compare_shared_seeds_pairs_only_when_the_groups_move_together():
+    # Seeds 0-2 shared; seed 3 only in a (a wild value that must not reach the mean). a and b rise together: r > 0.
+    a, b = {0: 11.0, 1: 22.0, 2: 33.5, 3: 1000.0}, {0: 10.0, 1: 20.0, 2: 30.0}
+    together = compare_shared_seeds(a, b)
+    assert together.test == "paired t" and together.n == 3
+    assert together.correlation == pytest.approx(np.corrcoef([11, 22, 33.5], [10, 20, 30])[0, 1])
+    assert together.delta == pytest.approx((11 + 22 + 33.5) / 3 - 20.0)  # over the shared seeds only
+    assert together.p_value == pytest.approx(float(stats.ttest_rel([11, 22, 33.5], [10, 20, 30]).pvalue))
+    # Against b reversed the correlation is negative: Welch's test on the same three pairs' values.
+    opposite = compare_shared_seeds(a, {0: 30.0, 1: 20.0, 2: 10.0})
+    assert opposite.test == "Welch t" and opposite.correlation < 0
+    assert opposite.p_value == pytest.approx(
+        float(stats.ttest_ind([11, 22, 33.5], [30, 20, 10], equal_var=False).pvalue))
+
+
+def test_compare_shared_seeds_needs_two_shared_seeds():
+    result = compare_shared_seeds({0: 1.0, 1: 2.0}, {1: 1.5, 2: 3.0})
+    assert result.p_value is None and result.n == 1 and "1 shared seed" in result.reason
+    assert result.delta == pytest.approx(0.5)
+    constant = compare_shared_seeds({0: 1.0, 1: 2.0, 2: 3.0}, {0: 5.0, 1: 5.0, 2: 5.0})
+    assert constant.correlation is None and constant.test == "Welch t"  # r undefined: no pairing
+
+
+def test_kendall_tau_b_matches_scipy_with_ties_and_gaps():
+    ours = np.array([1.0, 2.0, 2.0, 3.0, 5.0, 4.0, NAN, 7.0])
+    paper = np.array([2.0, 1.0, 3.0, 3.0, 4.0, 5.0, 6.0, 6.0])
+    keep = np.isfinite(ours)
+    expected = stats.kendalltau(ours[keep], paper[keep]).statistic
+    assert kendall_tau_b(ours, paper)[0] == pytest.approx(expected)
+    assert math.isnan(kendall_tau_b(np.array([1.0, NAN, NAN]), np.array([1.0, 2.0, 3.0]))[0])  # fewer than 3
+
+
+def test_rank_agreement_interval_is_reproducible_and_exact_without_noise():
+    paper = {"a": 1.0, "b": 2.0, "c": 3.0, "d": 4.0}
+    ordered = {k: {0: v, 1: v + 0.1, 2: v - 0.1} for k, v in paper.items()}
+    assert rank_agreement_interval(ordered, paper) == (1.0, 1.0)  # every resample keeps the order
+    rng = np.random.default_rng(7)
+    noisy = {k: {s: v + 3 * rng.normal() for s in range(4)} for k, v in paper.items()}
+    first = rank_agreement_interval(noisy, paper)
+    assert first == rank_agreement_interval(noisy, paper)  # the fixed Generator seed
+    assert -1.0 <= first[0] <= first[1] <= 1.0 and first[0] < first[1]
+    assert rank_agreement_interval({"a": {0: 1.0}, "b": {0: 2.0}}, paper) is None

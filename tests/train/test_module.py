@@ -179,3 +179,24 @@ def test_a_checkpoint_without_spike_losses_restores_them_as_unknown():
     monitor.load_state_dict(old)
     assert monitor.spikes == [12, 13] and len(monitor.spike_losses) == 2
     assert all(math.isnan(loss) for loss in monitor.spike_losses)
+
+
+@pytest.mark.parametrize("decay_gate_logits", [False, True])
+def test_input_independent_gate_logits_get_weight_decay_only_when_asked(decay_gate_logits):
+    from gatelab.config import ExperimentConfig
+    from gatelab.train.module import GatedLM
+    from gatelab.variants import apply_variant
+    from tests.helpers import micro_config
+
+    model = apply_variant(micro_config(), "g1_inputindep_sig")
+    experiment = ExperimentConfig.model_validate({"name": "decay", "model": model.model_dump(),
+                                                  "train": {"decay_gate_logits": decay_gate_logits}})
+    module = GatedLM(experiment, model)
+    optimizer = module.configure_optimizers()["optimizer"]
+    names = {id(p): n for n, p in module.named_parameters()}
+    by_decay = {group["weight_decay"]: {names[id(p)] for p in group["params"]} for group in optimizer.param_groups}
+    logits = {n for n in names.values() if n.endswith("logits_HD")}
+    assert len(logits) == 2  # one per layer
+    assert (logits <= by_decay[0.1]) == decay_gate_logits and (logits <= by_decay[0.0]) != decay_gate_logits
+    assert all(n.endswith("weight") for n in by_decay[0.1] - logits)  # the matrices, and nothing else
+    assert any(n.endswith("in_proj.weight") for n in by_decay[0.1])

@@ -1,0 +1,395 @@
+"""The claims file (sweeps/claims/*.yaml): the paper's claims as data, each checked against the sweep it reads.
+
+A claim names its sweep, the groups of runs it compares (a variant plus the sweep's other swept keys, written as
+`gatelab table` prints them: "g1_elem_sig train.lr=0.002"), its kind and direction, its metric, the paper's figure, and
+when it can be tested at this scale (`testable_if`). `load_claims` checks every sweep name against the sweep files in
+the claims file's parent folder (sweeps/ for sweeps/claims/tiny.yaml), every variant and setting against that sweep's
+expanded grid, and every paper table, column and row id against gatelab.paper. A renamed sweep, a misspelled variant or
+a learning rate the sweep does not run is one GatelabError naming the file, the claim and the key, with the valid
+values, before anything is read from a store.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import PositiveFloat, ValidationError, model_validator
+
+from gatelab.config import StrictModel, format_validation_error, read_yaml
+from gatelab.errors import GatelabError
+
+Kind = Literal["direction", "closeness", "level", "change", "rank", "lr sensitivity", "stable rate"]
+Direction = Literal["lower", "higher"]
+UNIFORM_FIRST_TOKEN = "uniform first-token attention"  # a named level: see claims.uniform_first_token_share
+DIRECTED: tuple[str, ...] = ("direction", "level", "change", "lr sensitivity", "stable rate")
+TWO_GROUPS: tuple[str, ...] = ("direction", "closeness", "change", "lr sensitivity", "stable rate")
+ON_AN_AXIS: tuple[str, ...] = ("lr sensitivity", "stable rate")
+
+
+class PaperFigure(StrictModel):
+    """Where the paper's figure for a claim comes from: a table's column for the claim's rows, or words."""
+
+    table: str | None = None  # a gatelab.paper.SWEEP_TABLES key
+    column: str = "ppl"  # a column of gatelab.paper.reference(table): ppl, Gate Score, M-Act, F-Attn, ...
+    ids: list[str] | None = None  # the paper's row ids for (a, b), or (a,) for a level, where they are not the variants
+    text: str = ""  # the paper's figure in words, where no pair of rows gives it
+
+
+class Margin(StrictModel):
+    """A closeness claim's equivalence margin: `fraction` of the gain of group gain[0] over gain[1], measured in the
+    same sweep over the seeds both have."""
+
+    fraction: PositiveFloat
+    gain: tuple[str, str]
+
+
+class TestableIf(StrictModel):
+    """A condition on the runs without which the claim cannot be tested at this scale, and what it means.
+
+    rule above/below: the mean of `metric` over `group`'s ended runs is above (below) `level` (a number, or
+        "uniform first-token attention": what causal attention spread evenly puts on token 0 at the runs' seq_len).
+    rule moved: the mean is more than `by` away from `start` (a gate score from its value at initialisation).
+    rule unstable: over `axis` (e.g. train.lr), `group` is unstable somewhere: a run diverged, or at a value of the
+        axis above the one with the lowest mean `metric`, the mean is more than `by` above that lowest one.
+    """
+
+    __test__ = False  # not a pytest class, despite its name
+
+    rule: Literal["above", "below", "moved", "unstable"]
+    group: str
+    metric: str
+    level: float | Literal["uniform first-token attention"] | None = None
+    start: float | None = None
+    by: PositiveFloat | None = None
+    axis: str | None = None
+    reason: str  # what "not testable" means here, in words
+
+    @model_validator(mode="after")
+    def _check(self) -> TestableIf:
+        needs = {"above": ("level",), "below": ("level",), "moved": ("start", "by"), "unstable": ("axis", "by")}
+        missing = [key for key in needs[self.rule] if getattr(self, key) is None]
+        if missing:
+            raise ValueError(f"rule '{self.rule}' needs {' and '.join(missing)}")
+        return self
+
+
+class Claim(StrictModel):
+    """One of the paper's claims, as the claims table tests it (see gatelab.report.claims for each kind's test)."""
+
+    claim: str  # the statement, as the table prints it
+    sweep: str  # the sweep (its `name:`) whose runs test it
+    kind: Kind
+    direction: Direction | None = None  # which way the paper says group a goes (against b, a level, or over the axis)
+    a: str = ""  # the group the claim is about; for change, lr sensitivity and stable rate without the varied key
+    b: str | None = None  # the group it is compared with
+    metric: str = "ppl/avg"  # an MLflow metric of the runs, or a key of claims.DERIVED
+    level: float | None = None  # level: the claimed level
+    setting: tuple[str, str] | None = None  # change: the (from, to) settings, e.g. two learning rates
+    axis: str | None = None  # lr sensitivity, stable rate: the swept key whose values are compared, e.g. train.lr
+    rank_ids: list[str] = []  # rank: the groups ranked against the paper's
+    only_gated: bool = False  # rank: keep only the variants with a gate (gatelab.variants), not baseline or references
+    margin: Margin | None = None  # closeness: the equivalence margin
+    paper: PaperFigure = PaperFigure()
+    testable_if: list[TestableIf] = []
+    true_by_construction: str | None = None  # why the row cannot fail: shown, not tested, not counted as support
+    why: str = ""  # a note on the row: what the test means at this scale
+
+    @model_validator(mode="after")
+    def _check(self) -> Claim:
+        problems = []
+        if self.kind in DIRECTED and self.direction is None:
+            problems.append(f"a {self.kind} claim needs direction: lower or higher")
+        if self.kind in TWO_GROUPS and not (self.a and self.b):
+            problems.append(f"a {self.kind} claim needs groups a and b")
+        if self.kind == "level" and (not self.a or self.level is None):
+            problems.append("a level claim needs group a and a level")
+        if self.kind == "change" and self.setting is None:
+            problems.append("a change claim needs setting: [FROM, TO], e.g. [train.lr=0.002, train.lr=0.008]")
+        if self.kind in ON_AN_AXIS and self.axis is None:
+            problems.append(f"a {self.kind} claim needs axis, the swept key it varies (e.g. train.lr)")
+        if self.kind == "closeness" and self.margin is None:
+            problems.append("a closeness claim needs margin: {fraction: F, gain: [GROUP, GROUP]}")
+        if self.kind == "rank" and len(self.rank_ids) < 3:
+            problems.append("a rank claim needs at least 3 rank_ids")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+
+class ClaimsFile(StrictModel):
+    """The keys of a claims file."""
+
+    claims: list[Claim]
+
+
+# --- groups: a variant plus settings, as RunRecord.group writes them --------------------------------------------------
+
+
+def group_name(variant: str, settings: Mapping[str, Any]) -> str:
+    """'g1_elem_sig train.lr=0.002': the variant, then each setting sorted by key, exactly as `RunRecord.group`."""
+    text = " ".join(f"{key}={value}" for key, value in sorted(settings.items()))
+    return f"{variant}{' ' + text if text else ''}"
+
+
+def _value(raw: str) -> Any:
+    """A setting's value as YAML reads it; '2e-3' (a string to YAML 1.1) as the number it means."""
+    value = yaml.safe_load(raw) if raw else raw
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+def parse_settings(text: str) -> dict[str, Any]:
+    """'train.lr=0.002 model.qk_norm=false' -> {'train.lr': 0.002, 'model.qk_norm': False}."""
+    settings = {}
+    for part in text.split():
+        key, sep, raw = part.partition("=")
+        if not sep or not key:
+            raise ValueError(f"'{part}' is not KEY=VALUE")
+        settings[key] = _value(raw)
+    return settings
+
+
+def parse_group(text: str) -> tuple[str, dict[str, Any]]:
+    """'g1_elem_sig train.lr=0.002' -> ('g1_elem_sig', {'train.lr': 0.002})."""
+    variant, _, rest = text.strip().partition(" ")
+    return variant, parse_settings(rest)
+
+
+# --- loading and checking --------------------------------------------------------------------------------------------
+
+
+def _hint(value: str, valid: list[str]) -> str:
+    close = difflib.get_close_matches(value, valid, n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal as settings: 2e-3 is 0.002; True is not 1."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return math.isclose(float(a), float(b), rel_tol=1e-12, abs_tol=0.0)
+    return a == b
+
+
+class _SweepGrid:
+    """What a claim may name in one sweep: its variants, its swept keys and their values, and its groups."""
+
+    def __init__(self, sweep: Any) -> None:
+        from gatelab.sweep.spec import expand
+
+        self.name = sweep.name
+        self.path = sweep.path
+        self.specs = expand(sweep)
+        self.variants = list(dict.fromkeys(spec.experiment.variant for spec in self.specs))
+        self.values: dict[str, list[Any]] = {}
+        for spec in self.specs:
+            for key, value in spec.settings().items():
+                known = self.values.setdefault(key, [])
+                if not any(_same(value, v) for v in known):
+                    known.append(value)
+        self.groups = {group_name(spec.experiment.variant, spec.settings()) for spec in self.specs}
+
+    def resolve(self, text: str, where: str, problems: list[str], partial: bool = False,
+                extra: Mapping[str, Any] | None = None) -> str | None:
+        """The group `text` in this sweep's own spelling of its values, or None after adding a problem. `partial`:
+        the group leaves out the claim's varied key(s) (`extra` fills them in when checking that runs exist)."""
+        try:
+            variant, settings = parse_group(text)
+        except ValueError as error:
+            problems.append(f"{where}: {error}; write a group as VARIANT KEY=VALUE ...")
+            return None
+        if variant not in self.variants:
+            problems.append(f"{where}: variant '{variant}' is not in sweep {self.name}{_hint(variant, self.variants)}; "
+                            f"its variants: {', '.join(self.variants)}")
+            return None
+        canonical = self._settings(settings, where, problems)
+        if canonical is None:
+            return None
+        full = group_name(variant, {**canonical, **(extra or {})})
+        if (not partial or extra is not None) and full not in self.groups:
+            mine = sorted(g for g in self.groups if g.split(" ", 1)[0] == variant)
+            problems.append(f"{where}: sweep {self.name} has no runs of '{full}'; its groups of {variant}: "
+                            f"{', '.join(mine)}")
+            return None
+        return group_name(variant, canonical)
+
+    def _settings(self, settings: Mapping[str, Any], where: str, problems: list[str]) -> dict[str, Any] | None:
+        """`settings` with each value as the sweep spells it, or None after adding a problem."""
+        canonical = {}
+        for key, value in settings.items():
+            if key not in self.values:
+                keys = sorted(self.values)
+                swept = f"its swept keys: {', '.join(keys)}" if keys else "it sweeps no key besides variant and seed"
+                problems.append(f"{where}: '{key}' is not swept in {self.name}{_hint(key, keys)}; {swept}")
+                return None
+            match = next((v for v in self.values[key] if _same(v, value)), None)
+            if match is None:
+                valid = [str(v) for v in self.values[key]]
+                problems.append(f"{where}: {key}={value} is not in sweep {self.name}'s grid"
+                                f"{_hint(str(value), valid)}; its values of {key}: {', '.join(valid)}")
+                return None
+            canonical[key] = match
+        return canonical
+
+    def axis_values(self, axis: str, where: str, problems: list[str]) -> list[Any] | None:
+        if axis not in self.values:
+            keys = sorted(self.values)
+            problems.append(f"{where}: '{axis}' is not swept in {self.name}{_hint(axis, keys)}; its swept keys: "
+                            f"{', '.join(keys) or '(none besides variant and seed)'}")
+            return None
+        return list(self.values[axis])
+
+
+def sweep_files(folder: Path) -> dict[str, Path]:
+    """{sweep name: its file} for the sweep files directly in `folder`; a file that does not read is left out here
+    (loading it when a claim names it says what is wrong)."""
+    found: dict[str, Path] = {}
+    for path in sorted(Path(folder).glob("*.yaml")):
+        try:
+            name = read_yaml(path).get("name")
+        except GatelabError:
+            continue
+        if isinstance(name, str):
+            found.setdefault(name, path)
+    return found
+
+
+def _check_paper(claim: Claim, where: str, problems: list[str]) -> None:
+    from gatelab.paper import SWEEP_TABLES, missing_files, reference
+
+    figure = claim.paper
+    if figure.table is None:
+        return
+    if figure.table not in SWEEP_TABLES:
+        problems.append(f"{where}: paper.table: '{figure.table}' is not a paper table"
+                        f"{_hint(figure.table, list(SWEEP_TABLES))}; valid: {', '.join(SWEEP_TABLES)}")
+        return
+    if missing_files(figure.table):
+        return  # the table prints a note that the paper's file is missing; nothing to check the ids against
+    frame = reference(figure.table)
+    if figure.column not in frame.columns:
+        columns = [str(c) for c in frame.columns]
+        problems.append(f"{where}: paper.column: '{figure.column}' is not a column of the paper's {figure.table}"
+                        f"{_hint(figure.column, columns)}; its columns: {', '.join(columns)}")
+        return
+    if figure.text:
+        return
+    if figure.ids is not None:
+        ids, key = figure.ids, "paper.ids"
+    elif claim.kind == "rank":
+        ids, key = [parse_group(g)[0] for g in claim.rank_ids], "rank_ids (as the paper's ids)"
+    else:
+        groups = [claim.a] if claim.kind == "level" else [claim.a, claim.b or ""]
+        ids, key = [parse_group(g)[0] for g in groups], "the variants of a and b (as the paper's ids)"
+    rows = [str(i) for i in frame.index]
+    for paper_id in ids:
+        if paper_id not in rows:
+            problems.append(f"{where}: {key}: the paper's {figure.table} has no row '{paper_id}'"
+                            f"{_hint(paper_id, rows)}; give paper.ids or paper.text (its rows: {', '.join(rows)})")
+
+
+def _check_claim(claim: Claim, grid: _SweepGrid, where: str, problems: list[str]) -> Claim:
+    """The claim with its groups spelled as the sweep spells them; problems appended for whatever does not exist."""
+    update: dict[str, Any] = {}
+    if claim.kind == "change":
+        settings = []
+        for i, text in enumerate(claim.setting or ()):
+            try:
+                parsed = grid._settings(parse_settings(text), f"{where}: setting[{i}]", problems)
+            except ValueError as error:
+                problems.append(f"{where}: setting[{i}]: {error}")
+                parsed = None
+            settings.append(parsed)
+        if all(s is not None for s in settings):
+            update["setting"] = tuple(group_name("", s).strip() for s in settings)
+        for key in ("a", "b"):
+            resolved = grid.resolve(getattr(claim, key) or "", f"{where}: {key}", problems, partial=True)
+            for s in settings if resolved is not None else ():
+                if s is not None:
+                    grid.resolve(resolved, f"{where}: {key}", problems, partial=True, extra=s)
+            update[key] = resolved
+    elif claim.kind in ON_AN_AXIS:
+        values = grid.axis_values(claim.axis or "", f"{where}: axis", problems)
+        for key in ("a", "b"):
+            resolved = grid.resolve(getattr(claim, key) or "", f"{where}: {key}", problems, partial=True)
+            if resolved is not None and values:
+                grid.resolve(resolved, f"{where}: {key}", problems, partial=True, extra={claim.axis: values[0]})
+            update[key] = resolved
+    else:
+        for key in ("a", "b"):
+            text = getattr(claim, key)
+            if text:
+                update[key] = grid.resolve(text, f"{where}: {key}", problems)
+    if claim.rank_ids:
+        update["rank_ids"] = [grid.resolve(g, f"{where}: rank_ids[{i}]", problems)
+                              for i, g in enumerate(claim.rank_ids)]
+    if claim.margin is not None:
+        gain = tuple(grid.resolve(g, f"{where}: margin.gain[{i}]", problems) for i, g in enumerate(claim.margin.gain))
+        update["margin"] = claim.margin.model_copy(update={"gain": gain})
+    rules = []
+    for i, rule in enumerate(claim.testable_if):
+        at = f"{where}: testable_if[{i}]"
+        if rule.rule == "unstable":
+            values = grid.axis_values(rule.axis or "", f"{at}.axis", problems)
+            group = grid.resolve(rule.group, f"{at}.group", problems, partial=True)
+            if group is not None and values:
+                grid.resolve(group, f"{at}.group", problems, partial=True, extra={rule.axis: values[0]})
+        else:
+            group = grid.resolve(rule.group, f"{at}.group", problems)
+        rules.append(rule.model_copy(update={"group": group}))
+    update["testable_if"] = rules
+    _check_paper(claim, where, problems)
+    return claim.model_copy(update=update)
+
+
+def load_claims(path: str | Path, sweeps: Mapping[str, Any] | None = None) -> list[Claim]:
+    """Read a claims file and check it against the sweeps it names; one GatelabError lists every problem.
+
+    The sweeps are the files in the claims file's parent folder (sweeps/ for sweeps/claims/tiny.yaml), by their
+    `name:` key; `sweeps` ({name: a loaded gatelab.sweep.spec.Sweep}) are used as given instead of loading them again.
+    """
+    from gatelab.sweep.spec import load_sweep
+
+    path = Path(path)
+    source = str(path)
+    try:
+        parsed = ClaimsFile.model_validate(read_yaml(path))
+    except ValidationError as exc:
+        raise GatelabError(format_validation_error(exc, source, ClaimsFile).replace(
+            "invalid configuration", "invalid claims file")) from None
+    folder = path.parent.parent
+    files = sweep_files(folder)
+    loaded: dict[str, Any] = dict(sweeps or {})
+    grids: dict[str, _SweepGrid] = {}
+    problems: list[str] = []
+    claims: list[Claim] = []
+    names = sorted(set(files) | set(loaded))
+    for index, claim in enumerate(parsed.claims):
+        where = f"claims[{index}] \"{claim.claim}\""
+        if claim.sweep not in grids:
+            if claim.sweep not in loaded and claim.sweep in files:
+                try:
+                    loaded[claim.sweep] = load_sweep(files[claim.sweep])
+                except GatelabError as error:
+                    problems.append(f"{where}: sweep: {claim.sweep} does not load: {error}")
+                    continue
+            if claim.sweep in loaded:
+                grids[claim.sweep] = _SweepGrid(loaded[claim.sweep])
+        if claim.sweep not in grids:
+            problems.append(f"{where}: sweep: '{claim.sweep}' is not a sweep in {folder}/{_hint(claim.sweep, names)}; "
+                            f"its sweeps: {', '.join(names)}")
+            continue
+        claims.append(_check_claim(claim, grids[claim.sweep], where, problems))
+    if problems:
+        raise GatelabError(f"{source}: invalid claims file\n" + "\n".join(f"  {p}" for p in problems))
+    return claims
