@@ -314,9 +314,10 @@ def test_levels_ranks_and_rows_true_by_construction(claims):
 
 
 def test_learning_rate_sensitivity_and_the_highest_stable_rate(claims):
-    # Final val/loss by rate 1e-3 .. 3.2e-2. Without QK-norm the baseline diverges at 3.2e-2 (counts as ln 2048) and
-    # its loss at 1.6e-2 moves with the seed; the gate trains everywhere. With QK-norm both are flat past 4e-3.
-    init = math.log(2048)
+    # Final val/loss by rate 1e-3 .. 3.2e-2. Without QK-norm the baseline diverges at 3.2e-2 (counts as the loss at
+    # init, ln vocab) and its loss at 1.6e-2 moves with the seed; the gate trains everywhere. With QK-norm both are
+    # flat past 4e-3.
+    init = math.log(expand(load_sweep(REPO / "sweeps" / f"{LR}.yaml"))[0].experiment.model.vocab_size)
     curves = {("baseline", False): [5.0, 4.6, 4.4, 4.5, 5.5, None],
               ("g1_elem_sig", False): [5.0, 4.6, 4.4, 4.4, 4.5, 4.8],
               ("baseline", True): [5.0, 4.6, 4.4, 4.42, 4.45, 4.4],

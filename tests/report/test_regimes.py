@@ -14,7 +14,7 @@ from gatelab.report.tables import RunRecord
 from gatelab.sweep.spec import expand, load_sweep
 from tests.helpers import REPO
 
-INIT = math.log(2048)  # both sweeps' model.vocab_size
+INIT = math.log(expand(load_sweep(REPO / "sweeps" / "repro-lr-sensitivity.yaml"))[0].experiment.model.vocab_size)
 STEPS = list(range(200, 3201, 200))  # repro-trained logs val/loss every 200 of 3,200 steps: 16 points
 JITTER = {0: -0.01, 1: 0.0, 2: +0.01}  # a seed's own deviation from its group's gap: sd 0.01 over three seeds
 
@@ -160,7 +160,7 @@ def test_lr_sensitivity_matches_the_hand_computed_figures():
     assert clean.sensitivity_by_seed == pytest.approx({0: 0.5, 1: 0.5})
     assert clean.best_rate == 4e-3 and clean.highest_stable_rate == 3.2e-2
     unstable = rows["baseline model.qk_norm=False"]
-    # seed 0 finished at 8.0 > ln 2048 at the top rate, seed 1 diverged there: both count as ln 2048
+    # seed 0 finished at 8.0 > the loss at init at the top rate, seed 1 diverged there: both count as that loss
     assert unstable.sensitivity_by_seed == pytest.approx({0: (23.4 + INIT) / 6 - 4.4, 1: (23.9 + INIT) / 6 - 4.5})
     assert unstable.highest_stable_rate == 1.6e-2  # the diverged seed at the top rate lowers it
     diverging = rows["g1_elem_sig model.qk_norm=False"]
