@@ -34,7 +34,8 @@ MAX_STEP_COLUMNS = 8
 CONFIDENCE = 0.95
 
 GAP_RULE = ("Trend rule, on each step's 95% t-interval of the paired gap over seeds: 'no gap' when the interval "
-            "contains 0 at every logged step; 'vanishes' when it excludes 0 at some step but contains 0 at the last; "
+            "contains 0 at every logged step; 'vanishes' when it excludes 0 at some step but contains 0 at the last, where "
+            "|last| < 0.5 |peak| ('unresolved' where the last step's gap is larger, yet its interval contains 0); "
             "'reverses' when at the last step it excludes 0 on the other side from the peak (the step with the "
             "largest |mean gap|); 'shrinks' when |last| < 0.5 |peak|; 'grows' when the last step is the peak and "
             "|last| > 1.5 |first|; else 'holds'. One seed gives no interval: 'one seed, not judged'.")
@@ -109,7 +110,8 @@ def gap_trend(points: Sequence[GapPoint]) -> str:
     first, last = points[0], points[-1]
     peak = max(points, key=lambda point: abs(point.mean))  # the earliest of equal peaks
     if not last.excludes_zero():
-        return "vanishes"
+        # Too few seeds can leave a gap as large as its peak within noise: that is not a gap that went away.
+        return "vanishes" if abs(last.mean) < 0.5 * abs(peak.mean) else "unresolved"
     if (last.mean > 0.0) != (peak.mean > 0.0):
         return "reverses"
     if abs(last.mean) < 0.5 * abs(peak.mean):

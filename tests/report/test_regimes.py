@@ -219,3 +219,14 @@ def test_both_plots_are_pngs_and_the_report_is_remade_byte_for_byte(tmp_path):
         assert "±" not in latex and r"$\pm$" in latex  # every symbol the tables use is spelled for pdflatex
     assert made[0] == made[1]
     assert len([name for name in made[0] if name.endswith(".csv")]) == 2
+
+
+def test_a_gap_as_large_as_its_peak_but_within_noise_at_the_last_step_is_unresolved_not_vanished():
+    """repro-trained's SiLU control: +0.10 nats behind at every step after the first, but 3 seeds spread so that the
+    last step's interval reaches 0. Small and within noise is 'vanishes'; as large as its peak is not."""
+    settled = R.GapPoint(200, (0.099, 0.100, 0.101))  # tight: excludes 0
+    noisy_as_large = R.GapPoint(1800, (0.06, 0.10, 0.15))  # mean 0.103, sd 0.045: interval contains 0
+    noisy_small = R.GapPoint(1800, (-0.03, 0.01, 0.05))
+    assert noisy_as_large.excludes_zero() is False and noisy_small.excludes_zero() is False
+    assert R.gap_trend([settled, noisy_as_large]) == "unresolved"
+    assert R.gap_trend([settled, noisy_small]) == "vanishes"
