@@ -53,12 +53,12 @@ def _settings_text(settings: Mapping[str, Any]) -> str:
 
 def t_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float] | None:
     """The two-sided t-interval of the mean of `values`; None for fewer than two values (no spread to scale by)."""
-    n = len(values)
-    if n < 2:
+    if len(values) < 2:
         return None
-    mean, sd = float(np.mean(values)), float(np.std(values, ddof=1))
-    half = float(stats.t.ppf(0.5 + confidence / 2.0, n - 1)) * sd / math.sqrt(n)
-    return mean - half, mean + half
+    if np.ptp(values) == 0:  # scipy's interval is NaN without spread; the mean is then known exactly
+        return float(values[0]), float(values[0])
+    low, high = stats.ttest_1samp(values, 0.0).confidence_interval(confidence)  # as claims.py's level rows
+    return float(low), float(high)
 
 
 # -- the gap to the baseline against the training step --------------------------------------------------------------
