@@ -109,6 +109,17 @@ def variant_rows(experiment_path: Path | None) -> list[dict]:
     return rows
 
 
+VERBOSE_HELP = "also Lightning's device lines and tips, and third-party deprecation warnings"
+
+
+def _quiet_noise(verbose: bool) -> None:
+    """--verbose, or not: for this process and every worker or rank it starts (`gatelab.progress`)."""
+    from gatelab.progress import set_verbose, silence_noise
+
+    set_verbose(verbose)
+    silence_noise()
+
+
 @app.command()
 def train(
     experiment: Annotated[Path, typer.Argument(help="an experiment preset, e.g. experiments/tiny.yaml")],
@@ -118,9 +129,12 @@ def train(
     tracking_uri: Annotated[Optional[str], typer.Option(help="MLflow tracking URI (default: sqlite under runs/)")] = None,
     runs_dir: Annotated[Path, typer.Option(help="checkpoints and the default MLflow store",
                                            callback=_folder_option)] = Path("runs"),
-    quiet: Annotated[bool, typer.Option("--quiet", help="no progress bar")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help="no progress, data or evaluation lines")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", help=VERBOSE_HELP)] = False,
 ) -> None:
-    """Train and evaluate one run, tracked in MLflow; re-running the same command resumes it."""
+    """Train and evaluate one run, tracked in MLflow; re-running the same command resumes it. Progress is a bar in a
+    terminal, else a line every GATELAB_PROGRESS_EVERY seconds (30)."""
+    _quiet_noise(verbose)
     from gatelab.config import load_experiment
     from gatelab.errors import redact
     from gatelab.interrupts import Interrupted
@@ -208,13 +222,18 @@ def sweep_plan(
     sweep: Annotated[Path, typer.Argument(help="a sweep file, e.g. sweeps/quickstart.yaml")],
     experiment: ExperimentOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
-    flops_per_second: Annotated[Optional[float], typer.Option(help="throughput for the time estimate")] = None,
+    flops_per_second: Annotated[Optional[float], typer.Option(help="throughput for the time estimate (instead of "
+                                                                   "step times measured on this machine)")] = None,
+    tracking_uri: Annotated[Optional[str], typer.Option(
+        help="MLflow store whose earlier runs' step times price the plan (default: sqlite under runs/)")] = None,
+    runs_dir: RunsDir = Path("runs"),
 ) -> None:
-    """One row per run: variant, seed, overrides, parameters, tokens and estimated time; rejects bad cells."""
+    """One row per run: variant, seed, overrides, parameters, tokens and estimated time (measured from this machine's
+    earlier runs of the same shape where the store has some, else a rough guess from FLOPs); rejects bad cells."""
     from gatelab.sweep.plan import cli_plan
 
     try:
-        cli_plan(sweep, experiment, as_json, flops_per_second)
+        cli_plan(sweep, experiment, as_json, flops_per_second, tracking_uri, runs_dir)
     except GatelabError as error:
         _fail(error)
 
@@ -233,8 +252,11 @@ def sweep_run(
     slurm_partition: Annotated[Optional[str], typer.Option(help="Slurm partition")] = None,
     slurm_gpus: Annotated[int, typer.Option(help="GPUs per Slurm worker")] = 1,
     slurm_time_min: Annotated[int, typer.Option(help="Slurm time limit per worker, minutes")] = 24 * 60,
+    verbose: Annotated[bool, typer.Option("--verbose", help=VERBOSE_HELP)] = False,
 ) -> None:
-    """Run every unfinished run of a sweep; safe to re-run, and to run from several processes or machines at once."""
+    """Run every unfinished run of a sweep; safe to re-run, and to run from several processes or machines at once.
+    Each run's progress is a bar (one worker in a terminal), else a line every GATELAB_PROGRESS_EVERY seconds (30)."""
+    _quiet_noise(verbose)
     from gatelab.interrupts import Interrupted, raise_on_signals
     from gatelab.sweep.queue import CELLS_FAILED, default_storage, failed_cells_line, open_ledger
     from gatelab.sweep.spec import expand, load_sweep
@@ -246,6 +268,10 @@ def sweep_run(
             specs = expand(plan)  # every cell is validated before any ledger, MLflow or training work
             storage = storage or default_storage(runs_dir, plan.name)
             typer.echo(f"sweep {plan.name}: {len(specs)} runs; ledger {redact(storage)}")
+            from gatelab.sweep.plan import sweep_run_estimate
+
+            for line in sweep_run_estimate(plan, specs, storage, tracking_uri, runs_dir, workers):
+                typer.echo(line)
             if plan.search is not None:
                 from gatelab.sweep.search import run_search
 
@@ -259,9 +285,9 @@ def sweep_run(
                 from gatelab.tracking import default_tracking_uri, prepare_store
 
                 open_ledger(plan, specs, storage, tracking_uri, runs_dir)  # a bad ledger: one message, not N
-                tracking_uri = tracking_uri or default_tracking_uri(runs_dir)
-                prepare_store(tracking_uri)
-                worker_args = dict(sweep=sweep, experiment=experiment, storage=storage, tracking_uri=tracking_uri,
+                worker_uri = tracking_uri or default_tracking_uri(runs_dir)
+                prepare_store(worker_uri)
+                worker_args = dict(sweep=sweep, experiment=experiment, storage=storage, tracking_uri=worker_uri,
                                    runs_dir=runs_dir, heartbeat_s=heartbeat, grace_s=grace)
                 if executor == "local":
                     from gatelab.sweep.executor import run_local_workers
@@ -287,6 +313,12 @@ def sweep_run(
     except Interrupted as interrupted:
         _exit_interrupted(interrupted)
     _print_status(sweep, experiment, storage, runs_dir, as_json=False)
+    from gatelab.progress import closing_lines
+    from gatelab.sweep.queue import tracking_stores
+
+    for line in closing_lines(sweep, plan.name, tracking_stores(specs, tracking_uri, runs_dir), runs_dir, experiment,
+                              tracking_uri, None if storage == default_storage(runs_dir, plan.name) else storage):
+        typer.echo(line)
     _exit_if_cells_failed(failed_cells_line(sweep, experiment, storage, runs_dir))
 
 
@@ -300,8 +332,11 @@ def sweep_worker(
     threads: Annotated[Optional[int], typer.Option(help="torch threads for this worker")] = None,
     heartbeat: Annotated[float, typer.Option(help="seconds between heartbeats")] = 10.0,
     grace: Annotated[float, typer.Option(help="seconds without a heartbeat before a run is taken over")] = 60.0,
+    verbose: Annotated[bool, typer.Option("--verbose", help=VERBOSE_HELP)] = False,
 ) -> None:
-    """Join a sweep whose ledger lives in shared storage, from any machine; work until no run is left."""
+    """Join a sweep whose ledger lives in shared storage, from any machine; work until no run is left. Each run's
+    progress is a line every GATELAB_PROGRESS_EVERY seconds (30): several workers may share one terminal."""
+    _quiet_noise(verbose)
     from gatelab.interrupts import Interrupted, raise_on_signals
     from gatelab.sweep.queue import failed_cells_line
 
@@ -428,7 +463,8 @@ def _print_status(sweep: Path, experiment: Path | None, storage: str | None, run
 def table(
     sweep: Annotated[Path, typer.Argument(help="a sweep file whose runs to compare")],
     format_: Annotated[str, typer.Option("--format", help="comma-separated: md, csv, latex, html")] = "md,csv,latex,html",
-    out: Annotated[Optional[Path], typer.Option(help="output folder (default: results/<sweep name>)",
+    out: Annotated[Optional[Path], typer.Option(help="output folder (default: <runs dir>/reports/<sweep name>, "
+                                                "untracked by git; results/ holds the shipped references)",
                                                 callback=_output_folder_option)] = None,
     experiment: ExperimentOption = None,
     tracking_uri: Annotated[Optional[str], typer.Option(help="MLflow tracking URI (default: sqlite under runs/)")] = None,
@@ -440,7 +476,9 @@ def table(
         from gatelab.report.report import make_report
 
         formats = [f.strip() for f in format_.split(",") if f.strip()]
-        written = make_report(sweep, experiment, formats, out, tracking_uri, runs_dir, storage, log=typer.echo)
+        command = "gatelab table " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+        written = make_report(sweep, experiment, formats, out, tracking_uri, runs_dir, storage, log=typer.echo,
+                              command=command)
     except (GatelabError, ValueError) as error:
         _fail(GatelabError(str(error)))
     typer.echo("wrote " + ", ".join(str(p) for p in written))
@@ -524,19 +562,24 @@ def ui(
     tracking_uri: Annotated[Optional[str], typer.Option(help="MLflow tracking URI (default: sqlite under runs/)")] = None,
     runs_dir: RunsDir = Path("runs"),
     port: Annotated[int, typer.Option(help="port on 127.0.0.1")] = 5000,
+    screenshot: Annotated[Optional[Path], typer.Option(help="write a PNG of the page it prints (headless Chromium), "
+                                                       "then stop")] = None,
 ) -> None:
-    """Start the MLflow UI on 127.0.0.1 over the sweep's tracking store; Ctrl-C stops it."""
+    """Start the MLflow UI on 127.0.0.1 over the sweep's tracking store and print the page to open: the sweep's runs
+    (or the only experiment's) sorted by ppl/avg with the key metrics as columns. Ctrl-C stops it."""
     from gatelab.report.ui import serve_ui
     from gatelab.tracking import default_tracking_uri
 
-    if sweep is not None:
-        try:
+    try:
+        sweep_name = None
+        if sweep is not None:
             from gatelab.sweep.spec import load_sweep
 
-            load_sweep(sweep)  # a wrong file is an error here, not an empty UI
-        except GatelabError as error:
-            _fail(error)
-    serve_ui(tracking_uri or default_tracking_uri(runs_dir), port=port)
+            sweep_name = load_sweep(sweep).name  # a wrong file is an error here, not an empty UI
+        serve_ui(tracking_uri or default_tracking_uri(runs_dir), port=port, sweep_name=sweep_name,
+                 screenshot=screenshot)
+    except GatelabError as error:
+        _fail(error)
 
 
 @app.command()

@@ -19,7 +19,10 @@ _HIDDEN = "***"
 # userinfo up to the LAST "@" of the whitespace-free run: a raw "@", ":" or "/" in a password (invalid in a URI, yet
 # common in pasted ones: `postgresql://postgres:hunter@2secret@host`) must not leave its tail behind.
 _URI_PASSWORD = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s:/@]*:)(?!\d+(?:[/?#\s]|$))(\S*)@")
-_QUERY_SECRET = re.compile(r"(?i)([?&;][\w.-]*(?:pass|pwd|secret|token|key|sig|credential|auth)[\w.-]*=)[^&#\s]+")
+# MLflow UI parameters whose names contain "key" but whose values are column and view names, not secrets.
+_UI_PARAMETERS = r"(?!(?:viewStateShareKey|orderByKey)=)"
+_QUERY_SECRET = re.compile(
+    rf"(?i)([?&;]{_UI_PARAMETERS}[\w.-]*(?:pass|pwd|secret|token|key|sig|credential|auth)[\w.-]*=)[^&#\s]+")
 # libpq keyword strings and log lines: `host=db password=hunter2`
 _KEYWORD_SECRET = re.compile(r"(?i)((?<![\w.-])(?:password|passwd|pwd|secret|token)\s*=\s*)[^\s&#,;]+")
 _SECRET_VARIABLE = re.compile(r"PASSW(OR)?D|SECRET|TOKEN|CREDENTIAL|API_?KEY|ACCESS_KEY|PRIVATE_KEY|_(PWD|PASS|KEY)$")

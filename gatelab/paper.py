@@ -32,21 +32,35 @@ class PaperTable:
     """One of the paper's tables as gatelab reads it: its CSV (one row per variant id) and its named columns."""
 
     file: str
+    name: str  # as the paper numbers it: "Table 2"
+    model: str | None  # the kind of model its rows train: "dense" or "moe" (experiment.model.ffn); None: no models
+    setting: str  # the model and budget of the rows a report compares against, for titles and notes
     ppl: str | None = None  # the perplexity column, compared with our ppl/avg
     added: str | None = None  # the added-parameter column, in millions ('-' where the paper gives none)
     probes: tuple[str, ...] = ()  # columns measured here by the probes of the same name (PROBE_METRICS)
     benchmarks: tuple[str, ...] = ()  # benchmark score columns (BENCHMARK_TASKS), shown beside lm-eval's scores
+    # (variant id, the table's id) for a table whose ids are not variant ids: the rows that stand for each variant in
+    # a report's comparison. Empty where the table's ids are variant ids.
+    variant_rows: tuple[tuple[str, str], ...] = ()
 
 
+_MOE = "MoE 15A2B, 400B tokens"  # Tables 1, 3, 4 and 6 share their baseline, row (1) of each (Avg PPL 6.026)
 TABLES: dict[str, PaperTable] = {
-    "table1": PaperTable("paper_table1_moe.csv", ppl="Avg PPL", added="Added (M)",
+    "table1": PaperTable("paper_table1_moe.csv", "Table 1", "moe", _MOE, ppl="Avg PPL", added="Added (M)",
                          benchmarks=("Hellaswag", "MMLU", "GSM8k", "C-eval")),
-    "table2": PaperTable("paper_table2_dense.csv", ppl="Avg PPL",
-                         benchmarks=("HumanEval", "MMLU", "GSM8k", "Hellaswag", "C-eval", "CMMLU")),
-    "table3": PaperTable("paper_table3_nonlinearity.csv", ppl="Avg PPL"),
-    "table4": PaperTable("paper_table4_sparsity_sink.csv", ppl="PPL", probes=("Gate Score", "M-Act", "F-Attn")),
-    "table5": PaperTable("paper_table5_ruler.csv"),  # RULER scores by context length, rows by method, not variant
-    "table6": PaperTable("paper_table6_switchhead.csv", ppl="PPL", added="Added Param (M)"),
+    # Table 2 has several blocks (depth, tokens, learning rate); its 48-layer, 400B-token, max LR 4e-3 block, rows (5),
+    # (8) and (9), is the one with baseline and both G1 gates at the same settings.
+    "table2": PaperTable("paper_table2_dense.csv", "Table 2", "dense",
+                         "dense 1.7B, 48 layers, 400B tokens, max LR 4e-3", ppl="Avg PPL", benchmarks=("HumanEval", "MMLU", "GSM8k", "Hellaswag", "C-eval", "CMMLU"),
+                         variant_rows=(("baseline", "dense48_400b_baseline_lr4e-3"),
+                                       ("g1_elem_sig", "dense48_400b_g1_elem_sig_lr4e-3"),
+                                       ("g1_head_sig", "dense48_400b_g1_head_sig_lr4e-3"))),
+    "table3": PaperTable("paper_table3_nonlinearity.csv", "Table 3", "moe", _MOE, ppl="Avg PPL"),
+    "table4": PaperTable("paper_table4_sparsity_sink.csv", "Table 4", "moe", _MOE, ppl="PPL",
+                         probes=("Gate Score", "M-Act", "F-Attn")),
+    # RULER scores by context length, rows by method, not variant
+    "table5": PaperTable("paper_table5_ruler.csv", "Table 5", None, "RULER long-context scores"),
+    "table6": PaperTable("paper_table6_switchhead.csv", "Table 6", "moe", _MOE, ppl="PPL", added="Added Param (M)"),
 }
 CATALOGUE = "variant_catalogue.csv"  # every variant id with its formula and per-layer parameter cost
 
@@ -151,9 +165,10 @@ def added_params(table: str | None) -> dict[str, float | None] | None:
     return added
 
 
-def reference(paper: str | None) -> pd.DataFrame:
-    """The paper's rows for a sweep's `paper:` key, indexed by variant id: `ppl`, Table 4's probe columns and the
-    benchmark columns, as numbers (a '-' is NaN). Tables whose CSV is missing are left out (`missing_note` says so)."""
+def reference(paper: str | None, by_variant: bool = False) -> pd.DataFrame:
+    """The paper's rows for a sweep's `paper:` key, indexed by the tables' ids: `ppl`, Table 4's probe columns and the
+    benchmark columns, as numbers (a '-' is NaN). Tables whose CSV is missing are left out (`missing_note` says so).
+    `by_variant`: indexed by variant id instead, a table with `variant_rows` giving only those rows, renamed."""
     import pandas as pd
 
     frames = []
@@ -162,6 +177,9 @@ def reference(paper: str | None) -> pd.DataFrame:
         if frame is None:
             continue
         frame = frame.set_index("id")
+        if by_variant and table.variant_rows:
+            ids = {paper_id: variant for variant, paper_id in table.variant_rows}
+            frame = frame.loc[[i for i in frame.index if i in ids]].rename(index=ids)
         keep = {table.ppl: "ppl", **{c: c for c in (*table.probes, *table.benchmarks) if c in frame.columns}}
         frames.append(frame[list(keep)].rename(columns=keep).apply(pd.to_numeric, errors="coerce"))
     if not frames:
@@ -172,7 +190,38 @@ def reference(paper: str | None) -> pd.DataFrame:
     return merged[list(dict.fromkeys(c for f in frames for c in f.columns))]
 
 
+def title(paper: str | None) -> str:
+    """A sweep's `paper:` key in words: "Table 2 (dense 1.7B, 48 layers, 400B tokens, max LR 4e-3)", or "Tables 1, 3
+    and 4 (MoE 15A2B, 400B tokens)"."""
+    tables = [TABLES[t] for t in SWEEP_TABLES.get(paper or "", ())]
+    if not tables:
+        return ""
+    numbers = [t.name.split()[-1] for t in tables]
+    named = tables[0].name if len(tables) == 1 else f"Tables {', '.join(numbers[:-1])} and {numbers[-1]}"
+    return f"{named} ({'; '.join(dict.fromkeys(t.setting for t in tables))})"
+
+
+def model_kinds(paper: str | None) -> set[str]:
+    """The kinds of model ("dense", "moe") the tables of a sweep's `paper:` key train."""
+    return {TABLES[t].model for t in SWEEP_TABLES.get(paper or "", ()) if TABLES[t].model}
+
+
+def rows_standing_for_variants(paper: str | None) -> list[str]:
+    """For each table of `paper` whose ids are not variant ids, which of its rows stand for which variant, in words
+    ("Table 2 rows (5), (8), (9) as baseline, g1_elem_sig, g1_head_sig"); rows are the CSV's `row` labels."""
+    lines = []
+    for name in SWEEP_TABLES.get(paper or "", ()):
+        table = TABLES[name]
+        if not table.variant_rows:
+            continue
+        labels = {row["id"]: row.get("row") or row["id"] for row in read_rows(name) or []}
+        lines.append(f"{table.name} rows {', '.join(labels.get(i, i) for _, i in table.variant_rows)} as "
+                     f"{', '.join(v for v, _ in table.variant_rows)}")
+    return lines
+
+
 __all__ = [
-    "BENCHMARK_TASKS", "CATALOGUE", "PAPER_DIR_ENV", "PROBE_METRICS", "SWEEP_TABLES", "TABLES", "PaperTable", "added_params",
-    "missing_files", "missing_note", "paper_dir", "paper_file", "read_frame", "read_rows", "reference",
+    "BENCHMARK_TASKS", "CATALOGUE", "PAPER_DIR_ENV", "PROBE_METRICS", "SWEEP_TABLES", "TABLES", "PaperTable",
+    "added_params", "missing_files", "missing_note", "model_kinds", "paper_dir", "paper_file", "read_frame", "read_rows", "reference",
+    "rows_standing_for_variants", "title",
 ]

@@ -42,6 +42,19 @@ STATUS_TAG = "gatelab.status"  # running / finished / diverged / pruned / failed
 REPORT_TAG = "gatelab.report"  # the sweep-level run that holds `gatelab table`'s files
 VARIANT_TAG, SEED_TAG, EXPERIMENT_TAG = "variant", "seed", "experiment"
 RUN_NAME_TAG = "mlflow.runName"
+REPORTS_OF_TAG = "gatelab.reports_of"  # on the experiment "<sweep> reports": the sweep whose report runs it holds
+
+# What the MLflow UI opens on. Its JavaScript reads the experiment tag `mlflow.experimentKind` (no Python constant
+# names it); "custom_model_development" is its training view, the runs table, where a missing tag lands on the GenAI
+# overview. MLflow 3.17's UI takes the kind from its GenAI / Model training switch instead (the URL's `workflowType`,
+# see gatelab.report.ui), so gatelab sets both.
+EXPERIMENT_KIND_TAG, TRAINING_KIND = "mlflow.experimentKind", "custom_model_development"
+# A saved view of the runs table, as the UI's "Views" menu writes it: the experiment tag `mlflow.sharedViewState.<key>`
+# holding {name, createdAt, updatedAt, state}, `state` the JSON of the table's sort and columns. The UI opens it from
+# the URL's `viewStateShareKey=<key>` and lists it under Views.
+SAVED_VIEW_TAG_PREFIX = "mlflow.sharedViewState."
+KEY_METRICS_VIEW = "gatelab-key-metrics"
+KEY_METRICS = ("ppl/avg", "val/loss", "probe/f_attn", "probe/m_act", "probe/gate_score_mean", "blimp/accuracy")
 
 # Bounds on every MLflow HTTP request of a gatelab process, where the user set none: with MLflow's own (7 retries with
 # exponential backoff, a 120 s timeout) `--tracking-uri http://127.0.0.1:9` kept a run waiting 267 s.
@@ -90,6 +103,28 @@ def missing_local_store(uri: str) -> str | None:
 
 def always_allowed() -> bool:
     return True
+
+
+def reports_experiment(experiment_name: str) -> str:
+    """The experiment that holds a sweep's report run, apart from its training runs (their table and charts)."""
+    return f"{experiment_name} reports"
+
+
+def key_metrics_view(now_ms: int | None = None) -> str:
+    """The saved view KEY_METRICS_VIEW: the runs table sorted by ppl/avg (lowest first), its columns the key metrics
+    (a metric no run has is no column) and the run's gatelab status. The value of its SAVED_VIEW_TAG_PREFIX tag."""
+    import json
+
+    columns = [f"metrics.`{name}`" for name in KEY_METRICS] + [f"tags.`{STATUS_TAG}`"]
+    state = {"orderByKey": columns[0], "orderByAsc": True, "selectedColumns": columns, "columnOrder": columns}
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    return json.dumps({"name": "gatelab: key metrics", "createdAt": now_ms, "updatedAt": now_ms,
+                       "state": json.dumps(state)})
+
+
+def landing_tags() -> dict[str, str]:
+    """The experiment tags that make the MLflow UI open an experiment on its training runs, in gatelab's view."""
+    return {EXPERIMENT_KIND_TAG: TRAINING_KIND, SAVED_VIEW_TAG_PREFIX + KEY_METRICS_VIEW: key_metrics_view()}
 
 
 def bound_http_requests() -> None:
@@ -318,15 +353,38 @@ class RunStore:
             self.client = client(uri)
 
     @_reported
-    def experiment_id(self, name: str) -> str:
-        """The experiment of this name, created (with its artifacts under runs_dir for a local store) if missing."""
+    def experiment_id(self, name: str, tags: dict[str, str] | None = None) -> str:
+        """The experiment of this name, created (with its artifacts under runs_dir for a local store, and `tags`) if
+        missing. Either way it carries landing_tags(), so the MLflow UI opens it on its runs."""
         found = self.client.get_experiment_by_name(name)
         if found is not None:
+            self.ensure_landing_tags(found)
             return found.experiment_id
         artifacts = None
         if not self.uri.startswith(("http://", "https://")):  # a server chooses its own artifact store
             artifacts = (self.runs_dir / "mlartifacts").resolve().as_uri()
-        return self.client.create_experiment(name, artifact_location=artifacts)
+        return self.client.create_experiment(name, artifact_location=artifacts, tags={**landing_tags(), **(tags or {})})
+
+    def ensure_landing_tags(self, experiment) -> None:
+        """Add the landing tags an experiment lacks (one made before gatelab set them, or by someone else); a tag it
+        has, even changed from the UI (an updated saved view), is kept."""
+        for key, value in landing_tags().items():
+            if key not in experiment.tags:
+                self.client.set_experiment_tag(experiment.experiment_id, key, value)
+
+    @_reported
+    def browsable_experiments(self) -> list[tuple[str, str]]:
+        """(name, id) of every active experiment with runs, report experiments aside, oldest first; each gets its
+        landing tags."""
+        found = []
+        for experiment in self.client.search_experiments(order_by=["creation_time ASC"]):
+            if REPORTS_OF_TAG in experiment.tags:
+                continue
+            if not self.client.search_runs([experiment.experiment_id], max_results=1):
+                continue  # MLflow's empty "Default", or an experiment whose first run has not started
+            self.ensure_landing_tags(experiment)
+            found.append((experiment.name, experiment.experiment_id))
+        return found
 
     @_reported
     def find_run(self, experiment_name: str, spec_hash: str) -> str | None:
@@ -428,16 +486,27 @@ class RunStore:
 
     @_reported
     def log_report(self, experiment_name: str, paths: Iterable[Path]) -> str:
-        """The files of a report as artifacts of one sweep-level run (tagged REPORT_TAG, kept out of the training
-        runs' tables), so the report opens from the MLflow UI too. Returns that run's id."""
-        experiment = self.experiment_id(experiment_name)
+        """The files of a report as artifacts of one sweep-level run (tagged REPORT_TAG), so the report opens from the
+        MLflow UI too. The run lives in the experiment reports_experiment(experiment_name), so the training runs'
+        table and charts hold training runs only. Returns that run's id."""
+        experiment = self.experiment_id(reports_experiment(experiment_name), {REPORTS_OF_TAG: experiment_name})
         found = self.client.search_runs([experiment], filter_string=f"tags.`{REPORT_TAG}` = 'true'", max_results=1)
         run_id = found[0].info.run_id if found else self.client.create_run(
             experiment, tags={REPORT_TAG: "true", RUN_NAME_TAG: f"{experiment_name} report"}).info.run_id
         for path in paths:
             self.client.log_artifact(run_id, str(path), "report")
         self.client.set_terminated(run_id, "FINISHED")
+        self._retire_report_runs_among_training_runs(experiment_name)
         return run_id
+
+    def _retire_report_runs_among_training_runs(self, experiment_name: str) -> None:
+        """A gatelab before the reports experiment logged the report among the training runs: once its files are in
+        the new report run, that one is deleted (MLflow's soft delete: the UI's "State: Deleted" still shows it)."""
+        training = self.client.get_experiment_by_name(experiment_name)
+        if training is None:
+            return
+        for run in self.client.search_runs([training.experiment_id], filter_string=f"tags.`{REPORT_TAG}` = 'true'"):
+            self.client.delete_run(run.info.run_id)
 
 
 def lightning_logger(experiment_name: str, uri: str, run_id: str | None = None, tags: dict[str, str] | None = None,

@@ -41,6 +41,11 @@ def test_redact_hides_every_form_of_secret_and_keeps_the_host(text, secrets, sho
     assert shown in redacted
 
 
+def test_redact_hides_a_key_parameter_beside_the_mlflow_ui_parameters():
+    url = "http://host:5000/#/experiments/1/runs?orderByKey=metrics.x&apikey=Xy9pa55word&viewStateShareKey=view"
+    assert redact(url) == "http://host:5000/#/experiments/1/runs?orderByKey=metrics.x&apikey=***&viewStateShareKey=view"
+
+
 @pytest.mark.parametrize("name", ["PGPASSWORD", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN",
                                   "AWS_SECRET_ACCESS_KEY", "MY_SERVICE_TOKEN", "DB_PASSWORD_FILE_CONTENT"])
 def test_redact_hides_the_values_of_secret_environment_variables(monkeypatch, name):
@@ -50,7 +55,9 @@ def test_redact_hides_the_values_of_secret_environment_variables(monkeypatch, na
 
 
 @pytest.mark.parametrize("text", ["postgresql://postgres@127.0.0.1:5432/test", "http://127.0.0.1:5000/#/experiments/1",
-                                  "http://127.0.0.1:4873/@scope%2fpkg", "train.max_tokens=4096 d_model 4096 true"])
+                                  "http://127.0.0.1:4873/@scope%2fpkg", "train.max_tokens=4096 d_model 4096 true",
+                                  "http://127.0.0.1:5000/#/experiments/1/runs?viewStateShareKey=gatelab-key-metrics"
+                                  "&orderByKey=metrics.%60ppl%2Favg%60"])
 def test_redact_leaves_text_without_secrets_alone(monkeypatch, text):
     monkeypatch.setenv("MAX_TOKENS", "4096")
     monkeypatch.setenv("HF_HUB_DISABLE_IMPLICIT_TOKEN", "true")

@@ -22,6 +22,7 @@ from scipy import stats as scipy_stats
 from gatelab.errors import GatelabError
 from gatelab.paper import missing_note
 from gatelab.report.claims_file import (
+    AXIS_RULES,
     UNIFORM_FIRST_TOKEN,
     Claim,
     Kind,
@@ -383,6 +384,11 @@ CHECKS: dict[str, Callable[[Claim, Sequence[RunRecord], float | None], Outcome]]
 
 def _rule_holds(rule: TestableIf, records: Sequence[RunRecord]) -> tuple[bool, str]:
     """Whether a testable_if rule holds on the runs, and the rule with what was measured, in words."""
+    if rule.rule == "diverges":
+        runs = _axis_runs(records, rule.group, rule.axis or "")
+        diverged = sorted(v for v, rs in runs.items() if any(r.status == "diverged" for r in rs))
+        where = f" (at {rule.axis}={', '.join(f'{v:g}' for v in diverged)})" if diverged else ""
+        return bool(diverged), f"{rule.group}: diverged at {len(diverged)} of {len(runs)} {rule.axis} values{where}"
     if rule.rule == "unstable":
         runs = _axis_runs(records, rule.group, rule.axis or "")
         diverged = sum(r.status == "diverged" for rs in runs.values() for r in rs)
@@ -438,10 +444,10 @@ def _missing(claim: Claim, records: Sequence[RunRecord]) -> list[str]:
         return any(math.isfinite(v) for v in by_seed(records, group, metric).values())
 
     reads = [(g, claim.metric) for g in _groups(claim, records)]
-    reads += [(rule.group, rule.metric) for rule in claim.testable_if if rule.rule != "unstable"]
+    reads += [(rule.group, rule.metric) for rule in claim.testable_if if rule.rule not in AXIS_RULES]
     unrun = [g for g, _ in reads if not by_seed(records, g, claim.metric)]
     axis_groups = [(g, claim.axis) for g in (claim.a, claim.b) if g and claim.kind in ("lr sensitivity", "stable rate")]
-    axis_groups += [(rule.group, rule.axis) for rule in claim.testable_if if rule.rule == "unstable"]
+    axis_groups += [(rule.group, rule.axis) for rule in claim.testable_if if rule.rule in AXIS_RULES]
     unrun += [f"{g} over {axis}" for g, axis in axis_groups if not _axis_runs(records, g, axis or "")]
     unmeasured = [f"no {metric} in the runs of {g}" for g, metric in reads
                   if g not in unrun and not measured(g, metric)]

@@ -48,6 +48,9 @@ class Margin(StrictModel):
     gain: tuple[str, str]
 
 
+AXIS_RULES = ("unstable", "diverges")  # rules read over an axis of the grid (e.g. train.lr), not at one setting
+
+
 class TestableIf(StrictModel):
     """A condition on the runs without which the claim cannot be tested at this scale, and what it means.
 
@@ -56,11 +59,13 @@ class TestableIf(StrictModel):
     rule moved: the mean is more than `by` away from `start` (a gate score from its value at initialisation).
     rule unstable: over `axis` (e.g. train.lr), `group` is unstable somewhere: a run diverged, or at a value of the
         axis above the one with the lowest mean `metric`, the mean is more than `by` above that lowest one.
+    rule diverges: over `axis`, some run of `group` diverged (a rise in loss alone is not enough: the highest stable
+        rate says nothing where every rate of the grid is stable).
     """
 
     __test__ = False  # not a pytest class, despite its name
 
-    rule: Literal["above", "below", "moved", "unstable"]
+    rule: Literal["above", "below", "moved", "unstable", "diverges"]
     group: str
     metric: str
     level: float | Literal["uniform first-token attention"] | None = None
@@ -71,7 +76,8 @@ class TestableIf(StrictModel):
 
     @model_validator(mode="after")
     def _check(self) -> TestableIf:
-        needs = {"above": ("level",), "below": ("level",), "moved": ("start", "by"), "unstable": ("axis", "by")}
+        needs = {"above": ("level",), "below": ("level",), "moved": ("start", "by"), "unstable": ("axis", "by"),
+                 "diverges": ("axis",)}
         missing = [key for key in needs[self.rule] if getattr(self, key) is None]
         if missing:
             raise ValueError(f"rule '{self.rule}' needs {' and '.join(missing)}")
@@ -339,7 +345,7 @@ def _check_claim(claim: Claim, grid: _SweepGrid, where: str, problems: list[str]
     rules = []
     for i, rule in enumerate(claim.testable_if):
         at = f"{where}: testable_if[{i}]"
-        if rule.rule == "unstable":
+        if rule.rule in AXIS_RULES:
             values = grid.axis_values(rule.axis or "", f"{at}.axis", problems)
             group = grid.resolve(rule.group, f"{at}.group", problems, partial=True)
             if group is not None and values:

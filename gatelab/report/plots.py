@@ -57,12 +57,14 @@ def _legend(axes, count: int) -> None:
 
 
 def plot_delta_vs_paper(our_delta: Mapping[str, float], paper_delta: Mapping[str, float], path: str | Path,
-                        metric: str = "Avg PPL") -> Path:
+                        metric: str = "Avg PPL", unit: str = "") -> Path:
     """Our change against baseline beside the paper's, one annotated point per variant both have; on the diagonal
-    the two agree, in the lower-left and upper-right quadrants they agree in direction."""
-    figure, axes = _figure(f"{metric}: {DELTA_LABEL}, ours against the paper's")
-    axes.set_xlabel(f"paper: {DELTA_LABEL}")
-    axes.set_ylabel(f"ours: {DELTA_LABEL}")
+    the two agree, in the lower-left and upper-right quadrants they agree in direction. `unit` (e.g. "%") is the
+    changes' unit, named on the axes."""
+    label = f"{DELTA_LABEL} ({unit})" if unit else DELTA_LABEL
+    figure, axes = _figure(f"{metric}: {label}, ours against the paper's")
+    axes.set_xlabel(f"paper: {label}")
+    axes.set_ylabel(f"ours: {label}")
     pairs = {k: (float(paper_delta[k]), float(our_delta[k])) for k in our_delta if k in paper_delta
              and math.isfinite(float(paper_delta[k])) and math.isfinite(float(our_delta[k]))}
     if not pairs:

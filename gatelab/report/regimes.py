@@ -208,7 +208,8 @@ def gap_table(curves: Sequence[GapCurve], records: Sequence[RunRecord], sweep_na
     if unfinished:
         count = sum(r.status != "finished" for r in records)
         notes.append(f"{count} run{'s' if count != 1 else ''} left out, not finished ({', '.join(unfinished)}).")
-    return ReportTable(f"{sweep_name}: val/loss gap to baseline by training step", pd.DataFrame(lines), notes)
+    return ReportTable(f"{sweep_name}: val/loss gap to baseline by training step", pd.DataFrame(lines), notes,
+                       key="gap")
 
 
 def _baseline_notes(records: Sequence[RunRecord], curves: Sequence[GapCurve]) -> list[str]:
@@ -364,7 +365,8 @@ def lr_table(rows: Sequence[LrRow], sweep_name: str) -> ReportTable:
     cells = [cell for row in rows for cell in row.cells.values()]
     if any(cell.finished for cell in cells) and not any(cell.diverged for cell in cells):
         notes.append("No run diverged at any rate: the grid does not reach the instability the paper's claim is about.")
-    return ReportTable(f"{sweep_name}: final val/loss against learning rate", pd.DataFrame(lines), notes)
+    return ReportTable(f"{sweep_name}: final val/loss against learning rate", pd.DataFrame(lines), notes,
+                       key="lr")
 
 
 # -- wiring into `gatelab table` -------------------------------------------------------------------------------------

@@ -4,23 +4,70 @@ from __future__ import annotations
 
 import math
 import shlex
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from gatelab.output_folders import require_writable_folder
-from gatelab.report.export import ReportTable, check_formats, export_report
+from gatelab.report.export import ReportSection, ReportTable, check_formats, check_markdown_target, export_report
 from gatelab.report.plots import (plot_context_length, plot_delta_vs_paper, plot_first_token_attention,
                                   plot_gate_histograms, plot_loss_curves)
 from gatelab.report.regimes import regime_reports
-from gatelab.report.tables import PPL, build_comparison, collect_runs, data_stamp, probe_payloads
+from gatelab.report.stats import mean_std
+from gatelab.report.tables import (PPL, RunRecord, build_comparison, collect_runs, comparison_title, data_stamp,
+                                   probe_payloads)
 from gatelab.sweep.queue import ledger_states
 from gatelab.sweep.spec import expand, load_sweep
 from gatelab.tracking import RunStore, default_tracking_uri
 
 History = tuple[Sequence[int], Sequence[float]]  # (steps, values) of one metric, in step order
+MARKDOWN_NAME = "README.md"  # GitHub shows a folder's README.md under its file list: the report opens by itself
+REPORTS = "reports"  # the default output is <runs dir>/reports/<sweep name>/: the user's own, beside its store
+
+# Measured once (issue 18, a fresh clone on a second machine): sweeps/quickstart.yaml's three runs, same seed and
+# commit, ppl/avg as shipped in results/quickstart/ and as the second machine gave it.
+CROSS_MACHINE_PPL = {"baseline": (419.5, 425.2), "g1_elem_sig": (294.2, 292.0), "g1_head_sig": (296.9, 297.2)}
+
+
+def closeness_section(records: Sequence[RunRecord], metric: str = PPL) -> ReportSection:
+    """How far a user's own run of the sweep may fall from these numbers: across machines (measured once) and across
+    seeds (measured here, where the sweep has two or more)."""
+    shipped = " / ".join(f"{a:.1f}" for a, _ in CROSS_MACHINE_PPL.values())
+    other = " / ".join(f"{b:.1f}" for _, b in CROSS_MACHINE_PPL.values())
+    apart = max(abs(b - a) / a for a, b in CROSS_MACHINE_PPL.values())
+    paragraphs = [
+        "Runs of the same seed and commit on another machine give other numbers: CPU kernels and thread counts differ "
+        "between machines, so sums round differently and the runs drift apart as they train.",
+        f"Measured once, sweeps/quickstart.yaml at one commit and seed on two machines: {shipped} on one and {other} "
+        f"on the other ({PPL} of {' / '.join(CROSS_MACHINE_PPL)}), up to {100 * apart:.1f}% apart. So compare the "
+        "differences between variants (Δ vs baseline, Δ (%)), not the absolute values.",
+        seed_spread_text(records, metric),
+    ]
+    return ReportSection("How close your numbers should be", paragraphs)
+
+
+def seed_spread_text(records: Sequence[RunRecord], metric: str = PPL) -> str:
+    """The seed-to-seed spread of `metric` in each row with two or more finished runs, or why there is none."""
+    values: dict[str, list[float]] = {}
+    for record in records:
+        value = record.metrics.get(metric)
+        if record.status == "finished" and value is not None and math.isfinite(value):
+            values.setdefault(record.group, []).append(value)
+    spreads = {group: mean_std(v) for group, v in values.items() if len(v) >= 2}
+    seeds = {record.spec.experiment.seed for record in records}
+    if spreads:
+        cells = [f"{group} {std:.3f} ({100 * std / abs(mean):.2f}% of its mean, {n} seeds)"
+                 for group, (mean, std, n) in spreads.items()]
+        fewer = [group for group in dict.fromkeys(r.group for r in records) if group not in spreads]
+        return (f"Seed-to-seed spread of {metric} in this sweep (standard deviation over seeds): " + "; ".join(cells)
+                + ". A difference between variants inside these spreads is seed noise; the table's p column tests each."
+                + (f" Fewer than two finished seeds, so no spread: {', '.join(fewer)}." if fewer else ""))
+    if len(seeds) >= 2:
+        return (f"This sweep has {len(seeds)} seeds, but no row has two finished runs yet, so the seed-to-seed spread "
+                "is not measured.")
+    return ("This sweep has one seed, so the seed-to-seed spread is not measured: a difference between variants "
+            "smaller than the cross-machine one above is not evidence. Add seeds (seed: [0, 1, 2]) to measure it.")
 
 
 def spike_steps(spikes: History, counts: History, total: float | None, last_step: int | None = None) -> list[int]:
@@ -63,11 +110,18 @@ def _loss_curves(records, store: RunStore) -> dict:
 
 
 def make_report(sweep_path: Path, experiment: Path | None, formats: list[str], out_dir: Path | None,
-                tracking_uri: str | None, runs_dir: Path, storage: str | None, log=print) -> list[Path]:
+                tracking_uri: str | None, runs_dir: Path, storage: str | None, log=print,
+                command: str | None = None) -> list[Path]:
+    """`gatelab table`: the report of a sweep's runs under `out_dir`, by default <runs_dir>/reports/<sweep name>/ (git
+    ignores runs/, so a report never overwrites the shipped references under results/ unless --out names them)."""
     check_formats(formats)  # a wrong format is an error before any download or plot
     sweep = load_sweep(sweep_path, experiment)
-    out = out_dir or Path("results") / sweep.name
-    require_writable_folder(out, "--out")  # the default one too, before any run is read
+    out = out_dir or Path(runs_dir) / REPORTS / sweep.name
+    require_writable_folder(out, "--out" if out_dir else "--runs-dir")  # the default one too, before any run is read
+    if "md" in check_formats(formats):
+        check_markdown_target(out / MARKDOWN_NAME)  # a hand-written README.md there is refused, not overwritten
+    command = command or " ".join(["gatelab table", shlex.quote(str(sweep_path)),
+                                   *(["--out", shlex.quote(str(out_dir))] if out_dir else [])])
     specs = expand(sweep)
     store = RunStore(tracking_uri or default_tracking_uri(runs_dir), runs_dir)
     records = collect_runs(specs, store, sweep.name, ledger_states(storage, runs_dir, sweep.name, specs))
@@ -82,9 +136,9 @@ def make_report(sweep_path: Path, experiment: Path | None, formats: list[str], o
              for g in groups}
     plots = [
         # Relative changes: a tiny model's perplexity is two orders of magnitude above the paper's, its deltas too.
-        plot_delta_vs_paper((100 * numbers["delta"] / (numbers["mean"] - numbers["delta"])).dropna().to_dict(),
-                            (100 * numbers["paper_delta"] / (numbers["paper"] - numbers["paper_delta"])).dropna().to_dict(),
-                            out / "delta_vs_paper.png", metric="Avg PPL, % change"),
+        plot_delta_vs_paper(numbers["delta_percent"].dropna().to_dict(),
+                            numbers["paper_delta_percent"].dropna().to_dict(), out / "delta_vs_paper.png",
+                            metric="Avg PPL", unit="%"),
         plot_first_token_attention({g: p["first_token_share"] for g, p in payloads.items()},
                                    out / "first_token_attention.png"),
         plot_gate_histograms({g: np.sum([np.sum(h, axis=0) for h in p["gate_histogram"].values()], axis=0).tolist()
@@ -97,12 +151,13 @@ def make_report(sweep_path: Path, experiment: Path | None, formats: list[str], o
     # Where the sweep has them: the gap to baseline against the step, and final loss against the learning rate.
     regime_tables, regime_plots = regime_reports(records, store, sweep.name, out)
     plots += regime_plots
-    title = f"{sweep.name}: {PPL} by variant" + (f", beside the paper's {sweep.paper}" if sweep.paper else "")
-    tables = [ReportTable(title, comparison.frame, comparison.notes), *regime_tables]
-    command = "gatelab table " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 2 else None
-    written = export_report(tables, plots, out, formats, sweep.name, command=command, stamp=data_stamp(records))
+    main = ReportTable(comparison_title(sweep.name, records, sweep.paper), comparison.frame, comparison.notes,
+                       key="main", secondary=comparison.secondary)
+    written = export_report([main, *regime_tables], plots, out, formats, sweep.name, command=command,
+                            stamp=data_stamp(records), markdown_name=MARKDOWN_NAME,
+                            sections=[closeness_section(records)])
     store.log_report(sweep.name, written + plots)  # the report opens from the MLflow UI too
-    for table in tables:
+    for table in (main, *regime_tables):
         log(table.frame.to_string(index=False))
         for note in table.notes:
             log(note)

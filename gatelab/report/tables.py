@@ -16,7 +16,7 @@ from typing import Any
 import pandas as pd
 
 from gatelab import paper as paper_tables
-from gatelab.report.stats import Comparison, compare, mean_std, rank_agreement, sign_agreement
+from gatelab.report.stats import PAIRED, Comparison, compare, mean_std, rank_agreement, sign_agreement
 from gatelab.tracking import SPEC_HASH_TAG, STATUS_TAG, RunStore
 
 # The paper's columns that our probes measure (Table 4), as gatelab.paper registers them.
@@ -26,7 +26,9 @@ PPL = "ppl/avg"
 
 
 def paper_reference(paper: str | None) -> pd.DataFrame:
-    """The paper's rows for a sweep's `paper:` key, indexed by variant id: `ppl` and Table 4's probe columns."""
+    """The paper's rows for a sweep's `paper:` key (or a claim's `paper.table`), indexed by the tables' own ids: `ppl`,
+    Table 4's probe columns and the benchmark columns. The comparison reads them by variant id instead
+    (`gatelab.paper.reference(paper, by_variant=True)`)."""
     return paper_tables.reference(paper)
 
 
@@ -110,6 +112,7 @@ class ComparisonResult:
     numbers: pd.DataFrame  # the same rows as numbers, for plots and exports
     notes: list[str]
     agreement: dict[str, Any]
+    secondary: list[str] = field(default_factory=list)  # the frame's columns beyond the comparison itself
 
 
 @dataclass
@@ -128,6 +131,7 @@ class GroupNumbers:
     # Benchmark scores (BLiMP, lm-eval) against the baseline of the same settings, as the main metric is compared.
     score_comparisons: dict[str, Comparison] = field(default_factory=dict)
     paper_benchmarks: dict[str, float] = field(default_factory=dict)  # the paper's benchmark column -> its value
+    baseline_mean: float = math.nan  # the baseline's mean over the runs `comparison` set this group against
 
     @property
     def settings(self) -> str:
@@ -142,6 +146,18 @@ class GroupNumbers:
         if self.comparison is not None:
             return self.comparison.delta
         return 0.0 if self.variant == "baseline" and self.values else math.nan
+
+    @property
+    def delta_percent(self) -> float:
+        """The change against baseline as a share of the baseline: a tiny model's perplexity is two orders of magnitude
+        above the paper's, so only relative changes compare with the paper's."""
+        if self.variant == "baseline":
+            return 0.0 if self.values else math.nan
+        return 100 * self.delta / self.baseline_mean if self.baseline_mean else math.nan
+
+    @property
+    def paper_delta_percent(self) -> float:
+        return 100 * self.paper_delta / (self.paper - self.paper_delta)
 
 
 def _shown_metrics(records: list[RunRecord]) -> list[str]:
@@ -192,8 +208,19 @@ def comparison_numbers(records: list[RunRecord], reference: pd.DataFrame, metric
                             if c in reference.columns and len(scores) > 1}
         rows.append(GroupNumbers(group, variant, members, list(by_seed[group].values()), comparison, paper_value,
                                  paper_value - paper_baseline, paper_probes, {k: v for k, v in extra.items() if v},
-                                 score_comparisons, paper_benchmarks))
+                                 score_comparisons, paper_benchmarks, _baseline_mean(comparison, by_seed[group],
+                                                                                     baseline)))
     return rows
+
+
+def _baseline_mean(comparison: Comparison | None, variant: dict[int, float], baseline: dict[int, float]) -> float:
+    """The baseline's mean over the runs `compare` used: the seeds both sides have where it paired them, else all."""
+    if comparison is None:
+        return math.nan
+    finite = {seed: value for seed, value in baseline.items() if math.isfinite(value)}
+    if comparison.test == PAIRED:
+        finite = {seed: value for seed, value in finite.items() if math.isfinite(variant.get(seed, math.nan))}
+    return sum(finite.values()) / len(finite) if finite else math.nan
 
 
 def _by_seed(members: list[RunRecord], metric: str) -> dict[int, float]:
@@ -201,10 +228,22 @@ def _by_seed(members: list[RunRecord], metric: str) -> dict[int, float]:
 
 
 def numbers_frame(rows: list[GroupNumbers]) -> pd.DataFrame:
-    """The numbers of each group, indexed by group: id, n, settings, mean, delta, paper, paper_delta."""
+    """The numbers of each group, indexed by group: id, n, settings, mean, delta (and in %), paper, paper_delta (and
+    in %)."""
     return pd.DataFrame([{"variant": r.group, "id": r.variant, "n": len(r.values), "settings": r.settings,
-                          "mean": r.mean, "delta": r.delta, "paper": r.paper, "paper_delta": r.paper_delta}
+                          "mean": r.mean, "delta": r.delta, "delta_percent": r.delta_percent, "paper": r.paper,
+                          "paper_delta": r.paper_delta, "paper_delta_percent": r.paper_delta_percent}
                          for r in rows]).set_index("variant")
+
+
+ONE_SEED_TEST = "n/a (1 seed)"
+TEST_COLUMNS = ("Δ vs baseline", "Δ (%)", "p", "test", "MDE (p<0.05)", "seeds needed")
+PAPER_COLUMNS = ("paper Avg PPL", "paper Δ", "paper Δ (%)")
+
+
+def _one_seed(result: Comparison) -> bool:
+    """One run on a side: no spread to test against, so no test was run (`compare` says why in `reason`)."""
+    return result.p_value is None and result.n == 1
 
 
 def format_comparison(rows: list[GroupNumbers], metric: str = PPL) -> pd.DataFrame:
@@ -216,16 +255,22 @@ def format_comparison(rows: list[GroupNumbers], metric: str = PPL) -> pd.DataFra
         line[f"{metric} (mean ± std (n))"] = _cell(number.values) if number.values else number.members[0].status
         if result is not None:
             line["Δ vs baseline"] = f"{result.delta:+.3f}"
-            line["p"] = f"{result.p_value:.3g}" if result.p_value is not None else (result.reason or "n/a")
-            line["test"] = result.test
+            line["Δ (%)"] = _percent(number.delta_percent)
+            if _one_seed(result):
+                line["p"], line["test"] = "", ONE_SEED_TEST
+            else:
+                line["p"] = f"{result.p_value:.3g}" if result.p_value is not None else (result.reason or "n/a")
+                line["test"] = result.test
             line["MDE (p<0.05)"] = f"{result.mde:.3f}" if result.mde is not None else "n/a"
             line["seeds needed"] = str(result.seeds_needed) if result.seeds_needed is not None else "n/a"
         else:
-            for column in ("Δ vs baseline", "p", "test", "MDE (p<0.05)", "seeds needed"):
+            for column in TEST_COLUMNS:
                 line[column] = "" if variant == "baseline" else "n/a"
         line["paper Avg PPL"] = "" if math.isnan(number.paper) else f"{number.paper:.3f}"
         paper_delta = number.paper_delta
-        line["paper Δ"] = "" if math.isnan(paper_delta) or variant == "baseline" else f"{paper_delta:+.3f}"
+        shown = not math.isnan(paper_delta) and variant != "baseline"
+        line["paper Δ"] = f"{paper_delta:+.3f}" if shown else ""
+        line["paper Δ (%)"] = _percent(number.paper_delta_percent) if shown else ""
         for column, paper_probe in number.paper_probes.items():
             line[f"paper {column}"] = "" if pd.isna(paper_probe) else f"{paper_probe:g}"
         for name, values in number.extra.items():
@@ -238,6 +283,10 @@ def format_comparison(rows: list[GroupNumbers], metric: str = PPL) -> pd.DataFra
             line[f"paper {column}"] = "" if pd.isna(paper_score) else f"{paper_score:g}"
         lines.append(line)
     return pd.DataFrame(lines).fillna("")
+
+
+def _percent(value: float) -> str:
+    return "" if math.isnan(value) else f"{value:+.2f}"
 
 
 def _agreement(rows: list[GroupNumbers], reference: pd.DataFrame) -> tuple[dict[str, Any], str]:
@@ -258,13 +307,20 @@ def _agreement(rows: list[GroupNumbers], reference: pd.DataFrame) -> tuple[dict[
 def comparison_notes(rows: list[GroupNumbers], agreement: dict[str, Any], ranked_settings: str, paper: str | None,
                      metric: str = PPL) -> list[str]:
     """The lines under the main table: the test used, agreement with the paper, where the paper's figures come from."""
-    tests_used = {r.comparison.test for r in rows if r.comparison is not None}
+    compared = [r.comparison for r in rows if r.comparison is not None]
+    tests_used = {c.test for c in compared if not _one_seed(c)}
     notes = []
     if tests_used:
         notes.append("Significance: " + " and ".join(sorted(tests_used)) + " test of each row's "
                      f"{metric} against baseline over seeds (paired by seed where the seeds match: runs of one seed "
                      "share data order and initialisation). MDE: the smallest difference these seeds could detect "
                      "at p < 0.05 with 80% power; seeds needed: for the observed difference.")
+    if any(_one_seed(c) for c in compared):
+        notes.append(f"Test '{ONE_SEED_TEST}': a row or its baseline has one run, so there is no spread to test the "
+                     "difference against; add seeds to the sweep's grid (seed: [0, 1, 2]) for a p-value.")
+    notes.append("Δ (%): the change against baseline as a share of the baseline's value. A small model's perplexity "
+                 "can be orders of magnitude above the paper's, so compare these shares and their signs with the "
+                 "paper's, not the absolute values.")
     rank = agreement["rank"]
     if rank.get("tau") is not None:
         notes.append(f"Rank agreement with the paper on Avg PPL: Kendall's tau {rank['tau']:.3f} "
@@ -277,19 +333,56 @@ def comparison_notes(rows: list[GroupNumbers], agreement: dict[str, Any], ranked
         notes.append(f"Sign agreement: {sign['fraction']:.0%} of {sign['n']} rows move against baseline the way the "
                      "paper's do" + (f" (rows with {ranked_settings})." if ranked_settings else "."))
     if paper:
-        notes.append(f"Paper columns: Qiu et al. 2025, {paper} (results/paper/); the paper trains 15B MoE / 1.7B dense "
-                     "models on 400B+ tokens, so compare directions and ranks, not absolute values.")
+        standing = paper_tables.rows_standing_for_variants(paper)
+        notes.append(f"Paper columns: Qiu et al. 2025, {paper_tables.title(paper)}, from results/paper/"
+                     + (f" ({'; '.join(standing)})" if standing else "") + ".")
+        notes += model_kind_notes(rows, paper)
         notes += paper_tables.missing_note(paper)
     return notes
 
 
+MODEL_KIND_NAMES = {"dense": "dense", "moe": "MoE"}
+
+
+def model_kinds(records: Sequence[RunRecord]) -> list[str]:
+    """The kinds of model ("dense", "moe": experiment.model.ffn) the runs train, in the order they first appear."""
+    return list(dict.fromkeys(r.spec.experiment.model.ffn for r in records))
+
+
+def _kinds_text(kinds) -> str:
+    return " and ".join(MODEL_KIND_NAMES.get(k, k) for k in sorted(kinds))
+
+
+def model_kind_notes(rows: list[GroupNumbers], paper: str) -> list[str]:
+    """A note where the sweep trains another kind of model (dense or MoE) than the paper's table it names: its columns
+    then come from another architecture, which a reader has to know."""
+    ours, theirs = model_kinds([r for row in rows for r in row.members]), paper_tables.model_kinds(paper)
+    if not theirs or set(ours) <= theirs:
+        return []
+    fitting = [key for key in paper_tables.SWEEP_TABLES if set(ours) == paper_tables.model_kinds(key)]
+    fix = (f"; for the paper's {_kinds_text(ours)} numbers name paper: {' or '.join(fitting)} in the sweep file"
+           if fitting else "")
+    return [f"Model kind differs: this sweep trains {_kinds_text(ours)} models (experiment.model.ffn) but the paper's "
+            f"{paper_tables.title(paper)} is of {_kinds_text(theirs)} models, so its columns come from another "
+            f"architecture{fix}."]
+
+
+def comparison_title(sweep_name: str, records: Sequence[RunRecord], paper: str | None, metric: str = PPL) -> str:
+    """The main table's title: what it compares, on which kind of model, beside which of the paper's tables."""
+    kinds = model_kinds(records)
+    title = f"{sweep_name}: {metric} by variant" + (f" ({_kinds_text(kinds)} model)" if kinds else "")
+    return title + (f", beside the paper's {paper_tables.title(paper)}" if paper_tables.title(paper) else "")
+
+
 def build_comparison(records: list[RunRecord], paper: str | None, metric: str = PPL) -> ComparisonResult:
     """The main table: one row per group, ours beside the paper's, deltas with their significance."""
-    reference = paper_reference(paper)
+    reference = paper_tables.reference(paper, by_variant=True)
     rows = comparison_numbers(records, reference, metric)
     agreement, ranked_settings = _agreement(rows, reference)
-    return ComparisonResult(format_comparison(rows, metric), numbers_frame(rows),
-                            comparison_notes(rows, agreement, ranked_settings, paper, metric), agreement)
+    frame = format_comparison(rows, metric)
+    main = {"variant", "runs", f"{metric} (mean ± std (n))", *TEST_COLUMNS, *PAPER_COLUMNS}
+    notes = comparison_notes(rows, agreement, ranked_settings, paper, metric)
+    return ComparisonResult(frame, numbers_frame(rows), notes, agreement, [c for c in frame.columns if c not in main])
 
 
 def probe_payloads(records: list[RunRecord], store: RunStore) -> dict[str, dict]:

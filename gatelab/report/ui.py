@@ -3,27 +3,46 @@
 `mlflow ui` runs a uvicorn (or gunicorn) master with worker processes. It is started in a session of its own, so a
 Ctrl-C in the terminal reaches only gatelab, which then stops the server's whole process group: the master and every
 worker.
+
+The address it prints opens the runs table, not MLflow 3's GenAI overview: the URL carries `workflowType=
+machine_learning` (MLflow 3.17's UI takes the experiment kind from that switch, not from the experiment's
+`mlflow.experimentKind` tag, which gatelab sets too) and `viewStateShareKey`, gatelab's saved view of the table, sorted
+by ppl/avg with the key metrics as columns (gatelab.tracking.key_metrics_view). The table's columns cannot be named in
+the URL itself: of the table's state, only the sort and filter (`orderByKey`, `searchFilter`, ...) are URL parameters;
+its columns come from the browser's own saved state or from a saved view.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
 from gatelab.errors import GatelabError, redact
 from gatelab.host import has_proc, live_pids, process_stat
+from gatelab.tracking import KEY_METRICS_VIEW, RunStore, missing_local_store
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
+TRAINING_WORKFLOW = {"workflowType": "machine_learning"}  # the UI's "Model training" switch, not "GenAI"
+SAVED_VIEW_PARAMETER = "viewStateShareKey"  # the UI opens the saved view of this name (gatelab.errors lets it through)
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+SCREENSHOT_WINDOW = (1920, 1080)  # MLflow's assistant panel takes the right quarter
+# Virtual time: Chromium runs the page's timers and requests until this much page time has passed with nothing left
+# to load, then takes the picture. The runs table of a few hundred runs is drawn within a few seconds of it.
+SCREENSHOT_PAGE_TIME_MS = 20000
+SCREENSHOT_TIMEOUT_S = 180.0
 
 
 def find_free_port(host: str = "127.0.0.1") -> int:
@@ -54,6 +73,66 @@ def _local_address(host: str, port: int) -> str:
     elif host == "::":
         host = "::1"
     return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
+
+
+def runs_page(address: str, experiment_id: str) -> str:
+    """The runs table of one experiment in gatelab's saved view (its tag is set by RunStore.experiment_id)."""
+    query = f"{urllib.parse.urlencode(TRAINING_WORKFLOW)}&{SAVED_VIEW_PARAMETER}={urllib.parse.quote(KEY_METRICS_VIEW)}"
+    return f"{address}#/experiments/{urllib.parse.quote(experiment_id)}/runs?{query}"
+
+
+def experiments_page(address: str) -> str:
+    return f"{address}#/experiments?{urllib.parse.urlencode(TRAINING_WORKFLOW)}"
+
+
+def landing_pages(tracking_uri: str, address: str, sweep_name: str | None = None) -> tuple[str, list[tuple[str, str]]]:
+    """(the page to open, [(experiment, its runs page)] for every experiment with runs). The page is the sweep's runs
+    table where `sweep_name` is given and has runs, else the only experiment's, else the experiments list. A SQLite
+    store that does not exist yet is left to the server to create."""
+    if missing_local_store(tracking_uri):
+        return experiments_page(address), []
+    pages = [(name, runs_page(address, experiment_id))
+             for name, experiment_id in RunStore(tracking_uri).browsable_experiments()]
+    if sweep_name is not None:
+        return next((page for name, page in pages if name == sweep_name), experiments_page(address)), pages
+    return (pages[0][1] if len(pages) == 1 else experiments_page(address)), pages
+
+
+def find_chromium() -> str:
+    for name in CHROMIUM_NAMES:
+        path = shutil.which(name)
+        if path:
+            return path
+    raise GatelabError(f"--screenshot needs Chromium, and none of {', '.join(CHROMIUM_NAMES)} is on PATH: install "
+                       "it (Debian/Ubuntu: apt-get install chromium) or add its folder to PATH")
+
+
+def take_screenshot(url: str, path: Path, chromium: str | None = None) -> None:
+    """A PNG of `url` as headless Chromium draws it once the page has loaded, in a fresh profile (the UI's defaults,
+    not a browser's remembered columns)."""
+    chromium = chromium or find_chromium()
+    path = Path(path).resolve()
+    width, height = SCREENSHOT_WINDOW
+    with tempfile.TemporaryDirectory(prefix="gatelab-chromium-") as profile:
+        # --no-sandbox: Chromium's sandbox will not start as root or in most containers; the page is the local
+        # MLflow UI this process started.
+        command = [chromium, "--headless", "--disable-gpu", "--no-sandbox", "--no-first-run", "--hide-scrollbars",
+                   f"--user-data-dir={profile}", f"--window-size={width},{height}",
+                   f"--virtual-time-budget={SCREENSHOT_PAGE_TIME_MS}", f"--screenshot={path}", url]
+        path.unlink(missing_ok=True)  # an older picture must not pass for this one
+        browser = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            _, said = browser.communicate(timeout=SCREENSHOT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(browser.pid, signal.SIGKILL)  # Chromium's renderer and helper processes too
+            browser.communicate()
+            raise GatelabError(f"Chromium ({chromium}) did not draw {url} within {SCREENSHOT_TIMEOUT_S:.0f} s; "
+                               "no screenshot written") from None
+    if browser.returncode != 0 or not path.is_file() or path.stat().st_size == 0:
+        last = [line for line in (said or "").splitlines() if line.strip()][-1:]
+        raise GatelabError(f"Chromium ({chromium}) wrote no screenshot to {path} (exit code {browser.returncode}"
+                           f"{': ' + last[0][:300] if last else ''}); check that the folder is writable")
 
 
 def _answers(url: str) -> bool:
@@ -105,20 +184,28 @@ def _group_alive(group: int) -> bool:
 
 
 def serve_ui(tracking_uri: str, host: str = "127.0.0.1", port: int = 5000, artifacts_dir: Path | None = None,
-             workers: int = 2) -> None:
+             workers: int = 2, sweep_name: str | None = None, screenshot: Path | None = None) -> None:
     """Run `mlflow ui` over `tracking_uri` until SIGINT (Ctrl-C) or SIGTERM, then stop it and all its workers.
 
-    Prints the address once the server answers. Raises GatelabError when the port is taken, or when the server exits
-    or does not answer within START_TIMEOUT_S. `artifacts_dir` is where artifacts of experiments created from the UI
-    go (gatelab's own experiments record their artifact location already)."""
+    Prints the page to open once the server answers (landing_pages: the sweep `sweep_name`'s runs, or the only
+    experiment's, or the experiments list), and each experiment's runs page where there are several. With
+    `screenshot`, writes a PNG of that page (headless Chromium) and stops. Raises GatelabError when the port is taken,
+    when the server exits or does not answer within START_TIMEOUT_S, or when the screenshot fails. `artifacts_dir` is
+    where artifacts of experiments created from the UI go (gatelab's own experiments record their artifact location
+    already)."""
     if _port_taken(host, port):
         raise GatelabError(f"port {port} on {host} is already in use: stop what listens there or pass --port "
                            f"{find_free_port(host)}")
+    chromium = find_chromium() if screenshot is not None else None
+    if screenshot is not None and not Path(screenshot).resolve().parent.is_dir():
+        raise GatelabError(f"--screenshot {screenshot}: its folder {Path(screenshot).resolve().parent} does not "
+                           "exist; create it or name a file in an existing folder")
+    address = _local_address(host, port)
+    page, pages = landing_pages(tracking_uri, address, sweep_name)
     command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", tracking_uri, "--host", host,
                "--port", str(port), "--workers", str(workers)]
     if artifacts_dir is not None:
         command += ["--artifacts-destination", Path(artifacts_dir).resolve().as_uri()]
-    url = _local_address(host, port)
 
     stop = threading.Event()
     previous = {}
@@ -140,10 +227,16 @@ def serve_ui(tracking_uri: str, host: str = "127.0.0.1", port: int = 5000, artif
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=stdout, env=env,
                                    start_new_session=True)
         try:
-            _wait_until_up(process, url, stop)
+            _wait_until_up(process, address, stop)
             if stop.is_set():
                 return
-            print(f"MLflow UI for {redact(tracking_uri)}: {url}  (Ctrl-C stops it)", flush=True)
+            print(f"MLflow UI for {redact(tracking_uri)}: {page}" + ("" if screenshot else "  (Ctrl-C stops it)"),
+                  flush=True)
+            _say_where_the_runs_are(page, pages, sweep_name, tracking_uri)
+            if screenshot is not None:
+                take_screenshot(page, screenshot, chromium)
+                print(f"wrote {screenshot}", flush=True)
+                return
             while not stop.is_set():
                 if process.poll() is not None:
                     raise GatelabError(f"the MLflow UI stopped by itself (exit code {process.returncode}); "
@@ -154,6 +247,20 @@ def serve_ui(tracking_uri: str, host: str = "127.0.0.1", port: int = 5000, artif
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _say_where_the_runs_are(page: str, pages: list[tuple[str, str]], sweep_name: str | None,
+                             tracking_uri: str) -> None:
+    if sweep_name is not None and all(name != sweep_name for name, _ in pages):
+        print(f"no runs of sweep '{sweep_name}' in {redact(tracking_uri)} yet: its experiment shows up once a run "
+              "has started (gatelab sweep run)", file=sys.stderr, flush=True)
+    if len(pages) > 1 or page not in (runs for _, runs in pages):
+        # The list's links drop the URL's workflowType: without the sidebar's "Model training" switch (which the
+        # browser then remembers) they open MLflow's GenAI overview.
+        print("  the runs of each experiment (from the list, switch the sidebar to \"Model training\" first):",
+              flush=True)
+        for name, runs in pages:
+            print(f"  {name}: {runs}", flush=True)
 
 
 def _wait_until_up(process: subprocess.Popen, url: str, stop: threading.Event) -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 from gatelab import host
 from gatelab.errors import GatelabError
 from gatelab.interrupts import Interrupted, raise_on_signals
+from gatelab.progress import is_verbose
 from gatelab.sweep.queue import CELLS_FAILED
 
 REGISTRY_ENV = "GATELAB_LOCAL_WORKERS"  # the folder in which this launch's local workers list themselves
@@ -40,6 +41,8 @@ def worker_command(sweep: Path, experiment: Path | None, storage: str, tracking_
         command += ["--tracking-uri", tracking_uri]
     if threads:
         command += ["--threads", str(threads)]
+    if is_verbose():  # the environment reaches local workers anyway; a Slurm job's may not
+        command += ["--verbose"]
     return command
 
 

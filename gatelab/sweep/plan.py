@@ -15,21 +15,28 @@ What a run will see: `corpus_tokens`, the training tokens its corpus holds (`cor
 an estimate or unknown: `gatelab.data.budget`), and `passes` = tokens / corpus_tokens. A run above one pass repeats
 its training data, and gets a warning line under the table.
 
-Estimated seconds = FLOPs / throughput, the training loop only: process start, data loading, evaluation and probes
-come on top (results/bench/ has measured figures).
+Estimated seconds, measured where it can be: every run records `time/step_s` (its mean seconds a training step) and
+the machine it ran on (`gatelab.host`), so a run of the same shape (`STEP_SHAPE`) that this machine finished before
+prices a run at its median step time x max_steps, plus its median seconds of set-up and evaluation. Otherwise a rough
+guess: FLOPs / an assumed throughput, the training loop only (process start, data loading, evaluation and probes come
+on top; results/bench/ has measured figures).
 """
 
 from __future__ import annotations
 
 import json
+import socket
+import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gatelab import paper as paper_tables
-from gatelab.config import ExperimentConfig, ModelConfig
+from gatelab.config import ExperimentConfig, ModelConfig, flatten
 from gatelab.data.budget import CorpusCounter, format_tokens, repeat_warning
+from gatelab.progress import HOST_TAG, format_duration, step_time
 from gatelab.sweep.spec import RunSpec, format_value, load_sweep
 
 # A rough default for a small CPU in bf16 autocast, in the Lightning loop; measured figures live in results/bench/
@@ -74,10 +81,79 @@ def default_flops_per_second(experiment: ExperimentConfig) -> float:
     return GPU_FLOPS if experiment.train.accelerator in ("gpu", "cuda") else CPU_FLOPS
 
 
+# What a training step costs on one machine, read from a run's MLflow params: the model's shape, the batch, the
+# precision and the devices. The variant is not in it (a gate adds a few percent); runs of the same variant are
+# preferred where there are some.
+STEP_SHAPE = ("model.vocab_size", "model.n_layers", "model.d_model", "model.n_heads", "model.n_kv_heads",
+              "model.head_dim", "model.ffn", "model.ffn_hidden", "train.batch_size", "data.seq_len", "train.precision",
+              "train.accelerator", "train.devices", "train.num_nodes", "train.threads")
+
+
+@dataclass(frozen=True)
+class MeasuredRun:
+    """One finished run of this machine, as its MLflow run recorded it."""
+
+    shape: tuple[str, ...]
+    variant: str
+    seconds_per_step: float
+    overhead_s: float  # setup_s + eval_s: around training, once a run (import_s is once a process)
+
+
+@dataclass(frozen=True)
+class MeasuredStep:
+    seconds_per_step: float
+    overhead_s: float
+    runs: int
+
+
+def step_shape(params: Mapping[str, Any]) -> tuple[str, ...]:
+    """The STEP_SHAPE values as MLflow keeps params: as strings."""
+    return tuple(str(params.get(key)) for key in STEP_SHAPE)
+
+
+def measured_runs(uri: str, host: str | None = None) -> list[MeasuredRun]:
+    """The newest thousand finished runs of the store that `host` (this machine) trained and timed, in any MLflow
+    experiment (a `gatelab train` of the preset counts for a sweep over it: STEP_SHAPE decides what is comparable); []
+    where the store does not exist (a plan never creates one). A store that fails raises GatelabError."""
+    from gatelab import tracking
+
+    if tracking.missing_local_store(uri):
+        return []
+    host = host or socket.gethostname()
+    found = []
+    with tracking.store_errors(uri):
+        client = tracking.client(uri)
+        ids = [experiment.experiment_id for experiment in client.search_experiments()]
+        if not ids:
+            return []
+        runs = client.search_runs(ids, f"tags.`{HOST_TAG}` = '{host}' AND tags.`{tracking.STATUS_TAG}` = 'finished'",
+                                  order_by=["attributes.start_time DESC"], max_results=1000)
+    for run in runs:
+        metrics, params = run.data.metrics, run.data.params
+        if "time/step_s" not in metrics:
+            continue
+        found.append(MeasuredRun(step_shape(params), params.get("variant", ""), metrics["time/step_s"],
+                                 metrics.get("time/setup_s", 0.0) + metrics.get("time/eval_s", 0.0)))
+    return found
+
+
+def measured_step(experiment: ExperimentConfig, measured: Sequence[MeasuredRun]) -> MeasuredStep | None:
+    """The median cost of earlier runs of this experiment's shape (of its variant, where there are some)."""
+    shape = step_shape(flatten(experiment))
+    same = [run for run in measured if run.shape == shape]
+    same = [run for run in same if run.variant == experiment.variant] or same
+    if not same:
+        return None
+    return MeasuredStep(statistics.median(run.seconds_per_step for run in same),
+                        statistics.median(run.overhead_s for run in same), len(same))
+
+
 def plan_rows(specs: Sequence[RunSpec], paper: str | None = None, flops_per_second: float | None = None,
-              trials: int = 1) -> list[dict[str, Any]]:
+              trials: int = 1, measured: Sequence[MeasuredRun] = ()) -> list[dict[str, Any]]:
     """One row per run. `paper` adds the paper's added-parameter figure (table1, table6); `trials` > 1 for a search
-    sweep, where each row is one cell searched `trials` times (row figures are per trial, totals count them all)."""
+    sweep, where each row is one cell searched `trials` times (row figures are per trial, totals count them all).
+    `seconds` comes from `measured` runs of the same shape where there are some (`basis` "measured"), else from FLOPs
+    (`basis` "flops")."""
     from gatelab.model.params import resolve_model
 
     count = ParameterCounter()
@@ -112,8 +188,14 @@ def plan_rows(specs: Sequence[RunSpec], paper: str | None = None, flops_per_seco
             "flops": flops,
             "flops_per_second": throughput,
             "seconds": flops / throughput,
+            "basis": "flops",
             "trials": trials,
         }
+        step = measured_step(experiment, measured) if measured else None
+        if step is not None:
+            row.update(seconds=step.seconds_per_step * experiment.train.max_steps + step.overhead_s, basis="measured",
+                       measured_step_s=step.seconds_per_step, measured_overhead_s=step.overhead_s,
+                       measured_runs=step.runs)
         if paper_added is not None:
             row["paper_added_m"] = paper_added.get(experiment.variant)
         rows.append(row)
@@ -228,22 +310,96 @@ def render_plan(rows: Sequence[dict[str, Any]], as_json: bool = False, *, title:
         table.add_row(*cells)
     console.print(table)
     totals = plan_totals(rows)
-    throughputs = sorted({row["flops_per_second"] for row in rows})
-    console.print(f"{totals['runs']} runs, {format_tokens(totals['tokens'])} tokens, {totals['flops']:.2e} FLOPs, about "
-                  f"{_duration(totals['seconds'])} of training at "
-                  f"{', '.join(f'{t:.2g}' for t in throughputs)} FLOP/s (evaluation and start-up not included)",
+    console.print(f"{totals['runs']} runs, {format_tokens(totals['tokens'])} tokens, {totals['flops']:.2e} FLOPs",
                   highlight=False)
+    for line in estimate_lines(rows):
+        console.print(line, highlight=False, markup=False)
     for note in notes:
         console.print(note, highlight=False, markup=False)
 
 
+def estimate_lines(rows: Sequence[dict[str, Any]], workers: int = 1, what: str = "") -> list[str]:
+    """The estimated time of `rows` (runs to train, split over `workers`), and how it was made: one line for the total,
+    one per basis (measured here, or a rough guess from FLOPs)."""
+    if not rows:
+        return []
+    totals = plan_totals(rows)
+    per_run = totals["seconds"] / totals["runs"]
+    shared = f" on {workers} workers" if workers > 1 else ""
+    longest = max(row["seconds"] for row in rows)
+    measured = [row for row in rows if row["basis"] == "measured"]
+    guessed = [row for row in rows if row["basis"] == "flops"]
+    # A FLOPs guess leaves out start-up and evaluation (often more than a short run's training) and assumes a core to
+    # itself: a floor, and said so.
+    about = "at least" if guessed else "about"
+    lines = [f"estimate: {about} {format_duration(max(totals['seconds'] / workers, longest))} for {totals['runs']} "
+             f"{what}run(s){shared}, {format_duration(per_run)} a run"]
+    if measured:
+        steps = statistics.median(row["measured_step_s"] for row in measured)
+        overhead = statistics.median(row["measured_overhead_s"] for row in measured)
+        earlier = max(row["measured_runs"] for row in measured)
+        lines.append(f"  measured on this machine ({len(measured)} of {len(rows)} runs): {step_time(steps)} x "
+                     f"max_steps + {format_duration(overhead)} of set-up and evaluation a run, the median of "
+                     f"{earlier} earlier run(s) of the same shape; other processes on the same cores slow runs down")
+    if guessed:
+        rates = ", ".join(f"{rate:.2g}" for rate in sorted({row["flops_per_second"] for row in guessed}))
+        lines.append(f"  a rough guess ({len(guessed)} of {len(rows)} runs): training FLOPs (6 x parameters x tokens + "
+                     f"attention) at an assumed {rates} FLOP/s, start-up and evaluation not included; runs record "
+                     "their step time, so the next plan of the same shape on this machine is measured")
+    return lines
+
+
+def sweep_measurements(specs: Sequence[RunSpec], tracking_uri: str | None,
+                       runs_dir: Path) -> tuple[list[MeasuredRun], list[str]]:
+    """This machine's earlier finished runs, in the stores these runs will record in; and a note for each store that
+    could not be read (the estimate then falls back to FLOPs, the plan still prints)."""
+    from gatelab import tracking
+    from gatelab.errors import redact
+
+    found, notes = [], []
+    for uri in sorted({tracking.run_tracking_uri(tracking_uri, spec.experiment, runs_dir, create=False)
+                       for spec in specs}):
+        try:
+            found += measured_runs(uri)
+        except Exception as error:  # a store that is down costs the measured estimate, never the plan
+            notes.append(f"no measured step times from {redact(uri)}: {redact(str(error).splitlines()[0])}")
+    return found, notes
+
+
+def sweep_run_estimate(sweep, specs: Sequence[RunSpec], storage: str, tracking_uri: str | None, runs_dir: Path,
+                       workers: int) -> list[str]:
+    """`gatelab sweep run`'s opening estimate: the runs its ledger has not seen end yet, priced as `sweep plan`
+    prices them."""
+    from gatelab.sweep.queue import ledger_states
+
+    trials = sweep.search.n_trials if sweep.search else 1
+    if sweep.search:  # a search's ledger holds trials, not cells: every cell is priced
+        left = list(specs)
+    else:
+        done = {state.hash for state in ledger_states(storage, runs_dir, sweep.name, specs)
+                if state.status in ("finished", "diverged", "failed")}
+        left = [spec for spec in specs if spec.hash not in done]
+    if not left:
+        return []
+    measured, notes = sweep_measurements(left, tracking_uri, runs_dir)
+    rows = plan_rows(left, trials=trials, measured=measured)
+    return estimate_lines(rows, workers, what="" if len(left) == len(specs) else "remaining ") + notes
+
+
 def cli_plan(sweep_path: Path, experiment: Path | None = None, as_json: bool = False,
-             flops_per_second: float | None = None) -> None:
-    """`gatelab sweep plan`: load and validate the sweep (GatelabError on any bad cell), then print its plan."""
+             flops_per_second: float | None = None, tracking_uri: str | None = None,
+             runs_dir: Path | None = None) -> None:
+    """`gatelab sweep plan`: load and validate the sweep (GatelabError on any bad cell), then print its plan. With
+    `runs_dir` (or `tracking_uri`) and no `flops_per_second`, times are measured where that store holds earlier runs of
+    the same shape from this machine."""
     sweep = load_sweep(sweep_path, experiment)
     trials = sweep.search.n_trials if sweep.search else 1
-    rows = plan_rows(sweep.runs, paper=sweep.paper, flops_per_second=flops_per_second, trials=trials)
-    notes = [str(duplicate) for duplicate in sweep.duplicates]
+    measured, notes = [], []
+    if flops_per_second is None and (runs_dir is not None or tracking_uri is not None):
+        measured, notes = sweep_measurements(sweep.runs, tracking_uri, runs_dir or Path("runs"))
+    rows = plan_rows(sweep.runs, paper=sweep.paper, flops_per_second=flops_per_second, trials=trials,
+                     measured=measured)
+    notes += [str(duplicate) for duplicate in sweep.duplicates]
     warnings = corpus_warnings(rows, sweep.runs)
     if sweep.search:
         notes.append(f"each row is an Optuna search of {trials} trials over "
@@ -259,6 +415,7 @@ def cli_plan(sweep_path: Path, experiment: Path | None = None, as_json: bool = F
 
 
 __all__ = [
-    "CPU_FLOPS", "GPU_FLOPS", "ParameterCounter", "active_parameters", "cli_plan", "corpus_warnings",
-    "plan_json", "plan_rows", "plan_totals", "render_plan", "training_flops",
+    "CPU_FLOPS", "GPU_FLOPS", "STEP_SHAPE", "MeasuredRun", "MeasuredStep", "ParameterCounter", "active_parameters",
+    "cli_plan", "corpus_warnings", "estimate_lines", "measured_runs", "measured_step", "plan_json", "plan_rows",
+    "plan_totals", "render_plan", "step_shape", "sweep_measurements", "sweep_run_estimate", "training_flops",
 ]

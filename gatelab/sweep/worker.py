@@ -24,6 +24,7 @@ from gatelab import host
 from gatelab.config import spec_hash, to_yaml
 from gatelab.errors import GatelabError, redact
 from gatelab.interrupts import Interrupted, ignore_signals, raise_on_signals
+from gatelab.progress import RunCosts, is_verbose, sweep_progress_line, sweep_time_left
 from gatelab.sweep.executor import LocalShare
 from gatelab.sweep.queue import HASH, open_ledger
 from gatelab.sweep.spec import expand, load_sweep
@@ -88,6 +89,7 @@ def run_in_child(experiment, tracking_uri: str | None, runs_dir: Path):
     config = folder / f"{experiment.variant}-s{experiment.seed}-{spec_hash(experiment)}.yaml"
     config.write_text(to_yaml(experiment))
     command = [sys.executable, "-m", "gatelab", "train", str(config), "--quiet", "--runs-dir", str(runs_dir)]
+    command += ["--verbose"] if is_verbose() else []
     if tracking_uri:
         command += ["--tracking-uri", tracking_uri]
     child = subprocess.Popen(command)
@@ -115,7 +117,9 @@ class WorkerReport:
 def work(sweep_path: Path, experiment: Path | None = None, storage: str | None = None, tracking_uri: str | None = None,
          runs_dir: Path = Path("runs"), threads: int | None = None, heartbeat_s: float = 10.0, grace_s: float = 60.0,
          log=print, progress: bool = False) -> WorkerReport:
-    """Work until no run of the sweep is left; `progress` shows each run's progress bar (one worker in a terminal)."""
+    """Work until no run of the sweep is left. Each run says what it does through `log`, prefixed with this worker
+    and the run's number; `progress` shows Lightning's bar (one worker in a terminal), else a plain line every
+    GATELAB_PROGRESS_EVERY seconds. After each run, a line with the sweep's runs done and its time left."""
     sweep = load_sweep(sweep_path, experiment)
     specs = expand(sweep)
     by_hash = {spec.hash: spec for spec in specs}
@@ -129,12 +133,15 @@ def work(sweep_path: Path, experiment: Path | None = None, storage: str | None =
     from gatelab.train.run import run  # the training code is imported once per worker, here
 
     report = WorkerReport()
+    costs = RunCosts()  # what this worker's runs cost, for the sweep's time left
+    steps_by_hash = {spec.hash: spec.experiment.train.max_steps for spec in specs}
     busy_until: dict[str, float] = {}  # runs found being trained by another process: not tried again before then
 
     def train(spec, trial) -> None:
         """Train one claimed run and tell the ledger how it ended; nothing, where another worker took it over."""
         me = f"[{ledger.worker}] run {spec.index}"
         log(f"{me}: {spec.label()}")
+        said = lambda message: log(f"{me}: {message}")  # noqa: E731  the run's own lines, named in a shared log
         callbacks = ()
         if share is not None:
             share.enter()
@@ -142,13 +149,14 @@ def work(sweep_path: Path, experiment: Path | None = None, storage: str | None =
                 resize = ShareFreedCores(share)
                 resize.apply()
                 callbacks = (resize,)
+        started = time.monotonic()
         with ledger.heartbeat(trial):
             try:
                 if launches_ranks(spec.experiment):
                     result = run_in_child(spec.experiment, tracking_uri, runs_dir)
                 else:
-                    result = run(spec.experiment, tracking_uri=tracking_uri, runs_dir=runs_dir, quiet=not progress,
-                                 log=log, extra_callbacks=callbacks, lease=ledger.lease(trial))
+                    result = run(spec.experiment, tracking_uri=tracking_uri, runs_dir=runs_dir, log=said,
+                                 bar=progress, extra_callbacks=callbacks, lease=ledger.lease(trial))
             except RunTakenOver as taken:  # the trial is the other worker's now: not a word to the ledger about it
                 log(f"{me}: taken over by {taken.by}; stopped without writing")
                 return
@@ -169,6 +177,10 @@ def work(sweep_path: Path, experiment: Path | None = None, storage: str | None =
         ledger.finish(trial, result.status, result.run_id, result.metrics.get("ppl/avg"), result.diverged_step)
         getattr(report, result.status).append(spec.hash)
         log(f"{me} {result.status}: MLflow run {result.run_id}")
+        costs.record(time.monotonic() - started, result.trained_steps, result.train_s)
+        states = ledger.states(specs)
+        log(sweep_progress_line(sweep.name, states, sweep_time_left(states, steps_by_hash, costs, ledger.worker),
+                                costs))
 
     with raise_on_signals():  # a signal between runs is the same exception as one inside `run`
         try:

@@ -31,12 +31,15 @@ def evaluate(model, experiment: ExperimentConfig, tokenizer, corpus, domains: li
              loss_history: tuple[Sequence[int], Sequence[float]], spikes: list[int],
              log=print) -> tuple[dict[str, float], dict[str, Callable[[Path], object]]]:
     """(metrics for MLflow, artifact writers by file name). `loss_history` is the run's training loss as
-    (steps, losses); `spikes` the steps of its loss spikes."""
+    (steps, losses); `spikes` the steps of its loss spikes. `log` hears each part as it starts: on a CPU the whole
+    takes from seconds to minutes, and nothing else moves meanwhile."""
     evaluation, seq_len = experiment.eval, experiment.data.seq_len
     model = model.float().eval()
     metrics: dict[str, float] = {}
     windows = {d: torch.from_numpy(heldout_windows(corpus, d, seq_len, evaluation.max_windows_per_domain))
                for d in domains}
+    log(f"evaluating: held-out perplexity of {len(domains)} domain(s) ({', '.join(domains)}), "
+        f"{sum(len(w) for w in windows.values())} windows")
     for domain, value in domain_perplexities(model, windows, evaluation.batch_size).items():
         metrics[f"ppl/{domain}"] = value
     unigram = [unigram_perplexity(corpus.get(d, "train").counts(corpus.vocab_size),
@@ -47,9 +50,11 @@ def evaluate(model, experiment: ExperimentConfig, tokenizer, corpus, domains: li
     long_domain = LONG_CONTEXT_DOMAIN if LONG_CONTEXT_DOMAIN in domains else None
     if long_domain is None and experiment.data.source != "builtin":
         long_domain = domain_with_long_documents(corpus, domains, max(multipliers) * seq_len + 1)
-        log(f"long-context evaluation on {long_domain}" if long_domain else
-            f"no held-out document has {max(multipliers) * seq_len + 1} tokens: no long-context evaluation")
+        if long_domain is None:
+            log(f"no held-out document has {max(multipliers) * seq_len + 1} tokens: no long-context evaluation")
     if long_domain is not None:
+        log(f"evaluating: long-context perplexity on {long_domain} at "
+            f"{', '.join(f'{m}x' for m in multipliers)} the training length")
         longest = long_context_windows(corpus, long_domain, seq_len, multipliers)[max(multipliers)]
         documents = [torch.from_numpy(row) for row in longest]
         for m, result in long_context_perplexity(model, documents, seq_len, multipliers,
@@ -62,10 +67,12 @@ def evaluate(model, experiment: ExperimentConfig, tokenizer, corpus, domains: li
     if evaluation.blimp and experiment.data.task == "text":  # English minimal pairs: the synthetic task has no words
         pairs = load_blimp(Path(evaluation.blimp_path or PACKAGED_BLIMP), per_paradigm=evaluation.blimp_per_paradigm,
                            seed=experiment.seed)
+        log(f"evaluating: BLiMP, {len(pairs)} minimal pairs")
         blimp = score_blimp(model, tokenizer, pairs, bos_id=corpus.bos_id, batch_size=evaluation.batch_size)
         metrics["blimp/accuracy"] = blimp["accuracy"]
 
     reserved = [corpus.bos_id, corpus.eos_id]
+    log(f"evaluating: in-context tasks, {evaluation.in_context_examples} examples each")
     for task, accuracy in run_in_context_suite(model, corpus.vocab_size, seq_len, seed=experiment.seed,
                                                reserved_ids=reserved, n_examples=evaluation.in_context_examples,
                                                batch_size=evaluation.batch_size).items():
@@ -73,10 +80,12 @@ def evaluate(model, experiment: ExperimentConfig, tokenizer, corpus, domains: li
 
     mixed = torch.cat([w[: evaluation.batch_size] for w in windows.values()])[:, :-1]
     batches = [mixed[i::evaluation.probe_batches] for i in range(evaluation.probe_batches)]
+    log("evaluating: probes (attention-sink share, massive activations, gate scores)")
     report = probe_model(model, [b for b in batches if len(b)])
     metrics.update({f"probe/{k}": v for k, v in report.summary().items()})
     metrics["train/spikes_total"] = float(len(spikes))
     if experiment.data.task == "bigram_backcopy":
+        log("evaluating: bigram-backcopy copy and bigram losses")
         task = BigramBackcopy.from_config(experiment.data.bigram_backcopy, corpus.vocab_size)
         metrics.update(bigram_backcopy_metrics(model, task, windows[BIGRAM_BACKCOPY], evaluation.batch_size))
 

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import socket
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -19,8 +22,10 @@ from gatelab.data.prepare import load_data
 from gatelab.errors import GatelabError
 from gatelab.interrupts import Interrupted, raise_on_signals
 from gatelab.model import count_parameters, resolve_model
+from gatelab.progress import (DEFAULT_EVERY_S, HOST_TAG, format_duration, progress_every_s, silence_noise,
+                              step_time)
 from gatelab.tracking import TrackedRun
-from gatelab.train.checkpoints import DurableCheckpointIO, set_aside_if_unreadable
+from gatelab.train.checkpoints import DurableCheckpointIO, PublishAfterStepMetrics, set_aside_if_unreadable
 from gatelab.train.memory import check_fits
 from gatelab.train.module import GatedLM, SpikeRule, StabilityMonitor, TextData, resolve_precision
 from gatelab.train.ownership import Lease, OwnershipFence, RunOwnership, RunTakenOver
@@ -34,6 +39,8 @@ class RunResult:
     metrics: dict[str, float] = field(default_factory=dict)
     diverged_step: int | None = None
     global_rank: int = 0  # under DDP every rank returns one; only rank 0's carries the evaluation metrics
+    trained_steps: int = 0  # what this session trained (a resumed run: the steps after its checkpoint) ...
+    train_s: float = 0.0  # ... and in how many seconds: a sweep's estimate of the time it has left
 
 
 class RunPruned(Exception):
@@ -90,16 +97,9 @@ def recorded_result(experiment: ExperimentConfig, tracking_uri: str | None = Non
 
 
 def quiet_lightning() -> None:
-    """Keep Lightning's start-up banners (accelerator, tips) and two known upstream warnings out of sweep logs."""
-    import logging
-    import warnings
-
-    logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
-    logging.getLogger("lightning.pytorch.accelerators.cuda").setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated.*")
-    # bf16 autocast hands nn.RMSNorm bf16 input with an fp32 weight; torch then takes its unfused path (a speed
-    # matter, not a correctness one), and says so on every run.
-    warnings.filterwarnings("ignore", message=r"Mismatch dtype between input and weight.*")
+    """Keep Lightning's start-up banners (accelerator, tips) and third-party deprecation warnings out of the output
+    (unless --verbose): `gatelab.progress.silence_noise`, which every `run` calls itself."""
+    silence_noise()
 
 
 def _alone_until_fit(trainer: L.Trainer) -> bool:
@@ -113,6 +113,51 @@ def _alone_until_fit(trainer: L.Trainer) -> bool:
     environment = getattr(trainer.strategy, "cluster_environment", None)
     external = environment is not None and environment.creates_processes_externally
     return trainer.world_size == 1 or (trainer.num_nodes == 1 and not external)
+
+
+class StepProgress(L.Callback):
+    """Measures a run's seconds a training step (from the first step of this session: a resumed run counts only what
+    it trains now) and, where `every_s` is set, logs a plain line at least that often:
+    `step 80/150, loss 5.43, 1.1 s a step, 1 min 17 s left`. Hooks run on every rank; only rank 0 speaks."""
+
+    def __init__(self, log: Callable[[str], object] = print, every_s: float | None = DEFAULT_EVERY_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        # `say`, not `log`: Lightning sets every callback's `log` to the module's `self.log` (callback_connector)
+        self.say, self.every_s, self.clock = log, every_s, clock
+        self.first_step = 0
+        self.started = self.last_line = 0.0
+        self.steps = 0
+        self.train_s = 0.0
+
+    @property
+    def seconds_per_step(self) -> float | None:
+        return self.train_s / self.steps if self.steps else None
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.first_step = trainer.global_step
+        self.started = self.last_line = self.clock()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        now = self.clock()
+        self.steps, self.train_s = trainer.global_step - self.first_step, now - self.started
+        if self.every_s is None or now - self.last_line < self.every_s or trainer.global_rank:
+            return
+        self.last_line = now
+        self.say(self.line(trainer.global_step, trainer.max_steps, trainer.callback_metrics.get("train/loss")))
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if self.every_s is not None and self.steps and not trainer.global_rank:
+            self.say(f"trained {self.steps} steps in {format_duration(self.train_s)} "
+                     f"({step_time(self.seconds_per_step)})")
+
+    def line(self, step: int, max_steps: int, loss=None) -> str:
+        parts = [f"step {step}/{max_steps}"]
+        if loss is not None:
+            parts.append(f"loss {float(loss):.3f}")
+        rate = self.seconds_per_step
+        if rate is not None:
+            parts += [step_time(rate), f"{format_duration(rate * max(0, max_steps - step))} left"]
+        return ", ".join(parts)
 
 
 _first_run_of_process = True
@@ -139,6 +184,14 @@ class _PhaseClock:
         now = time.perf_counter()
         self.seconds[f"time/{phase}_s"] = now - self._since
         self._since = now
+
+    def training_ended(self, trainer: L.Trainer) -> None:
+        """`train_s`, and `step_s`: the mean seconds of a training step this session, which `gatelab sweep plan` reads
+        back to estimate the next sweep of the same shape on this machine (HOST_TAG)."""
+        self.phase_ended("train")
+        steps = next(c for c in trainer.callbacks if isinstance(c, StepProgress))
+        if steps.seconds_per_step is not None:
+            self.seconds["time/step_s"] = steps.seconds_per_step
 
     def log(self, tracked: TrackedRun, step: int) -> None:
         tracked.log_metrics(self.seconds | peak_memory(), step)
@@ -175,24 +228,26 @@ def _set_threads(threads: int | None) -> None:
 
 
 def build_trainer(experiment: ExperimentConfig, run_dir: Path, callbacks: list[L.Callback],
-                  quiet: bool) -> L.Trainer:
+                  bar: bool) -> L.Trainer:
     """The run's Trainer, with no logger: `callbacks`, then checkpoints every `train.checkpoint_every` steps into
-    `run_dir/checkpoints` (and a progress bar unless `quiet`)."""
+    `run_dir/checkpoints` (and Lightning's progress bar where `bar`)."""
     train, every = experiment.train, experiment.eval.every_n_steps
     checkpoints = ModelCheckpoint(dirpath=run_dir / "checkpoints", every_n_train_steps=train.checkpoint_every,
                                   save_last=True, save_top_k=0)
+    checkpoint_io = DurableCheckpointIO()
     return L.Trainer(
         max_steps=train.max_steps, accelerator=train.accelerator, devices=train.devices, num_nodes=train.num_nodes,
         strategy=train.strategy, precision=resolve_precision(train.precision, train.accelerator),
         gradient_clip_val=train.grad_clip or None, logger=False, log_every_n_steps=train.log_every,
-        callbacks=[*callbacks, checkpoints] + ([] if quiet else [TQDMProgressBar(refresh_rate=10)]),
-        enable_progress_bar=not quiet, enable_model_summary=False, num_sanity_val_steps=0,
+        callbacks=[*callbacks, PublishAfterStepMetrics(checkpoint_io), checkpoints]
+        + ([TQDMProgressBar(refresh_rate=10)] if bar else []),
+        enable_progress_bar=bar, enable_model_summary=False, num_sanity_val_steps=0,
         limit_val_batches=1.0 if every else 0, check_val_every_n_epoch=1,
         # Every rank validates on all held-out windows, so val/loss (logged by rank 0, not synced) is the whole set's,
         # as on one device; Lightning's DistributedSampler would hand rank 0 half of them (padded when uneven). The
         # training stream needs no sampler: StepBatches slices the global batch by rank itself.
         use_distributed_sampler=False,
-        default_root_dir=run_dir, deterministic=False, plugins=[DurableCheckpointIO()],
+        default_root_dir=run_dir, deterministic=False, plugins=[checkpoint_io],
     )
 
 
@@ -200,8 +255,8 @@ def _open_run(tracked: TrackedRun, experiment: ExperimentConfig, model_config: M
               extra_tags: dict | None) -> None:
     """Open (or continue) the MLflow run; a fresh start also records its parameters and configs."""
     tags = {tracking.VARIANT_TAG: experiment.variant, tracking.SEED_TAG: str(experiment.seed),
-            tracking.EXPERIMENT_TAG: experiment.name, **SpikeRule.from_config(experiment.train).describe(),
-            **(extra_tags or {})}
+            tracking.EXPERIMENT_TAG: experiment.name, HOST_TAG: socket.gethostname(),
+            **SpikeRule.from_config(experiment.train).describe(), **(extra_tags or {})}
     tracked.open(resuming, tags, run_name=f"{experiment.variant}-s{experiment.seed}")
     if resuming:
         return
@@ -250,18 +305,23 @@ def _record_diverged(tracked: TrackedRun, clock: _PhaseClock, stability: Stabili
 
 def _record_finished(tracked: TrackedRun, clock: _PhaseClock, stability: StabilityMonitor, step: int,
                      resuming: bool, module: GatedLM, experiment: ExperimentConfig, tokenizer, corpus,
-                     domains: list[str]) -> dict[str, float]:
-    """Evaluate the trained model and record it; returns the evaluation's metrics."""
+                     domains: list[str], log) -> dict[str, float]:
+    """Evaluate the trained model and record it, saying what it evaluates as each part starts (the evaluation can
+    take minutes after the last step); returns the evaluation's metrics."""
     from gatelab.train.evaluate import evaluate  # evaluation imports plotting; keep it off the training path
 
+    started = time.perf_counter()
     log_spikes(tracked, stability, resuming)
     metrics, artifacts = evaluate(module.model, experiment, tokenizer, corpus, domains,
-                                  tracked.metric_history("train/loss"), stability.spikes)
+                                  tracked.metric_history("train/loss"), stability.spikes, log=log)
+    log("recording the evaluation in MLflow: metrics, probes and plots")
     tracked.log_metrics({name: float(value) for name, value in metrics.items()
                          if value is not None and np.isfinite(value)}, step)
     tracked.log_artifacts(artifacts, "eval")
     if experiment.eval.lm_eval is not None:
+        log(f"evaluating: lm-evaluation-harness tasks {', '.join(experiment.eval.lm_eval.tasks)}")
         metrics |= _score_benchmarks(tracked, module, experiment, tokenizer, corpus, step)
+    log(f"evaluated in {format_duration(time.perf_counter() - started)}")
     clock.phase_ended("eval")
     clock.log(tracked, step)
     tracked.end("finished")
@@ -290,8 +350,12 @@ def _score_benchmarks(tracked: TrackedRun, module: GatedLM, experiment: Experime
 
 def run(experiment: ExperimentConfig, tracking_uri: str | None = None, runs_dir: Path = Path("runs"),
         quiet: bool = False, log=print, extra_callbacks: tuple = (), extra_tags: dict | None = None,
-        lease: Lease | None = None) -> RunResult:
+        lease: Lease | None = None, bar: bool | None = None) -> RunResult:
     """Train, evaluate and record one run; under DDP this runs on every rank, and only rank 0 touches MLflow.
+
+    It says what it does (data preparation, progress, each part of the evaluation) through `log`, unless `quiet`.
+    Progress is Lightning's bar where `bar` (by default: where stdout is a terminal), else a plain line every
+    GATELAB_PROGRESS_EVERY seconds (30), which a log file keeps.
 
     Nothing is allocated, prepared or opened before the run is known to fit in memory (`check_fits`), and one process
     at a time trains it (`RunOwnership`: a second one raises RunInProgress; a sweep worker that lost its `lease` raises
@@ -299,8 +363,10 @@ def run(experiment: ExperimentConfig, tracking_uri: str | None = None, runs_dir:
     """
     clock = _PhaseClock()
     _check_strategy(experiment)
-    if quiet:
-        quiet_lightning()
+    silence_noise()  # here, not only in the command: Lightning's own import resets its loggers to INFO
+    chatter = (lambda *_: None) if quiet else log
+    bar = not quiet and (sys.stdout.isatty() if bar is None else bar)
+    steps = StepProgress(chatter, every_s=None if quiet or bar else progress_every_s())
     model_config = resolve_model(experiment)
     check_fits(experiment, model_config)
     _set_threads(experiment.train.threads)
@@ -316,10 +382,10 @@ def run(experiment: ExperimentConfig, tracking_uri: str | None = None, runs_dir:
     agreement = _RankAgreement(resuming=False)
     ownership = RunOwnership(run_dir, lease)
     fence = [OwnershipFence(ownership)] if lease is not None else []
-    trainer = build_trainer(experiment, run_dir, [agreement, stability, *fence, *extra_callbacks], quiet)
+    trainer = build_trainer(experiment, run_dir, [agreement, stability, *fence, steps, *extra_callbacks], bar)
     rank = trainer.global_rank
     if rank:
-        log = lambda *_: None  # noqa: E731  rank 0 says everything once
+        log = chatter = lambda *_: None  # noqa: E731  rank 0 says everything once
         ownership = None  # rank 0 holds the run for all ranks
 
     uri = tracking.run_tracking_uri(tracking_uri, experiment, runs_dir, create=False)
@@ -331,7 +397,7 @@ def run(experiment: ExperimentConfig, tracking_uri: str | None = None, runs_dir:
                 tracking.check_store(uri)  # a dead server or a bad URI, in seconds, before the data is touched
             if rank == 0:
                 ownership.acquire()
-            tokenizer, corpus, domains = load_data(experiment, log=log if not quiet else (lambda *_: None), warn=log)
+            tokenizer, corpus, domains = load_data(experiment, log=chatter, warn=log)
             if rank == 0 and embedded:  # made only once the data is ready: bad input leaves no runs/ behind
                 runs_dir.mkdir(parents=True, exist_ok=True)
                 tracking.check_store(uri)
@@ -341,9 +407,10 @@ def run(experiment: ExperimentConfig, tracking_uri: str | None = None, runs_dir:
             _remove_if_left_empty(made)  # bad input or a busy run leaves no run folder behind
             raise
         try:
-            return _train_and_record(experiment, model_config, trainer, agreement, stability, ownership, clock, rank,
-                                     uri, runs_dir, run_dir, checkpoint, digest, tokenizer, corpus, domains, log,
-                                     extra_tags)
+            result = _train_and_record(experiment, model_config, trainer, agreement, stability, ownership, clock,
+                                       rank, uri, runs_dir, run_dir, checkpoint, digest, tokenizer, corpus, domains,
+                                       log, chatter, extra_tags)
+            return replace(result, trained_steps=steps.steps, train_s=steps.train_s)
         finally:
             if ownership is not None:
                 ownership.release()
@@ -367,7 +434,8 @@ def _remove_if_left_empty(folders: list[Path]) -> None:
 def _train_and_record(experiment: ExperimentConfig, model_config: ModelConfig, trainer: L.Trainer,
                       agreement: _RankAgreement, stability: StabilityMonitor, ownership: RunOwnership | None,
                       clock: _PhaseClock, rank: int, uri: str, runs_dir: Path, run_dir: Path, checkpoint: Path,
-                      digest: str, tokenizer, corpus, domains: list[str], log, extra_tags: dict | None) -> RunResult:
+                      digest: str, tokenizer, corpus, domains: list[str], log, chatter,
+                      extra_tags: dict | None) -> RunResult:
     resuming = agreement.resuming = set_aside_if_unreadable(checkpoint, log) if rank == 0 else checkpoint.exists()
     tracked = None
     if rank == 0:
@@ -389,7 +457,7 @@ def _train_and_record(experiment: ExperimentConfig, model_config: ModelConfig, t
             agreement.run_id = tracked.run_id
     try:
         return _fit_and_record(experiment, model_config, trainer, agreement, stability, tracked, ownership, clock,
-                               rank, checkpoint, resuming, digest, tokenizer, corpus, domains, log)
+                               rank, checkpoint, resuming, digest, tokenizer, corpus, domains, log, chatter)
     except Interrupted:
         if tracked is not None and tracked.run_id is not None:
             tracked.close_interrupted()
@@ -405,7 +473,7 @@ def _train_and_record(experiment: ExperimentConfig, model_config: ModelConfig, t
 def _fit_and_record(experiment: ExperimentConfig, model_config: ModelConfig, trainer: L.Trainer,
                     agreement: _RankAgreement, stability: StabilityMonitor, tracked: TrackedRun | None,
                     ownership: RunOwnership | None, clock: _PhaseClock, rank: int, checkpoint: Path, resuming: bool, digest: str, tokenizer, corpus,
-                    domains: list[str], log) -> RunResult:
+                    domains: list[str], log, chatter) -> RunResult:
     module, data = _module_and_data(experiment, model_config, corpus, domains)
     clock.phase_ended("setup")
     try:
@@ -413,12 +481,12 @@ def _fit_and_record(experiment: ExperimentConfig, model_config: ModelConfig, tra
     except _AlreadyRecorded:  # rank 0 found it done in MLflow, and other ranks were already running (see above)
         return replace(agreement.recorded, global_rank=rank)
     except RunPruned as pruned:  # a search stopped this run early: a result, not a crash
-        clock.phase_ended("train")
+        clock.training_ended(trainer)
         if rank == 0:
             _record_pruned(tracked, clock, trainer.global_step)
         log(f"run pruned at step {trainer.global_step}: {pruned}")
         return RunResult("pruned", agreement.run_id, digest, global_rank=rank)
-    clock.phase_ended("train")
+    clock.training_ended(trainer)
     run_id = agreement.run_id  # rank 0's, broadcast to every rank in `setup`
     if ownership is not None:
         ownership.check()  # a process paused through the end of training must not save over its successor's work
@@ -426,7 +494,7 @@ def _fit_and_record(experiment: ExperimentConfig, model_config: ModelConfig, tra
         # ModelCheckpoint(every_n_train_steps) writes last.ckpt on multiples of checkpoint_every only (Lightning 2.6's
         # on_train_end skips its save once one was written): without this, `gatelab eval` would score the weights of
         # some steps before the end. Every rank calls it; rank 0 writes.
-        trainer.save_checkpoint(checkpoint)
+        trainer.save_checkpoint(checkpoint, weights_only=False)  # the full state, as ModelCheckpoint writes it
     if tracked is not None:
         tracked.flush()  # the training metrics a tracking outage held back; raises, the checkpoint kept, if it lasts
 
@@ -438,5 +506,5 @@ def _fit_and_record(experiment: ExperimentConfig, model_config: ModelConfig, tra
     if rank:
         return RunResult("finished", run_id, digest, global_rank=rank)  # rank 0 evaluates and records
     metrics = _record_finished(tracked, clock, stability, trainer.global_step, resuming, module, experiment,
-                               tokenizer, corpus, domains)
+                               tokenizer, corpus, domains, chatter)
     return RunResult("finished", run_id, digest, metrics | clock.seconds)

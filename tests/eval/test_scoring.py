@@ -71,7 +71,7 @@ def test_eval_scores_each_finished_run_once_and_survives_a_kill(swept):
 
     table = gatelab_cli("table", str(sweep), "--format", "md", "--out", str(folder / "report"), *runs, cwd=folder)
     assert table.returncode == 0, table.stdout + table.stderr
-    report = (folder / "report" / "scored.md").read_text()
+    report = (folder / "report" / "README.md").read_text()
     assert f"{PREFIX}/gatelab_blimp/acc" in report and f"{PREFIX}/gatelab_blimp/acc Δ" in report
 
 

@@ -347,6 +347,19 @@ def test_learning_rate_sensitivity_and_the_highest_stable_rate(claims):
     assert stable["ours"] == "0.032 vs 0.016" and stable["verdict"] == f"{C.DESCRIPTIVE}: higher" and stable["p"] == ""
 
 
+def test_the_highest_stable_rate_is_not_testable_where_no_baseline_run_diverged(claims):
+    # Every rate trains for both groups (the baseline's loss still rises past 4e-3): the highest stable rate is the
+    # grid's top for both, which says nothing about the paper's claim.
+    def loss(variant, settings, seed):
+        rise = {1e-3: 0.6, 2e-3: 0.2, 4e-3: 0.0, 8e-3: 0.1, 1.6e-2: 0.3, 3.2e-2: 0.5}[settings["train.lr"]]
+        return {"val/loss": 4.0 + rise * (1.0 if variant == "baseline" else 0.2) + 0.01 * seed}
+
+    stable = _row(C.claims_table({LR: _records(LR, loss)}, claims),
+                  "The highest stable rate is higher with the gate (without QK-norm)")
+    assert stable["verdict"] == C.NOT_TESTABLE and stable["p"] == ""
+    assert "no baseline run diverged" in stable["note"] and "diverged at 0 of 6 train.lr values" in stable["note"]
+
+
 def test_the_table_made_twice_from_the_same_runs_is_identical(claims, tmp_path):
     def ppl(variant, settings, seed):
         return {"ppl/avg": 300 + 30 * _noise(seed, variant), "probe/gate_score_mean": 0.3 + 0.05 * _noise(seed, "g"),

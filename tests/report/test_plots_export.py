@@ -168,8 +168,8 @@ def report(tmp_path):
 
 def test_exports_write_every_format(report):
     out, written, _ = report
-    assert [p.name for p in written] == ["tiny.md", "tiny_tiny_avg_ppl_by_variant.csv",
-                                         "tiny_attention_sink_gates.csv", "tiny.tex", "tiny.html"]
+    assert [p.name for p in written] == ["tiny.md", "tiny.csv", "tiny_attention_sink_gates.csv", "tiny.tex",
+                                         "tiny.html"]
     assert all(p.parent == out and p.stat().st_size > 0 for p in written)
 
     markdown = (out / "tiny.md").read_text()
@@ -179,7 +179,7 @@ def test_exports_write_every_format(report):
     assert "![delta vs paper](../plots/delta_vs_paper.png)" in markdown
     assert "gatelab table sweeps/tiny.yaml" in markdown
 
-    for table, name in zip(_tables(), ["tiny_tiny_avg_ppl_by_variant.csv", "tiny_attention_sink_gates.csv"]):
+    for table, name in zip(_tables(), ["tiny.csv", "tiny_attention_sink_gates.csv"]):
         back = pd.read_csv(out / name, dtype=str, keep_default_na=False)
         assert [list(back.columns)] + back.values.tolist() == _expected_rows(table)
 

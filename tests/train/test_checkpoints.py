@@ -30,6 +30,51 @@ def test_a_write_that_fails_leaves_the_previous_checkpoint_and_no_partial_file(t
     assert [p.name for p in path.parent.iterdir()] == ["last.ckpt"]
 
 
+def test_during_fit_a_checkpoint_is_published_only_after_its_step_metrics_were_logged(tmp_path):
+    # Lightning saves a step's checkpoint before it logs that step's metrics: a checkpoint visible in between would let
+    # a kill lose those points, since the resumed run starts after that step.
+    import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.demos.boring_classes import BoringModel
+    from lightning.pytorch.loggers.logger import Logger
+
+    class StepsLogged(Logger):
+        name, version = "steps", 0
+        steps: list[int] = []
+
+        def log_metrics(self, metrics, step=None):
+            self.steps.append(step)
+
+        def log_hyperparams(self, params, *args, **kwargs):
+            pass
+
+    class Logging(BoringModel):
+        def training_step(self, batch, batch_idx):
+            out = super().training_step(batch, batch_idx)
+            self.log("train/loss", out["loss"])
+            return out
+
+    checkpoint_io, logger, published = DurableCheckpointIO(), StepsLogged(), []
+    publish = checkpoint_io.publish
+
+    def recording_publish():
+        published.append((trainer.global_step, list(logger.steps)))
+        publish()
+
+    checkpoint_io.publish = recording_publish
+    trainer = L.Trainer(max_steps=12, logger=logger, log_every_n_steps=1, enable_progress_bar=False,
+                        enable_model_summary=False, limit_val_batches=0, plugins=[checkpoint_io],
+                        callbacks=[checkpoints.PublishAfterStepMetrics(checkpoint_io),
+                                   ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=5, save_last=True,
+                                                   save_top_k=0)])
+    trainer.fit(Logging())
+    assert [step for step, _ in published] == [5, 10]  # at the start of the step after each checkpoint
+    for step, logged in published:
+        assert step - 1 in logged  # the step the checkpoint covers was logged before the checkpoint got its name
+    assert torch.load(tmp_path / "last.ckpt", weights_only=False)["global_step"] == 10
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
 def test_an_unreadable_checkpoint_is_moved_aside_with_one_line(tmp_path):
     path = tmp_path / "last.ckpt"
     torch.save({"w": torch.ones(1000)}, path)

@@ -1,0 +1,298 @@
+"""What runs and sweeps say while they work (gatelab.progress, StepProgress): plain progress lines at a steady pace,
+the time a sweep has left, the block that ends it, the time estimate of a plan, and the noise they keep quiet."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from gatelab.progress import (
+    RunCosts,
+    closing_lines,
+    format_duration,
+    progress_every_s,
+    silence_noise,
+    sweep_progress_line,
+    sweep_time_left,
+)
+from gatelab.errors import GatelabError
+from gatelab.sweep.queue import RunState
+from tests.helpers import REPO, write_sweep
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def fake_trainer(step: int, max_steps: int = 150, rank: int = 0, loss: float | None = 5.4321):
+    metrics = {} if loss is None else {"train/loss": loss}
+    return SimpleNamespace(global_step=step, max_steps=max_steps, global_rank=rank, callback_metrics=metrics)
+
+
+def test_a_plain_line_comes_every_n_seconds_with_the_step_rate_and_the_time_left():
+    from gatelab.train.run import StepProgress
+
+    clock, lines = FakeClock(), []
+    progress = StepProgress(lines.append, every_s=30, clock=clock)
+    progress.on_train_start(fake_trainer(0), None)
+    for step in range(1, 81):  # 1 s a step: a line at 30 s and at 60 s, none in between
+        clock.now += 1.0
+        progress.on_train_batch_end(fake_trainer(step), None, None, None, step - 1)
+    assert lines == ["step 30/150, loss 5.432, 1 s a step, 2 min left",
+                     "step 60/150, loss 5.432, 1 s a step, 1 min 30 s left"]
+    assert progress.seconds_per_step == pytest.approx(1.0) and progress.steps == 80
+    progress.on_train_end(fake_trainer(80), None)
+    assert lines[-1] == "trained 80 steps in 1 min 20 s (1 s a step)"
+
+
+def test_a_slow_step_still_gets_its_line_and_a_resumed_run_counts_only_its_own_steps():
+    from gatelab.train.run import StepProgress
+
+    clock, lines = FakeClock(), []
+    progress = StepProgress(lines.append, every_s=30, clock=clock)
+    progress.on_train_start(fake_trainer(100), None)  # resumed from a checkpoint at step 100
+    clock.now += 45.0  # one step longer than the interval
+    progress.on_train_batch_end(fake_trainer(101, loss=None), None, None, None, 0)
+    assert lines == ["step 101/150, 45 s a step, 37 min left"]  # 49 steps x 45 s
+    assert progress.steps == 1 and progress.seconds_per_step == pytest.approx(45.0)
+
+
+def test_with_a_bar_or_on_other_ranks_it_measures_without_a_word():
+    from gatelab.train.run import StepProgress
+
+    for every_s, rank in ((None, 0), (30, 1)):
+        clock, lines = FakeClock(), []
+        progress = StepProgress(lines.append, every_s=every_s, clock=clock)
+        progress.on_train_start(fake_trainer(0, rank=rank), None)
+        for step in range(1, 101):
+            clock.now += 0.5
+            progress.on_train_batch_end(fake_trainer(step, rank=rank), None, None, None, step - 1)
+        progress.on_train_end(fake_trainer(100, rank=rank), None)
+        assert lines == [] and progress.seconds_per_step == pytest.approx(0.5)
+
+
+def test_the_interval_comes_from_the_environment_and_a_bad_one_is_one_message(monkeypatch):
+    monkeypatch.delenv("GATELAB_PROGRESS_EVERY", raising=False)
+    assert progress_every_s() == 30
+    monkeypatch.setenv("GATELAB_PROGRESS_EVERY", "5")
+    assert progress_every_s() == 5
+    for bad in ("soon", "0", "-3"):
+        monkeypatch.setenv("GATELAB_PROGRESS_EVERY", bad)
+        with pytest.raises(GatelabError, match="GATELAB_PROGRESS_EVERY"):
+            progress_every_s()
+
+
+@pytest.mark.parametrize("seconds, text", [(0.4, "0 s"), (45, "45 s"), (77, "1 min 17 s"), (120, "2 min"),
+                                           (1500, "25 min"), (7500, "2 h 5 min"), (3 * 86400, "3.0 days")])
+def test_durations_read_as_a_person_would_say_them(seconds, text):
+    assert format_duration(seconds) == text
+
+
+def state(index: int, status: str, worker: str | None = None, since: float | None = None) -> RunState:
+    return RunState(f"h{index}", index, f"run{index}", status, 1, worker=worker, since=since)
+
+
+def test_time_left_prices_every_run_not_done_at_this_workers_rate():
+    costs = RunCosts()
+    costs.record(wall_s=130, steps=100, train_s=100)  # 1 s a step, 30 s around it
+    costs.record(wall_s=320, steps=100, train_s=300)  # 3 s a step, 20 s around it
+    assert costs.run_seconds(100) == pytest.approx(2.0 * 100 + 25)
+    steps = {f"h{i}": 100 for i in range(4)}
+    states = [state(0, "finished"), state(1, "diverged"), state(2, "pending"), state(3, "pending")]
+    assert sweep_time_left(states, steps, costs, "me", now=0) == pytest.approx(2 * 225)
+    # Another worker has been at run 3 for 100 s: 125 s of it are left, and two workers share the rest.
+    states[3] = state(3, "running", worker="other", since=0)
+    assert sweep_time_left(states, steps, costs, "me", now=100) == pytest.approx(max((225 + 125) / 2, 225))
+    assert sweep_time_left([state(0, "finished"), state(1, "failed")], steps, costs, "me") == 0
+
+
+def test_time_left_is_unknown_until_this_worker_has_measured_a_run():
+    costs = RunCosts()
+    costs.record(wall_s=12, steps=0, train_s=0)  # found already recorded: nothing trained here
+    assert sweep_time_left([state(0, "pending")], {"h0": 100}, costs, "me") is None
+    line = sweep_progress_line("quick", [state(0, "finished"), state(1, "pending")], None, costs)
+    assert line == "sweep quick: 1/2 runs done (1 finished)"
+
+
+def test_the_sweep_line_says_runs_done_and_how_the_time_left_was_estimated():
+    costs = RunCosts()
+    costs.record(wall_s=190, steps=150, train_s=165)
+    states = [state(0, "finished"), state(1, "failed"), state(2, "pending")]
+    line = sweep_progress_line("quick", states, sweep_time_left(states, {"h2": 150}, costs, "me"), costs)
+    assert line == ("sweep quick: 2/3 runs done (1 finished, 1 failed), about 3 min 10 s left (estimate: 1.1 s a step "
+                    "and 25 s of start-up and evaluation a run, as measured by this worker over 1 run(s))")
+    states[2] = state(2, "running", worker="other", since=0)  # at it for longer than a run took here
+    line = sweep_progress_line("quick", states, sweep_time_left(states, {"h2": 150}, costs, "me", now=1000), costs)
+    assert line == "sweep quick: 2/3 runs done (1 finished, 1 failed), 1 still running (past this worker's estimate)"
+
+
+def test_the_closing_block_names_the_store_and_the_next_commands():
+    lines = closing_lines(Path("sweeps/quickstart.yaml"), "quickstart", ["sqlite:////x/runs/mlflow.db?timeout=60"],
+                          Path("runs"))
+    assert lines == [
+        "results: MLflow store /x/runs/mlflow.db (SQLite); checkpoints under runs/",
+        "next:",
+        "  gatelab table sweeps/quickstart.yaml         # tables and plots, into runs/reports/quickstart/",
+        "  gatelab ui sweeps/quickstart.yaml            # the runs in the MLflow UI, at http://127.0.0.1:5000",
+        "  gatelab sweep status sweeps/quickstart.yaml  # the ledger: one row per run",
+    ]
+
+
+def test_the_closing_commands_carry_the_options_the_sweep_ran_with_and_no_password():
+    lines = closing_lines(Path("s.yaml"), "s", ["http://admin:TopSecret@host:5000"], Path("/tmp/my runs"),
+                          experiment=Path("experiments/small.yaml"), tracking_uri="http://admin:TopSecret@host:5000")
+    text = "\n".join(lines)
+    assert "TopSecret" not in text and "http://admin:***@host:5000" in lines[0]
+    table = next(line for line in lines if "gatelab table" in line)
+    assert table.startswith("  gatelab table s.yaml --experiment experiments/small.yaml --tracking-uri "
+                            "'http://admin:***@host:5000' --runs-dir '/tmp/my runs'")  # quoted for the shell
+    assert table.endswith("into /tmp/my runs/reports/s/")
+    status = next(line for line in lines if "sweep status" in line)
+    assert "--runs-dir '/tmp/my runs'" in status and "--tracking-uri" not in status  # status has no such option
+
+
+@pytest.fixture
+def restored_logging_levels():
+    names = ("lightning", "lightning.pytorch", "lightning.fabric")
+    levels = {name: logging.getLogger(name).level for name in names}
+    yield names
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
+
+
+def _warn_from(module: str, category: type[Warning], message: str = "noise") -> None:
+    warnings.warn_explicit(message, category, f"{module.replace('.', '/')}.py", 1, module=module)
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_noise_is_dropped_and_gatelabs_own_warnings_kept(monkeypatch, restored_logging_levels, verbose):
+    if verbose:
+        monkeypatch.setenv("GATELAB_VERBOSE", "1")
+    else:
+        monkeypatch.delenv("GATELAB_VERBOSE", raising=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        silence_noise()
+        _warn_from("lightning.pytorch.utilities._pytree", FutureWarning, "`isinstance(treespec, LeafSpec)`")
+        _warn_from("mlflow.utils", DeprecationWarning)
+        _warn_from("lightning.pytorch.trainer", UserWarning, "a real problem")
+        _warn_from("gatelab.sweep.plan", DeprecationWarning, "gatelab's own")
+        _warn_from("gatelab", FutureWarning, "gatelab's own too")
+    kept = [str(w.message) for w in caught]
+    quiet = ["a real problem", "gatelab's own", "gatelab's own too"]
+    assert kept == (["`isinstance(treespec, LeafSpec)`", "noise"] + quiet if verbose else quiet)
+    assert all(logging.getLogger(name).isEnabledFor(logging.INFO) == verbose for name in restored_logging_levels)
+
+
+def test_lightning_says_nothing_about_devices_or_tips_once_silenced():
+    """The real Trainer, in a fresh process: its banners are INFO logs under names Lightning may change."""
+    script = ("import lightning as L\nfrom gatelab.progress import silence_noise\nsilence_noise()\n"
+              "L.Trainer(accelerator='cpu', precision='bf16-mixed', logger=False, enable_progress_bar=False)\n"
+              "print('built')\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("GATELAB_VERBOSE", None)
+    quiet = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert quiet.returncode == 0, quiet.stderr
+    assert quiet.stdout == "built\n" and quiet.stderr == ""
+    loud = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env={**env, "GATELAB_VERBOSE": "1"}, timeout=120)
+    assert "GPU available" in loud.stderr and "bfloat16" in loud.stderr  # what --verbose brings back
+
+
+# --- the time estimate of `gatelab sweep plan` and of the start of `gatelab sweep run` ---------------------------
+
+def _measured(experiment, variant: str, step_s: float, overhead_s: float):
+    from gatelab.config import flatten
+    from gatelab.sweep.plan import MeasuredRun, step_shape
+
+    return MeasuredRun(step_shape(flatten(experiment)), variant, step_s, overhead_s)
+
+
+def test_a_run_of_the_same_shape_measured_here_prices_the_plan(tmp_path):
+    from gatelab.sweep.plan import estimate_lines, plan_rows
+    from gatelab.sweep.spec import expand, load_sweep
+
+    specs = expand(load_sweep(write_sweep(tmp_path, {"grid": {"variant": ["baseline", "g1_elem_sig"]}})))
+    experiment = specs[0].experiment
+    other_shape = experiment.model_copy(update={"train": experiment.train.model_copy(update={"batch_size": 64})})
+    measured = [_measured(experiment, "baseline", 0.5, 20.0), _measured(experiment, "baseline", 0.7, 40.0),
+                _measured(experiment, "g2_elem_sig", 9.0, 99.0),  # same shape, another variant
+                _measured(other_shape, "g1_elem_sig", 50.0, 500.0)]  # another shape: never used
+    baseline, gated = plan_rows(specs, measured=measured)
+    steps = experiment.train.max_steps
+    assert baseline["basis"] == "measured" and baseline["seconds"] == pytest.approx(0.6 * steps + 30.0)  # medians
+    # No g1_elem_sig run of this shape: every variant of the shape counts.
+    assert gated["basis"] == "measured" and gated["seconds"] == pytest.approx(0.7 * steps + 40.0)
+    lines = estimate_lines([baseline, gated], workers=1)
+    assert lines[0].startswith("estimate: about ") and "for 2 run(s)" in lines[0]
+    assert lines[1].startswith("  measured on this machine (2 of 2 runs): ") and "the median of 3 earlier" in lines[1]
+    assert "FLOP/s" not in "\n".join(lines)
+
+
+def test_without_measurements_the_estimate_says_it_is_a_rough_guess_from_flops(tmp_path):
+    from gatelab.sweep.plan import CPU_FLOPS, estimate_lines, plan_rows
+    from gatelab.sweep.spec import expand, load_sweep
+
+    rows = plan_rows(expand(load_sweep(write_sweep(tmp_path, {"grid": {"variant": ["baseline", "g1_elem_sig"]}}))))
+    assert {row["basis"] for row in rows} == {"flops"}
+    assert rows[0]["seconds"] == pytest.approx(rows[0]["flops"] / CPU_FLOPS)
+    lines = estimate_lines(rows, workers=2)
+    assert lines[0].startswith("estimate: at least ") and "on 2 workers" in lines[0]  # training alone: a floor
+    assert lines[1].startswith("  a rough guess (2 of 2 runs): training FLOPs")
+    assert "start-up and evaluation not included" in lines[1]
+
+
+def test_measured_runs_are_read_back_from_the_store_for_this_machine_only(tmp_path):
+    """The params, tags and metrics a real run records are the ones the plan looks for."""
+    from gatelab import tracking
+    from gatelab.config import flatten
+    from gatelab.progress import HOST_TAG
+    from gatelab.sweep.plan import STEP_SHAPE, measured_runs, step_shape
+    from gatelab.sweep.spec import expand, load_sweep
+
+    experiment = expand(load_sweep(write_sweep(tmp_path, {})))[0].experiment
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert measured_runs(uri) == []  # no store: nothing, and none made
+    assert not (tmp_path / "mlflow.db").exists()
+    tracking.prepare_store(uri)
+    client = tracking.client(uri)
+    experiment_id = client.create_experiment(experiment.name)
+    params = {key: str(value) for key, value in flatten(experiment).items()}  # as TrackedRun.log_start logs them
+    for host, status, step_s in (("here", "finished", 0.8), ("elsewhere", "finished", 0.1), ("here", "failed", 5.0)):
+        run = client.create_run(experiment_id, tags={HOST_TAG: host, tracking.STATUS_TAG: status})
+        for key in ("variant", *STEP_SHAPE):
+            client.log_param(run.info.run_id, key, params[key])
+        for name, value in (("time/step_s", step_s), ("time/setup_s", 4.0), ("time/eval_s", 6.0)):
+            client.log_metric(run.info.run_id, name, value)
+    [found] = measured_runs(uri, host="here")
+    assert (found.seconds_per_step, found.overhead_s, found.variant) == (0.8, 10.0, "baseline")
+    assert found.shape == step_shape(flatten(experiment))  # what plan_rows compares each cell with
+
+
+def test_verbose_reaches_every_worker_through_its_command_line(monkeypatch):
+    from typer.testing import CliRunner
+
+    from gatelab.cli import app
+    from gatelab.sweep.executor import worker_command
+
+    arguments = dict(sweep=Path("s.yaml"), experiment=None, storage="ledger.journal", tracking_uri=None,
+                     runs_dir=Path("runs"), threads=1, heartbeat_s=10.0, grace_s=60.0)
+    monkeypatch.delenv("GATELAB_VERBOSE", raising=False)
+    assert "--verbose" not in worker_command(**arguments)
+    monkeypatch.setenv("GATELAB_VERBOSE", "1")  # what `gatelab sweep run --verbose` sets for itself
+    command = worker_command(**arguments)
+    assert command[command.index("worker") - 2:command.index("worker") + 1] == ["gatelab", "sweep", "worker"]
+    assert command[-1] == "--verbose"
+    for words in (["sweep", "worker"], ["sweep", "run"], ["train"]):  # each command takes the flag it passes down
+        assert "--verbose" in CliRunner().invoke(app, [*words, "--help"]).output
