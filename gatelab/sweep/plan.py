@@ -41,7 +41,7 @@ from gatelab.sweep.spec import RunSpec, format_value, load_sweep
 
 # A rough default for a small CPU in bf16 autocast, in the Lightning loop; measured figures live in results/bench/
 # (`gatelab bench` reports a machine's achieved FLOP/s; --flops-per-second passes one to the plan). Other processes on
-# the same cores slow a run further: read CPU estimates as lower bounds.
+# the same cores slow a run further.
 CPU_FLOPS = 7.0e10
 # 40% of one H100's dense bf16 peak (989 TFLOP/s): a realistic model FLOPs utilisation for small models.
 GPU_FLOPS = 4.0e14
@@ -329,9 +329,9 @@ def estimate_lines(rows: Sequence[dict[str, Any]], workers: int = 1, what: str =
     longest = max(row["seconds"] for row in rows)
     measured = [row for row in rows if row["basis"] == "measured"]
     guessed = [row for row in rows if row["basis"] == "flops"]
-    # A FLOPs guess leaves out start-up and evaluation (often more than a short run's training) and assumes a core to
-    # itself: a floor, and said so.
-    about = "at least" if guessed else "about"
+    # A FLOPs guess can be off several-fold either way (the quickstart's 150 tiny steps took 0.27 s each on 2 idle
+    # cores, against the guess's 1.0 s; under load, 2-5x longer), so it is labelled a rough guess, not a bound.
+    about = "roughly" if guessed else "about"
     lines = [f"estimate: {about} {format_duration(max(totals['seconds'] / workers, longest))} for {totals['runs']} "
              f"{what}run(s){shared}, {format_duration(per_run)} a run"]
     if measured:
