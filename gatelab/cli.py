@@ -564,6 +564,8 @@ def ui(
     port: Annotated[int, typer.Option(help="port on 127.0.0.1")] = 5000,
     screenshot: Annotated[Optional[Path], typer.Option(help="write a PNG of the page it prints (headless Chromium), "
                                                        "then stop")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", help="show the server's own log lines (else kept in a log "
+                                                            "file, named if it fails)")] = False,
 ) -> None:
     """Start the MLflow UI on 127.0.0.1 over the sweep's tracking store and print the page to open: the sweep's runs
     (or the only experiment's) sorted by ppl/avg with the key metrics as columns. Ctrl-C stops it."""
@@ -577,7 +579,7 @@ def ui(
 
             sweep_name = load_sweep(sweep).name  # a wrong file is an error here, not an empty UI
         serve_ui(tracking_uri or default_tracking_uri(runs_dir), port=port, sweep_name=sweep_name,
-                 screenshot=screenshot)
+                 screenshot=screenshot, verbose=verbose)
     except GatelabError as error:
         _fail(error)
 

@@ -184,7 +184,8 @@ def _group_alive(group: int) -> bool:
 
 
 def serve_ui(tracking_uri: str, host: str = "127.0.0.1", port: int = 5000, artifacts_dir: Path | None = None,
-             workers: int = 2, sweep_name: str | None = None, screenshot: Path | None = None) -> None:
+             workers: int = 2, sweep_name: str | None = None, screenshot: Path | None = None,
+             verbose: bool = False) -> None:
     """Run `mlflow ui` over `tracking_uri` until SIGINT (Ctrl-C) or SIGTERM, then stop it and all its workers.
 
     Prints the page to open once the server answers (landing_pages: the sweep `sweep_name`'s runs, or the only
@@ -192,7 +193,8 @@ def serve_ui(tracking_uri: str, host: str = "127.0.0.1", port: int = 5000, artif
     `screenshot`, writes a PNG of that page (headless Chromium) and stops. Raises GatelabError when the port is taken,
     when the server exits or does not answer within START_TIMEOUT_S, or when the screenshot fails. `artifacts_dir` is
     where artifacts of experiments created from the UI go (gatelab's own experiments record their artifact location
-    already)."""
+    already). The server's own lines (uvicorn's access log, its libraries' warnings) go to a log file, named in any
+    error, and are removed after a clean stop; `verbose` shows them instead."""
     if _port_taken(host, port):
         raise GatelabError(f"port {port} on {host} is already in use: stop what listens there or pass --port "
                            f"{find_free_port(host)}")
@@ -216,18 +218,25 @@ def serve_ui(tracking_uri: str, host: str = "127.0.0.1", port: int = 5000, artif
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, _on_signal)
     try:
-        try:
-            stdout = sys.stderr.fileno()  # the server's log lines go to stderr; stdout says only where it is
-        except (AttributeError, OSError, ValueError):
-            stdout = None
+        server_log = None
+        if verbose:
+            try:
+                stdout = stderr = sys.stderr.fileno()  # the server's lines go to stderr; stdout says only where it is
+            except (AttributeError, OSError, ValueError):
+                stdout = stderr = None
+        else:
+            server_log = tempfile.NamedTemporaryFile("w", prefix="gatelab-mlflow-ui-", suffix=".log", delete=False)
+            stdout = stderr = server_log
         # MLflow 3's server also runs a GenAI job runner (huey consumers, a store in /dev/shm that outlives a kill);
         # gatelab's runs need none of it, so it is off unless the environment turns it on.
         env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": os.environ.get(
             "MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")}
-        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=stdout, env=env,
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, env=env,
                                    start_new_session=True)
+        where = f"its log: {server_log.name}" if server_log else "its messages are above"
+        clean = False
         try:
-            _wait_until_up(process, address, stop)
+            _wait_until_up(process, address, stop, where)
             if stop.is_set():
                 return
             print(f"MLflow UI for {redact(tracking_uri)}: {page}" + ("" if screenshot else "  (Ctrl-C stops it)"),
@@ -236,14 +245,19 @@ def serve_ui(tracking_uri: str, host: str = "127.0.0.1", port: int = 5000, artif
             if screenshot is not None:
                 take_screenshot(page, screenshot, chromium)
                 print(f"wrote {screenshot}", flush=True)
+                clean = True
                 return
             while not stop.is_set():
                 if process.poll() is not None:
-                    raise GatelabError(f"the MLflow UI stopped by itself (exit code {process.returncode}); "
-                                       "its messages are above")
+                    raise GatelabError(f"the MLflow UI stopped by itself (exit code {process.returncode}); {where}")
                 stop.wait(0.5)
+            clean = True
         finally:
             _stop_group(process)
+            if server_log is not None:
+                server_log.close()
+                if clean:
+                    Path(server_log.name).unlink(missing_ok=True)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -263,14 +277,14 @@ def _say_where_the_runs_are(page: str, pages: list[tuple[str, str]], sweep_name:
             print(f"  {name}: {runs}", flush=True)
 
 
-def _wait_until_up(process: subprocess.Popen, url: str, stop: threading.Event) -> None:
+def _wait_until_up(process: subprocess.Popen, url: str, stop: threading.Event, where: str) -> None:
     deadline = time.monotonic() + START_TIMEOUT_S
     while not stop.is_set():
         if process.poll() is not None:
             raise GatelabError(f"the MLflow UI exited with code {process.returncode} before answering at {url}; "
-                               "its messages are above")
+                               f"{where}")
         if _answers(url):
             return
         if time.monotonic() > deadline:
-            raise GatelabError(f"the MLflow UI did not answer at {url} within {START_TIMEOUT_S:.0f} s")
+            raise GatelabError(f"the MLflow UI did not answer at {url} within {START_TIMEOUT_S:.0f} s; {where}")
         stop.wait(0.5)

@@ -60,7 +60,8 @@ def _alive(pid: int, args: str) -> bool:
 def test_gatelab_ui_answers_then_stops_on_ctrl_c_leaving_nothing(tmp_path):
     port = find_free_port()
     db = tmp_path / "mlflow.db"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+           "TMPDIR": str(tmp_path)}  # where the server's own log goes while it runs
     log = (tmp_path / "server.log").open("w")
     # The command a user types: `gatelab ui` over a tracking store (here an empty one).
     process = subprocess.Popen([sys.executable, "-m", "gatelab", "ui", "--tracking-uri", f"sqlite:///{db}",
@@ -86,8 +87,11 @@ def test_gatelab_ui_answers_then_stops_on_ctrl_c_leaving_nothing(tmp_path):
         server = _descendants(process.pid)
         assert any(f"--port {port}" in args for args in server.values()), server  # the tree we expect to vanish
 
+        assert list(tmp_path.glob("gatelab-mlflow-ui-*.log"))  # uvicorn's lines go there, not to the terminal
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=30) == 0, (tmp_path / "server.log").read_text()[-3000:]
+        assert "Uvicorn running" not in (tmp_path / "server.log").read_text()
+        assert not list(tmp_path.glob("gatelab-mlflow-ui-*.log"))  # removed after a clean stop
     finally:
         if process.poll() is None:
             process.kill()

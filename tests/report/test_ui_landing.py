@@ -190,7 +190,7 @@ def test_the_printed_page_shows_the_runs_sorted_by_ppl_with_the_key_metric_colum
                               env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
     try:
         address = f"http://127.0.0.1:{port}/"
-        ui._wait_until_up(server, address, threading.Event())
+        ui._wait_until_up(server, address, threading.Event(), f"its log: {log.name}")
         page, _ = ui.landing_pages(uri, address)
         with tempfile.TemporaryDirectory() as profile:
             dom = subprocess.run([ui.find_chromium(), "--headless", "--disable-gpu", "--no-sandbox",
