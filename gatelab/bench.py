@@ -213,9 +213,9 @@ def lightning_steps(experiment: ExperimentConfig, precision: str, steps: int, fo
     and an MLflow logger writing to a SQLite store, as in `gatelab train` (quiet, no checkpoint)."""
     from gatelab.model import resolve_model
     from gatelab.train.module import GatedLM, StabilityMonitor, TextData
-    from gatelab.train.run import quiet_lightning
+    from gatelab.progress import silence_noise
 
-    quiet_lightning()
+    silence_noise()
     train = experiment.train
     timer = StepTimer()
     logger = tracking.lightning_logger("bench", f"sqlite:///{folder / 'mlflow.db'}")

@@ -928,9 +928,9 @@ def _rss_child(kind: str, corpus_dir: str, steps: int) -> dict:
     from gatelab.host import repo_root
     from gatelab.model import resolve_model
     from gatelab.train.module import GatedLM, TextData
-    from gatelab.train.run import quiet_lightning
+    from gatelab.progress import silence_noise
 
-    quiet_lightning()
+    silence_noise()
     warnings.filterwarnings("ignore")
     marks["after_imports"] = peak_rss_gb()
     experiment = load_experiment(repo_root() / "experiments" / "tiny.yaml",

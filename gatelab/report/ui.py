@@ -107,18 +107,23 @@ def find_chromium() -> str:
                        "it (Debian/Ubuntu: apt-get install chromium) or add its folder to PATH")
 
 
+def headless_chromium(chromium: str, profile: str, *page_args: str) -> list[str]:
+    """The command that loads a page in headless Chromium at SCREENSHOT_WINDOW, in the fresh profile `profile`, and
+    lets it run for SCREENSHOT_PAGE_TIME_MS of page time; `page_args` say what to do with it and which URL."""
+    width, height = SCREENSHOT_WINDOW
+    # --no-sandbox: Chromium's sandbox will not start as root or in most containers; the page is the local MLflow UI.
+    return [chromium, "--headless", "--disable-gpu", "--no-sandbox", "--no-first-run", "--hide-scrollbars",
+            f"--user-data-dir={profile}", f"--window-size={width},{height}",
+            f"--virtual-time-budget={SCREENSHOT_PAGE_TIME_MS}", *page_args]
+
+
 def take_screenshot(url: str, path: Path, chromium: str | None = None) -> None:
     """A PNG of `url` as headless Chromium draws it once the page has loaded, in a fresh profile (the UI's defaults,
     not a browser's remembered columns)."""
     chromium = chromium or find_chromium()
     path = Path(path).resolve()
-    width, height = SCREENSHOT_WINDOW
     with tempfile.TemporaryDirectory(prefix="gatelab-chromium-") as profile:
-        # --no-sandbox: Chromium's sandbox will not start as root or in most containers; the page is the local
-        # MLflow UI this process started.
-        command = [chromium, "--headless", "--disable-gpu", "--no-sandbox", "--no-first-run", "--hide-scrollbars",
-                   f"--user-data-dir={profile}", f"--window-size={width},{height}",
-                   f"--virtual-time-budget={SCREENSHOT_PAGE_TIME_MS}", f"--screenshot={path}", url]
+        command = headless_chromium(chromium, profile, f"--screenshot={path}", url)
         path.unlink(missing_ok=True)  # an older picture must not pass for this one
         browser = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, text=True, start_new_session=True)

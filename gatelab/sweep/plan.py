@@ -36,7 +36,7 @@ from typing import Any
 from gatelab import paper as paper_tables
 from gatelab.config import ExperimentConfig, ModelConfig, flatten
 from gatelab.data.budget import CorpusCounter, format_tokens, repeat_warning
-from gatelab.progress import HOST_TAG, format_duration, step_time
+from gatelab.progress import DONE, HOST_TAG, format_duration, step_time
 from gatelab.sweep.spec import RunSpec, format_value, load_sweep
 
 # A rough default for a small CPU in bf16 autocast, in the Lightning loop; measured figures live in results/bench/
@@ -377,7 +377,7 @@ def sweep_run_estimate(sweep, specs: Sequence[RunSpec], storage: str, tracking_u
         left = list(specs)
     else:
         done = {state.hash for state in ledger_states(storage, runs_dir, sweep.name, specs)
-                if state.status in ("finished", "diverged", "failed")}
+                if state.status in DONE}
         left = [spec for spec in specs if spec.hash not in done]
     if not left:
         return []

@@ -96,12 +96,6 @@ def recorded_result(experiment: ExperimentConfig, tracking_uri: str | None = Non
     return _recorded_outcome(_tracked_run(experiment, tracking_uri, runs_dir))
 
 
-def quiet_lightning() -> None:
-    """Keep Lightning's start-up banners (accelerator, tips) and third-party deprecation warnings out of the output
-    (unless --verbose): `gatelab.progress.silence_noise`, which every `run` calls itself."""
-    silence_noise()
-
-
 def _alone_until_fit(trainer: L.Trainer) -> bool:
     """Whether no other rank of this run can exist before rank 0 calls `trainer.fit`.
 

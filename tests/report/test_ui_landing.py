@@ -193,9 +193,7 @@ def test_the_printed_page_shows_the_runs_sorted_by_ppl_with_the_key_metric_colum
         ui._wait_until_up(server, address, threading.Event(), f"its log: {log.name}")
         page, _ = ui.landing_pages(uri, address)
         with tempfile.TemporaryDirectory() as profile:
-            dom = subprocess.run([ui.find_chromium(), "--headless", "--disable-gpu", "--no-sandbox",
-                                  f"--user-data-dir={profile}", "--window-size=1920,1080",
-                                  f"--virtual-time-budget={ui.SCREENSHOT_PAGE_TIME_MS}", "--dump-dom", page],
+            dom = subprocess.run(ui.headless_chromium(ui.find_chromium(), profile, "--dump-dom", page),
                                  capture_output=True, text=True, timeout=180).stdout
     finally:
         ui._stop_group(server)
