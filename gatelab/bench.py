@@ -19,6 +19,7 @@ Training data are random tokens: the step's cost does not depend on them, and th
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -75,6 +76,12 @@ class GemmFigures:
     square_gemm_flops_per_s: float  # a 1024^3 GEMM, for scale
     shapes: int
 
+    @property
+    def gemm_rate_share(self) -> float:
+        """The step's model FLOP/s as a share of the rate its own GEMMs reach alone (attention FLOPs count in the
+        model's, not in the GEMMs': SDPA is not a GEMM op)."""
+        return self.achieved_flops_per_s / self.gemm_flops_per_s
+
 
 @dataclass
 class BenchReport:
@@ -82,6 +89,10 @@ class BenchReport:
     steps: list[StepFigures] = field(default_factory=list)
     gemm: list[GemmFigures] = field(default_factory=list)
     run_cost: dict = field(default_factory=dict)
+    profile: dict = field(default_factory=dict)  # preset -> op_profile rows of its own step
+    compile_cost: dict = field(default_factory=dict)  # preset -> compile_cost
+    peer: dict = field(default_factory=dict)  # preset -> why transformers was not compared, where it was not
+    numerics: dict = field(default_factory=dict)  # preset -> loss_curves
     sweep: dict = field(default_factory=dict)
     plan_seconds: float | None = None
     gpu_estimates: list[dict] = field(default_factory=list)
@@ -143,28 +154,24 @@ def _autocast(precision: str):
     return torch.autocast(_device().type, dtype=dtype, enabled=dtype != torch.float32)
 
 
-def plain_step(experiment: ExperimentConfig, precision: str, compile: bool = False) -> Callable[[], None]:
+def plain_step(experiment: ExperimentConfig, precision: str) -> Callable[[], None]:
     """A plain PyTorch training step on gatelab's model: the same init, loss, AdamW groups, schedule and clipping as
-    gatelab's LightningModule, none of Lightning's machinery; eager unless `compile`."""
+    gatelab's LightningModule (its `training_loss`, blocks compiled where `train.compile`), none of Lightning's
+    machinery."""
     from gatelab.model import resolve_model
-    from gatelab.train.module import GatedLM, next_token_loss
+    from gatelab.train.module import GatedLM
 
-    train = experiment.train.model_copy(update={"compile": compile})
-    experiment = experiment.model_copy(update={"train": train})
     module = GatedLM(experiment, resolve_model(experiment)).to(_device())
     optimizers = module.configure_optimizers()
     optimizer, schedule = optimizers["optimizer"], optimizers["lr_scheduler"]["scheduler"]
-    batches, moe, clip = batch_stream(experiment), module.moe, experiment.train.grad_clip
+    batches, clip = batch_stream(experiment), experiment.train.grad_clip
     scaler = torch.amp.GradScaler(enabled=precision == "16-mixed")
 
     def step() -> None:
         input_ids_BT, targets_BT = (t.to(_device(), non_blocking=True) for t in next(batches))
         with _autocast(precision):
-            logits_BTV, aux = module.train_forward(input_ids_BT)
-            loss = next_token_loss(logits_BTV, targets_BT)
-            if moe is not None:
-                loss = loss + moe.load_balance_coef * aux["load_balance"] + moe.z_loss_coef * aux["z_loss"]
-        scaler.scale(loss).backward()
+            total = module.training_loss(input_ids_BT, targets_BT)[1]
+        scaler.scale(total).backward()
         if clip:
             scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(module.parameters(), clip)
@@ -174,6 +181,46 @@ def plain_step(experiment: ExperimentConfig, precision: str, compile: bool = Fal
         optimizer.zero_grad(set_to_none=True)
 
     return step
+
+
+def loss_curves(experiment: ExperimentConfig, steps: int = 50) -> dict:
+    """Per-step training losses of `steps` steps on the same batches: the step as it was before the faster one (whole
+    logits and fp32 cross-entropy, torch's per-parameter AdamW, eager), and gatelab's step eager and compiled. Returns
+    the curves and each one's largest relative difference to the one before. fp32 only: a numerics check."""
+    from gatelab.model import resolve_model
+    from gatelab.train.module import GatedLM, next_token_loss
+
+    def curve(compile: bool, before: bool) -> list[float]:
+        train = experiment.train.model_copy(update={"compile": compile})
+        module = GatedLM(experiment.model_copy(update={"train": train}), resolve_model(experiment)).to(_device())
+        optimizers = module.configure_optimizers()
+        optimizer, schedule = optimizers["optimizer"], optimizers["lr_scheduler"]["scheduler"]
+        if before:
+            groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in optimizer.param_groups]
+            optimizer = torch.optim.AdamW(groups, lr=train.lr, betas=train.betas, foreach=False)
+            schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule.lr_lambdas[0])
+        batches, losses = batch_stream(experiment), []
+        for _ in range(steps):
+            input_ids_BT, targets_BT = (t.to(_device()) for t in next(batches))
+            if before:
+                loss = total = next_token_loss(module.model(input_ids_BT), targets_BT)
+            else:
+                loss, total, _ = module.training_loss(input_ids_BT, targets_BT)
+            total.backward()
+            if train.grad_clip:
+                torch.nn.utils.clip_grad_norm_(module.parameters(), train.grad_clip)
+            optimizer.step()
+            schedule.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+        return losses
+
+    before = curve(compile=False, before=True)
+    curves = {"before": before, "eager": curve(compile=False, before=False), "compiled": curve(compile=True,
+                                                                                            before=False)}
+    return {"steps": steps, "curves": curves,
+            "max_relative_difference": {name: max(abs(a - b) / abs(a) for a, b in zip(before, losses))
+                                        for name, losses in curves.items() if name != "before"}}
 
 
 def time_interleaved(steps: dict[str, Callable[[], None]], warmup: int, measured: int) -> dict[str, list[float]]:
@@ -246,10 +293,146 @@ def gemm_shapes(step: Callable[[], None], dtype: torch.dtype) -> list[tuple[str,
         step()
     shapes = []
     for event in trace.events():
-        if event.name in ("aten::mm", "aten::bmm", "aten::addmm") and event.input_shapes:
-            operands = event.input_shapes[1:] if event.name == "aten::addmm" else event.input_shapes[:2]
+        if event.name in GEMM_OPS and event.input_shapes:
+            operands = event.input_shapes[1:3] if event.name.startswith("aten::addmm") else event.input_shapes[:2]
             shapes.append((event.name, tuple(operands[0]), tuple(operands[1]), dtype))
     return shapes
+
+
+GEMM_OPS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::addmm_")
+# Where each aten op of a step comes from, for the profile table: first match by name prefix wins. Elementwise ops
+# (mul, add, ...) serve RoPE, RMSNorm, SwiGLU and the gates alike; the op table beside it names them one by one.
+OP_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("matmul (GEMM)", GEMM_OPS),
+    ("attention (SDPA kernel)", ("aten::_scaled_dot_product", "aten::scaled_dot_product")),
+    ("cross-entropy (softmax, nll)", ("aten::_log_softmax", "aten::log_softmax", "aten::nll_loss", "aten::exp",
+                                      "aten::amax", "aten::logsumexp", "aten::scatter_add", "aten::gather",
+                                      "aten::sub")),
+    ("RMSNorm (pow, mean, rsqrt)", ("aten::pow", "aten::mean", "aten::rsqrt", "aten::rms_norm", "aten::_fused_rms")),
+    ("SwiGLU (silu)", ("aten::silu",)),
+    ("gates (sigmoid)", ("aten::sigmoid",)),
+    ("RoPE and fused-projection split (cat, neg)", ("aten::cat", "aten::neg", "aten::split", "aten::chunk")),
+    ("elementwise mul / add / div", ("aten::mul", "aten::add", "aten::div", "aten::sum")),
+    ("AdamW and grad-norm clipping", ("aten::_foreach", "aten::_fused_adam", "aten::lerp", "aten::sqrt",
+                                      "aten::linalg_vector_norm", "aten::clamp", "aten::addcdiv", "aten::addcmul")),
+    ("data movement (copy, fill, views)", ("aten::copy_", "aten::fill_", "aten::zero", "aten::empty", "aten::to",
+                                           "aten::_to_copy", "aten::clone", "aten::contiguous", "aten::index",
+                                           "aten::embedding", "aten::view", "aten::reshape", "aten::transpose",
+                                           "aten::t", "aten::expand", "aten::as_strided", "aten::slice",
+                                           "aten::select", "aten::permute", "aten::unsqueeze", "aten::detach",
+                                           "aten::_unsafe_view", "aten::resize_", "aten::set_", "aten::new_")),
+    ("autograd engine (per-node bookkeeping)", ("autograd::", "GeneratedBackwardFor", "torch::autograd")),
+    ("fused kernels (torch.compile)", ("## Call CompiledFxGraph", "cpp_fused", "triton_", "Torch-Compiled Region")),
+)
+
+
+def op_group(name: str) -> str:
+    return next((group for group, prefixes in OP_GROUPS if name.startswith(prefixes)), "other")
+
+
+def op_profile(step: Callable[[], None], steps: int = 3) -> list[dict]:
+    """Self time of every op over `steps` profiled steps, per step: the profiler's `key_averages`, each row with
+    its group (OP_GROUPS), slowest first. Self time counts an op once, whatever it calls (device time on a GPU)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as trace:
+        for _ in range(steps):
+            step()
+        _sync()
+    rows = []
+    for event in trace.key_averages():
+        self_us = event.self_device_time_total if cuda else event.self_cpu_time_total
+        if self_us > 0 and not event.key.startswith(("ProfilerStep", "Optimizer.step", "Optimizer.zero_grad")):
+            name = "inductor's fused kernels of a compiled graph" if event.key.startswith("## Call Compiled") \
+                else event.key
+            rows.append({"op": name, "group": op_group(event.key), "ms_per_step": self_us / 1e3 / steps,
+                         "calls_per_step": event.count / steps})
+    total = sum(row["ms_per_step"] for row in rows)
+    for row in rows:
+        row["share"] = row["ms_per_step"] / total
+    return sorted(rows, key=lambda row: -row["ms_per_step"])
+
+
+def profile_groups(rows: list[dict]) -> list[dict]:
+    """The op profile summed by group, slowest first, each with its three slowest ops."""
+    groups: dict[str, dict] = {}
+    for row in rows:
+        group = groups.setdefault(row["group"], {"group": row["group"], "ms_per_step": 0.0, "share": 0.0, "ops": []})
+        group["ms_per_step"] += row["ms_per_step"]
+        group["share"] += row["share"]
+        group["ops"].append(row["op"])
+    for group in groups.values():
+        group["ops"] = group["ops"][:3]
+    return sorted(groups.values(), key=lambda group: -group["ms_per_step"])
+
+
+PEER_LABEL = "transformers Qwen3ForCausalLM"
+
+
+def transformers_step(experiment: ExperimentConfig, precision: str) -> Callable[[], None] | None:
+    """A training step of transformers' Qwen3ForCausalLM (the library a user would otherwise pick) at the preset's
+    shapes: the same batches, loss (fp32 cross-entropy of the logits), AdamW, clipping and precision, eager as
+    transformers runs by default. None where transformers is not installed (`pip install -e ".[compare]"`) or the
+    preset is not a plain dense Qwen3 (MoE FFN, sandwich norm, no QK-norm)."""
+    try:
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+    except ImportError:
+        return None
+    model = experiment.model
+    if model.ffn != "dense" or model.sandwich_norm or not model.qk_norm:
+        return None
+    config = Qwen3Config(
+        vocab_size=model.vocab_size, hidden_size=model.d_model, intermediate_size=model.ffn_hidden,
+        num_hidden_layers=model.n_layers, num_attention_heads=model.n_heads, num_key_value_heads=model.n_kv_heads,
+        head_dim=model.head_dim, tie_word_embeddings=model.tie_embeddings, rms_norm_eps=model.norm_eps,
+        rope_parameters={"rope_type": "default", "rope_theta": model.rope_base}, use_cache=False,
+        attn_implementation="sdpa", max_position_embeddings=experiment.data.seq_len)
+    peer = Qwen3ForCausalLM(config).to(_device()).train()
+    train = experiment.train
+    optimizer = torch.optim.AdamW(peer.parameters(), lr=train.lr, betas=train.betas, weight_decay=train.weight_decay)
+    batches = batch_stream(experiment)
+    scaler = torch.amp.GradScaler(enabled=precision == "16-mixed")
+
+    def step() -> None:
+        from gatelab.train.module import next_token_loss
+
+        input_ids_BT, targets_BT = (t.to(_device(), non_blocking=True) for t in next(batches))
+        with _autocast(precision):
+            loss = next_token_loss(peer(input_ids=input_ids_BT).logits, targets_BT)
+        scaler.scale(loss).backward()
+        if train.grad_clip:
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(peer.parameters(), train.grad_clip)
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+_COMPILED_LINE = re.compile(r"compiled in ([\d.]+) s: (\d+) graph\(s\) loaded from the cache, (\d+) compiled")
+
+
+def compile_cost(preset: str, steps: int, folder: Path) -> dict:
+    """Two real `gatelab train` runs of the same shapes (seeds 0 and 1) with `train.compile` on, one after the other
+    in one fresh runs folder: the first compiles, the second should load inductor's cache (gatelab.train.compiling).
+    Each run's compile seconds and cache counts are read from its own log line."""
+    environment = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    environment["GATELAB_PROGRESS_EVERY"] = "3600"
+    runs = []
+    for seed in (0, 1):
+        command = [sys.executable, "-m", "gatelab", "train", str(Path(preset).resolve()), "--runs-dir", str(folder),
+                   "--set", f"train.max_steps={steps}", "--set", "train.compile=true", "--set", f"seed={seed}"]
+        result = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=3600, env=environment)
+        found = _COMPILED_LINE.search(result.stdout)
+        if result.returncode != 0 or not found:
+            raise GatelabError(f"`{' '.join(command)}` failed ({result.returncode}) or said nothing of compiling:\n"
+                               f"{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
+        runs.append({"seed": seed, "compile_s": float(found[1]), "graphs_loaded": int(found[2]),
+                     "graphs_compiled": int(found[3]), "line": found[0]})
+    return {"preset": preset, "steps": steps, "runs": runs, "cache": str(folder / "compile-cache")}
 
 
 def _mm_flops(a: tuple[int, ...], b: tuple[int, ...]) -> float:
@@ -410,9 +593,13 @@ def validate(presets: list[Path], variants: list[str], sweep: Path | None) -> No
 
 
 def bench(presets: list[Path], variants: list[str], warmup: int, measured: int, lightning_steps_count: int,
-          run_steps: int, sweep: Path | None, bf16_steps: int, compile: bool = False, log=print) -> BenchReport:
+          run_steps: int, sweep: Path | None, bf16_steps: int, log=print) -> BenchReport:
     """Every measurement, in this order, printing progress with `log`."""
     validate(presets, variants, sweep)
+    # Every variant's compiled blocks stay live here, side by side: more graphs of Block.forward than dynamo keeps by
+    # default (8), past which it would run the rest eager (a training run compiles one variant: see
+    # gatelab.train.compiling.forget_earlier_graphs).
+    torch._dynamo.config.recompile_limit = 64
     report = BenchReport(machine=machine_facts())
     root = host.repo_root()
     from gatelab.train.module import resolve_precision
@@ -422,9 +609,19 @@ def bench(presets: list[Path], variants: list[str], warmup: int, measured: int, 
         precision = resolve_precision(base.train.precision, base.train.accelerator)
         name = base.name
         tokens = base.train.batch_size * base.data.seq_len
-        log(f"{name}: variants {', '.join(variants)} at {precision}, {measured} interleaved steps each")
+        compiled = "compiled" if base.train.compile else "eager"
+        log(f"{name}: variants {', '.join(variants)} at {precision} ({compiled}), {measured} interleaved steps each")
         steps = {v: plain_step(load_experiment(preset, [f"variant={v}"]), precision) for v in variants}
-        times = time_interleaved(steps, warmup, measured)
+        peer = transformers_step(base, precision)
+        if peer is None:
+            report.peer[name] = ("not compared: transformers is not installed (pip install -e \".[compare]\")"
+                                 if importlib.util.find_spec("transformers") is None
+                                 else "not compared: Qwen3ForCausalLM is a dense model with QK-norm, this preset "
+                                      "is not")
+        else:
+            log(f"{name}: with {PEER_LABEL} at the same shapes, interleaved")
+            steps[PEER_LABEL] = peer
+        times = time_interleaved(steps, warmup + 1, measured)  # one more round: the first compiles
         base_s = statistics.median(times["baseline"])
         for variant, seconds in times.items():
             median = statistics.median(seconds)
@@ -447,27 +644,36 @@ def bench(presets: list[Path], variants: list[str], warmup: int, measured: int, 
                                         len(lightning_times), lightning_s / plain_s, plain_label,
                                         _spread(lightning_times)))
 
-        log(f"{name}: precision (bf16 autocast against fp32, interleaved)")
+        log(f"{name}: eager against torch.compile, then bf16 autocast against fp32 (eager, interleaved)")
+        eager, compiled = (base.model_copy(update={"train": base.train.model_copy(update={"compile": on})})
+                           for on in (False, True))
+        times = time_interleaved({"eager": plain_step(eager, precision), "compiled": plain_step(compiled, precision),
+                                  "preset": plain}, warmup + 1, measured)  # one more round: the first compiles
+        for setting in ("eager", "compiled"):
+            seconds = statistics.median(times[setting])
+            report.steps.append(StepFigures(name, f"plain {precision} {setting}", precision, seconds,
+                                            tokens / seconds, measured, seconds / statistics.median(times["preset"]),
+                                            plain_label, _spread(times[setting])))
+        eager_s = plain_s * statistics.median(times["eager"]) / statistics.median(times["preset"])
         other = "bf16-mixed" if precision == "32-true" else "32-true"
         bf16_slow = not (report.machine["fast_bf16_cpu"] or torch.cuda.is_available())
         rounds = bf16_steps if bf16_slow else measured  # emulated bf16 takes ~20x longer a step: fewer rounds
-        times = time_interleaved({"preset": plain, "other": plain_step(base, other)}, 1, rounds)
+        times = time_interleaved({"preset": plain_step(eager, precision), "other": plain_step(eager, other)}, 1,
+                                 rounds)
         ratio = statistics.median(times["other"]) / statistics.median(times["preset"])
-        other_s = plain_s * ratio  # the interleaved ratio, on the many-step median of the preset's precision
-        report.steps.append(StepFigures(name, f"plain {other}", other, other_s, tokens / other_s, rounds, ratio,
-                                        plain_label, _spread(times["other"])))
-        fp32_s = plain_s if precision == "32-true" else other_s
-        if compile:  # the first steps compile (a minute or more on a few cores): warm up longer
-            log(f"{name}: torch.compile ({precision})")
-            times = time_interleaved({"compiled": plain_step(base, precision, compile=True), "eager": plain},
-                                     warmup + 3, measured)
-            compiled_s = statistics.median(times["compiled"])
-            report.steps.append(StepFigures(name, f"plain {precision} compiled", precision, compiled_s,
-                                            tokens / compiled_s, measured,
-                                            compiled_s / statistics.median(times["eager"]), plain_label,
-                                            _spread(times["compiled"])))
+        other_s = eager_s * ratio  # the interleaved ratio, on the many-step median of the preset's precision
+        report.steps.append(StepFigures(name, f"plain {other} eager", other, other_s, tokens / other_s, rounds,
+                                        ratio, f"plain {precision} eager", _spread(times["other"])))
+        fp32_s = eager_s if precision == "32-true" else other_s
         report.steps.append(StepFigures(name, "gatelab preset", precision, lightning_s, tokens / lightning_s,
-                                        len(lightning_times), lightning_s / fp32_s, "plain 32-true"))
+                                        len(lightning_times), lightning_s / fp32_s, "plain 32-true eager"))
+
+        if precision == "32-true":
+            log(f"{name}: a 50-step loss curve of the step before the faster one, and of this one eager and compiled")
+            report.numerics[name] = loss_curves(base)
+
+        log(f"{name}: profile of the step by op")
+        report.profile[name] = op_profile(plain)
 
         log(f"{name}: GEMM shapes of one step and this machine's rate on them")
         dtype = _matmul_dtype(precision)
@@ -481,6 +687,10 @@ def bench(presets: list[Path], variants: list[str], warmup: int, measured: int, 
         with tempfile.TemporaryDirectory() as folder:
             report.run_cost[name] = run_cost(str(preset), run_steps, lightning_s, base.train.max_steps,
                                              Path(folder))
+        if base.train.compile:
+            log(f"{name}: compiling, twice in one runs folder (the second run should load the first's cache)")
+            with tempfile.TemporaryDirectory() as folder:
+                report.compile_cost[name] = compile_cost(str(preset), 5, Path(folder))
 
     log("sweep plan over the paper-scale preset")
     report.plan_seconds = plan_seconds(root)
@@ -508,9 +718,22 @@ def acceptance_checks(report: BenchReport) -> list[dict]:
         lightning = by.get((preset, "lightning"))
         check(f"{preset}: Lightning step / plain loop, same precision", lightning and lightning.ratio, 1.05)
     tiny = "tiny"
-    for variant, limit in (("g1_elem_sig", 1.10), ("g1_head_sig", 1.03)):
+    peer = by.get((tiny, PEER_LABEL))
+    check(f"tiny: baseline step / {PEER_LABEL} step", peer and 1 / peer.ratio, 0.8)
+    gemm = next((g for g in report.gemm if g.preset == tiny), None)
+    check("tiny: achieved FLOP/s / GEMM FLOP/s on the step's own shapes", gemm and gemm.gemm_rate_share, 0.8,
+          at_most=False)
+    for variant, limit in (("g1_elem_sig", 1.05), ("g1_head_sig", 1.02)):
         row = by.get((tiny, variant))
         check(f"tiny: {variant} step / baseline step", row and row.ratio, limit)
+    compiling = report.compile_cost.get(tiny)
+    check("tiny: compile seconds of the second run of a shape (cache loaded)",
+          compiling and compiling["runs"][1]["compile_s"] if compiling and compiling["runs"][1]["graphs_loaded"]
+          else None, 10.0, unit="s")
+    for preset, numerics in report.numerics.items():
+        for setting, difference in numerics["max_relative_difference"].items():
+            check(f"{preset}: {numerics['steps']}-step loss curve, {setting}: largest relative difference to the step "
+                  "before", difference, 1e-3, unit="")
     preset_row = by.get((tiny, "gatelab preset"))
     check("tiny: gatelab tokens/s / plain fp32 eager tokens/s", preset_row and 1 / preset_row.ratio, 2.0,
           at_most=False)
@@ -552,11 +775,41 @@ def to_markdown(report: BenchReport) -> str:
                      f"{_fmt(s.ratio)} | {s.ratio_to or ''} | {s.spread:.0%} | {s.steps} |")
     lines += ["", "## FLOPs", "",
               "| preset | precision | model GFLOP/step | achieved GFLOP/s | GEMM GFLOP/s (same shapes) | "
-              "GEMM s/step | share outside GEMMs | 1024³ GEMM GFLOP/s |", "|---|---|---|---|---|---|---|---|"]
+              "achieved / GEMM rate | GEMM s/step | share outside GEMMs | 1024³ GEMM GFLOP/s |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for g in report.gemm:
         lines.append(f"| {g.preset} | {g.precision} | {g.model_flops_per_step / 1e9:.1f} | "
-                     f"{g.achieved_flops_per_s / 1e9:.1f} | {g.gemm_flops_per_s / 1e9:.1f} | {g.gemm_s_per_step:.3f} | "
-                     f"{g.share_outside_gemm:.0%} | {g.square_gemm_flops_per_s / 1e9:.1f} |")
+                     f"{g.achieved_flops_per_s / 1e9:.1f} | {g.gemm_flops_per_s / 1e9:.1f} | {g.gemm_rate_share:.0%} | "
+                     f"{g.gemm_s_per_step:.3f} | {g.share_outside_gemm:.0%} | {g.square_gemm_flops_per_s / 1e9:.1f} |")
+    for preset, rows in report.profile.items():
+        lines += ["", f"## Where a {preset} step goes (torch.profiler, self time by op group)", "",
+                  "| group | ms/step | share | slowest ops |", "|---|---|---|---|"]
+        for group in profile_groups(rows):
+            lines.append(f"| {group['group']} | {group['ms_per_step']:.1f} | {group['share']:.1%} | "
+                         f"{', '.join(group['ops'])} |")
+        lines += ["", "| op | group | ms/step | share | calls/step |", "|---|---|---|---|---|"]
+        for row in rows[:15]:
+            lines.append(f"| {row['op'][:60]} | {row['group']} | {row['ms_per_step']:.1f} | {row['share']:.1%} | "
+                         f"{row['calls_per_step']:.0f} |")
+    for preset, why in report.peer.items():
+        lines += ["", f"{preset}: {PEER_LABEL} {why}."]
+    if report.compile_cost:
+        lines += ["", "## Compiling, twice in one runs folder (real `gatelab train` runs)", "",
+                  "| preset | run | compile (s) | graphs loaded from the cache | graphs compiled |", "|---|---|---|---|---|"]
+        for preset, cost in report.compile_cost.items():
+            for index, run in enumerate(cost["runs"], 1):
+                lines.append(f"| {preset} | {index} (seed {run['seed']}) | {run['compile_s']:.1f} | "
+                             f"{run['graphs_loaded']} | {run['graphs_compiled']} |")
+    for preset, numerics in report.numerics.items():
+        curves = numerics["curves"]
+        lines += ["", f"## Numerics: {preset}, {numerics['steps']} training steps on the same batches (fp32)", "",
+                  "The step before the faster one (whole logits, per-parameter AdamW, eager) against this one.", "",
+                  "| step | before | eager | compiled |", "|---|---|---|---|"]
+        for index in sorted({i for i in (0, 9, 19, 29, 39) if i < numerics["steps"]} | {numerics["steps"] - 1}):
+            lines.append(f"| {index + 1} | {curves['before'][index]:.6f} | {curves['eager'][index]:.6f} | "
+                         f"{curves['compiled'][index]:.6f} |")
+        differences = numerics["max_relative_difference"]
+        lines.append(f"| largest relative difference | | {differences['eager']:.2g} | {differences['compiled']:.2g} |")
     lines += ["", "## One run (a real `gatelab train` in a child process)", "",
               "| preset | steps | wall (s) | import | setup | train | eval | fixed (s) | preset run: fixed share | "
               "peak RSS (GB) |", "|---|---|---|---|---|---|---|---|---|---|"]

@@ -595,7 +595,6 @@ def bench(
     run_steps: Annotated[int, typer.Option(min=1, help="steps of the real child run that measures fixed costs")] = 20,
     bf16_steps: Annotated[int, typer.Option(min=1, help="timed bf16 steps where the CPU emulates bf16 (slow)")] = 3,
     sweep: Annotated[Optional[Path], typer.Option(help="also run this sweep with 1 then 2 workers (slow)")] = None,
-    compile_: Annotated[bool, typer.Option("--compile", help="also time torch.compile (a minute to compile)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the JSON report")] = False,
     out: Annotated[Path, typer.Option(help="folder for bench.md and bench.json (--data: data.md and data.json, or "
                                             "a .md file)", callback=_bench_output_option)] = Path("results/bench"),
@@ -627,7 +626,7 @@ def bench(
     chosen = presets or [repo_root() / p for p in bench_module.DEFAULT_PRESETS]
     try:
         report = bench_module.bench(chosen, [v.strip() for v in variants.split(",") if v.strip()], warmup, steps,
-                                    lightning_steps, run_steps, sweep, bf16_steps, compile_, log=log)
+                                    lightning_steps, run_steps, sweep, bf16_steps, log=log)
     except GatelabError as error:
         _fail(error)
     _write_bench(bench_module, report, out, as_json)

@@ -288,9 +288,10 @@ class TrainConfig(StrictModel):
     spike_ema: float = Field(0.98, gt=0, lt=1)
     divergence_factor: PositiveFloat = 3.0  # loss above this multiple of its EMA (or non-finite): the run diverged
     threads: PositiveInt | None = None
-    # torch.compile the training forward (evaluation and probes stay eager). Off by default: compiling costs time in
-    # every process, which a short CPU run does not win back (`gatelab bench --compile` measures both; results/bench/
-    # holds dated figures); worth trying for long runs and on GPUs.
+    # torch.compile each block for training (evaluation and probes stay eager), with inductor's cache shared by the
+    # runs of a runs folder (gatelab.train.compiling). A speed setting, not part of a run's identity (spec_hash): the
+    # same batches and model, losses equal to float rounding. Off by default; the tiny presets turn it on, where
+    # `gatelab bench` measured it to pay (results/bench/).
     compile: bool = False
     # Weight decay on input-independent gate logits (a 2-D (H, D) tensor, decayed by an ndim rule until the fix; decay
     # pulls them to 0, a score of 0.5, which is not what the paper's "no weight decay on gates" set-up does). Off: the
@@ -567,6 +568,9 @@ def spec_hash(experiment: ExperimentConfig) -> str:
     payload = experiment.model_dump(mode="json", exclude={"tracking"})
     data = payload["data"]
     del data["shard_mb"], data["loader_workers"]  # storage and speed: the same batches either way
+    # A speed setting: the same computation, to float rounding. Held at its old default so that runs recorded before a
+    # preset turned it on keep their hashes, and a sweep may turn it on or off without training anything again.
+    payload["train"]["compile"] = False
     _drop_keys_added_later(payload, experiment)
     if experiment.eval.lm_eval is None:
         del payload["eval"]["lm_eval"]  # as for `task` below: runs recorded before the key existed keep their hashes

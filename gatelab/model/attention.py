@@ -110,7 +110,8 @@ class Attention(nn.Module):
                     probe.add(self.layer_index, f"gate_score.{gate.config.position}", scores)
         return x_BTHD
 
-    def forward(self, x_BTD: Tensor, rotary: Rotary, probe=None) -> Tensor:
+    def forward(self, x_BTD: Tensor, rope_TD: tuple[Tensor, Tensor], probe=None) -> Tensor:
+        """`rope_TD`: RoPE's (cos, sin) for T positions, from `Rotary.cos_sin`."""
         B, T, _ = x_BTD.shape
         H, K, Dk = self.n_heads, self.n_kv_heads, self.head_dim
         parts = dict(zip(self.widths, self.in_proj(x_BTD).split(list(self.widths.values()), dim=-1)))
@@ -129,7 +130,7 @@ class Attention(nn.Module):
         k_BTKD = self._gate("g3_normed", k_BTKD, parts, probe)
         q_BTHD = self._gate("g4_normed", q_BTHD, parts, probe)
 
-        cos_TD, sin_TD = rotary.cos_sin(T, x_BTD.device)
+        cos_TD, sin_TD = rope_TD
         q_BHTD = Rotary.apply(q_BTHD.transpose(1, 2), cos_TD, sin_TD)
         k_BKTD = Rotary.apply(k_BTKD.transpose(1, 2), cos_TD, sin_TD)
         v_BKTD = v_BTKD.transpose(1, 2)

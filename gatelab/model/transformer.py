@@ -6,6 +6,7 @@ Shapes: B batch, T time, D d_model, V vocabulary.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -42,8 +43,8 @@ class Block(nn.Module):
         self.attn_out_norm = nn.RMSNorm(D, eps=eps) if config.sandwich_norm else nn.Identity()
         self.ffn_out_norm = nn.RMSNorm(D, eps=eps) if config.sandwich_norm else nn.Identity()
 
-    def forward(self, x_BTD: Tensor, rotary: Rotary, probe=None) -> tuple[Tensor, dict[str, Tensor]]:
-        attn_BTD = self.attn_out_norm(self.attn(self.attn_norm(x_BTD), rotary, probe))
+    def forward(self, x_BTD: Tensor, rope_TD: tuple[Tensor, Tensor], probe=None) -> tuple[Tensor, dict[str, Tensor]]:
+        attn_BTD = self.attn_out_norm(self.attn(self.attn_norm(x_BTD), rope_TD, probe))
         x_BTD = x_BTD + attn_BTD
         if probe is not None:
             probe.add(self.layer_index, "attn_output", attn_BTD)
@@ -58,7 +59,8 @@ class Block(nn.Module):
 
 
 class GatedTransformer(nn.Module):
-    """`logits_BTV = model(input_ids_BT)`; `forward_with_aux` also returns the MoE auxiliary losses."""
+    """`logits_BTV = model(input_ids_BT)`; `forward_with_aux` also returns the MoE auxiliary losses, and
+    `hidden_states` stops before `lm_head` (training feeds it to a chunked linear cross-entropy)."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -72,14 +74,24 @@ class GatedTransformer(nn.Module):
             self.lm_head.weight = self.embed.weight
 
     def forward_with_aux(self, input_ids_BT: Tensor, probe=None) -> tuple[Tensor, dict[str, Tensor]]:
+        hidden_BTD, aux_means = self.hidden_states(input_ids_BT, probe)
+        return self.lm_head(hidden_BTD), aux_means
+
+    def hidden_states(self, input_ids_BT: Tensor, probe=None, blocks: Sequence[Callable] | None = None
+                      ) -> tuple[Tensor, dict[str, Tensor]]:
+        """The final-normed hidden states that `lm_head` reads, and the MoE auxiliary losses (layer means).
+
+        `blocks` stand in for `self.blocks` (training passes their compiled forms)."""
         x_BTD = self.embed(input_ids_BT)
+        # Built here, not in the blocks: the rotary cache is Python state, which a compiled block would guard on.
+        rope_TD = self.rotary.cos_sin(input_ids_BT.shape[1], x_BTD.device)
         aux_sums: dict[str, Tensor] = {}
-        for block in self.blocks:
-            x_BTD, aux = block(x_BTD, self.rotary, probe)
+        for block in blocks or self.blocks:
+            x_BTD, aux = block(x_BTD, rope_TD, probe)
             for name, value in aux.items():
                 aux_sums[name] = aux_sums.get(name, 0.0) + value
         aux_means = {name: total / len(self.blocks) for name, total in aux_sums.items()}
-        return self.lm_head(self.norm(x_BTD)), aux_means
+        return self.norm(x_BTD), aux_means
 
     def forward(self, input_ids_BT: Tensor, probe=None) -> Tensor:
         return self.forward_with_aux(input_ids_BT, probe)[0]

@@ -26,6 +26,7 @@ from gatelab.progress import (DEFAULT_EVERY_S, HOST_TAG, format_duration, progre
                               step_time)
 from gatelab.tracking import TrackedRun
 from gatelab.train.checkpoints import DurableCheckpointIO, PublishAfterStepMetrics, set_aside_if_unreadable
+from gatelab.train.compiling import CompileReport, cannot_compile, forget_earlier_graphs, share_cache
 from gatelab.train.memory import check_fits
 from gatelab.train.module import GatedLM, SpikeRule, StabilityMonitor, TextData, resolve_precision
 from gatelab.train.ownership import Lease, OwnershipFence, RunOwnership, RunTakenOver
@@ -186,6 +187,9 @@ class _PhaseClock:
         steps = next(c for c in trainer.callbacks if isinstance(c, StepProgress))
         if steps.seconds_per_step is not None:
             self.seconds["time/step_s"] = steps.seconds_per_step
+        compiled = next((c for c in trainer.callbacks if isinstance(c, CompileReport)), None)
+        if compiled is not None and compiled.compile_s is not None:
+            self.seconds["time/compile_s"] = compiled.compile_s
 
     def log(self, tracked: TrackedRun, step: int) -> None:
         tracked.log_metrics(self.seconds | peak_memory(), step)
@@ -363,6 +367,9 @@ def run(experiment: ExperimentConfig, tracking_uri: str | None = None, runs_dir:
     steps = StepProgress(chatter, every_s=None if quiet or bar else progress_every_s())
     model_config = resolve_model(experiment)
     check_fits(experiment, model_config)
+    if experiment.train.compile and (why := cannot_compile(experiment.train.accelerator)):
+        log(f"train.compile: {why}; training eager")
+        experiment = experiment.model_copy(update={"train": experiment.train.model_copy(update={"compile": False})})
     _set_threads(experiment.train.threads)
     digest = spec_hash(experiment)
     run_dir = runs_dir / experiment.name / f"{experiment.variant}-s{experiment.seed}-{digest}"
@@ -376,7 +383,12 @@ def run(experiment: ExperimentConfig, tracking_uri: str | None = None, runs_dir:
     agreement = _RankAgreement(resuming=False)
     ownership = RunOwnership(run_dir, lease)
     fence = [OwnershipFence(ownership)] if lease is not None else []
-    trainer = build_trainer(experiment, run_dir, [agreement, stability, *fence, steps, *extra_callbacks], bar)
+    compiling = []
+    if experiment.train.compile:
+        forget_earlier_graphs()
+        compiling.append(CompileReport(share_cache(runs_dir), chatter))
+    trainer = build_trainer(experiment, run_dir, [agreement, stability, *fence, steps, *compiling, *extra_callbacks],
+                            bar)
     rank = trainer.global_rank
     if rank:
         log = chatter = lambda *_: None  # noqa: E731  rank 0 says everything once

@@ -24,7 +24,7 @@ def _x() -> torch.Tensor:
 def _run(attn: Attention, x: torch.Tensor) -> tuple[torch.Tensor, Capture]:
     probe = Capture()
     with torch.no_grad():
-        out = attn(x, build_model(micro_config()).rotary, probe)
+        out = attn(x, build_model(micro_config()).rotary.cos_sin(x.shape[1], x.device), probe)
     return out, probe
 
 

@@ -1,0 +1,86 @@
+"""`train.compile`: inductor's on-disk caches shared by every run of a runs folder, and a line saying what compiling cost.
+
+A compiled graph is cached by inductor under a key of the graph, its input shapes and dtypes, the torch version and
+the inductor settings (its FX graph and AOT autograd caches, both on by default). Pointing the cache at the runs
+folder, not at /tmp, lets every run and worker of a sweep share it, on one machine or on a shared file system, so only
+the first run of each variant and shape compiles: the next ones load the kernels in seconds (`gatelab bench` measures
+both). A TORCHINDUCTOR_CACHE_DIR the user set is kept.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+
+CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
+CACHE_FOLDER = "compile-cache"
+
+
+def share_cache(runs_dir: Path) -> Path:
+    """Inductor's cache folder for this process: the user's TORCHINDUCTOR_CACHE_DIR, else `runs_dir/compile-cache`."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    # Inductor writes its default into the variable the first time it reads it (torch's imports may already have)
+    if os.environ.get(CACHE_VARIABLE) in (None, "", os.path.abspath(default_cache_dir())):
+        os.environ[CACHE_VARIABLE] = str((runs_dir / CACHE_FOLDER).resolve())
+    return Path(os.environ[CACHE_VARIABLE])
+
+
+def forget_earlier_graphs() -> None:
+    """Drops the compiled graphs of this process's earlier runs (a sweep worker trains many). Dynamo keeps every
+    graph of a function with its guards, and past 8 of them (`recompile_limit`) it runs the function eager without
+    failing: a worker's ninth variant would train eager. Each run's graphs load from the on-disk cache in seconds."""
+    torch.compiler.reset()
+
+
+def cannot_compile(accelerator: str) -> str | None:
+    """Why `train.compile` cannot work in this process, or None. On the CPU inductor builds C++ at run time, and a
+    laptop without a compiler would fail at the first step: the run trains eager instead, saying so."""
+    if torch.cuda.is_available() and accelerator in ("auto", "gpu", "cuda"):
+        return None  # CUDA builds of torch bring Triton, inductor's GPU compiler
+    if sys.platform == "win32":
+        return "torch.compile does not build for the CPU on Windows here"
+    if not any(name and shutil.which(name) for name in (os.environ.get("CXX"), "g++", "c++", "clang++")):
+        return "no C++ compiler on PATH (torch.compile builds C++ for the CPU: install g++ or clang++, or set CXX)"
+    return None
+
+
+def cache_counts() -> dict[str, int]:
+    """Inductor's FX graph cache hits and misses in this process so far (a forward and a backward graph per region)."""
+    from torch._dynamo.utils import counters
+
+    return {"loaded": counters["inductor"]["fxgraph_cache_hit"], "compiled": counters["inductor"]["fxgraph_cache_miss"]}
+
+
+class CompileReport(L.Callback):
+    """Times the first training step, where the forward and backward graphs compile (or load from the cache), against
+    the step after it: `compile_s` is the difference. Says it in one line, and keeps it for the `time/compile_s` metric.
+    """
+
+    def __init__(self, cache: Path, log=print) -> None:
+        self.cache, self.say = cache, log
+        self.compile_s: float | None = None
+        self._started: list[float] = []
+        self._counts_before: dict[str, int] = {}
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        if len(self._started) == 0:
+            self._counts_before = cache_counts()
+        if len(self._started) < 3:
+            self._started.append(time.perf_counter())
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        if len(self._started) != 3 or self.compile_s is not None:
+            return
+        first_s, second_s = (self._started[1] - self._started[0]), (self._started[2] - self._started[1])
+        self.compile_s = max(0.0, first_s - second_s)
+        counts = {name: value - self._counts_before.get(name, 0) for name, value in cache_counts().items()}
+        if not trainer.global_rank:
+            self.say(f"compiled in {self.compile_s:.1f} s: {counts['loaded']} graph(s) loaded from the cache, "
+                     f"{counts['compiled']} compiled (inductor cache {self.cache})")

@@ -1,0 +1,166 @@
+"""The faster training step (chunked head loss, compiled blocks with a shared cache) computes what the plain one did."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+
+from gatelab.config import load_experiment, spec_hash
+from gatelab.model import build_model, resolve_model
+from gatelab.train import compiling, module
+from gatelab.train.module import GatedLM, head_loss, lr_at, next_token_loss
+from tests.helpers import MICRO, write_micro_experiment
+
+
+def _micro(tmp_path, **train):
+    return load_experiment(write_micro_experiment(tmp_path, **train))
+
+
+def _batches(experiment, steps: int):
+    generator = torch.Generator().manual_seed(0)
+    shape = (experiment.train.batch_size, experiment.data.seq_len)
+    vocab = experiment.model.vocab_size
+    inputs = [torch.randint(0, vocab, shape, generator=generator) for _ in range(steps)]
+    return [(input_ids_BT, (7 * input_ids_BT + 3) % vocab) for input_ids_BT in inputs]  # learnable: the loss falls
+
+
+def _loss_curve(experiment, batches, loss_of, fused: bool = True) -> list[float]:
+    """Per-step losses of `len(batches)` AdamW steps with clipping, as gatelab trains, with `loss_of(module, x, y)`;
+    with torch's per-parameter AdamW unless `fused` (the step before the fused one)."""
+    lm = GatedLM(experiment, resolve_model(experiment))
+    optimizers = lm.configure_optimizers()
+    optimizer, schedule = optimizers["optimizer"], optimizers["lr_scheduler"]["scheduler"]
+    assert optimizer.defaults["fused"]
+    if not fused:
+        train = experiment.train
+        groups = [{"params": group["params"], "weight_decay": group["weight_decay"]} for group in optimizer.param_groups]
+        optimizer = torch.optim.AdamW(groups, lr=train.lr, betas=train.betas, foreach=False)
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: lr_at(step, train.lr, train.min_lr, train.warmup_steps, train.max_steps) / train.lr)
+    losses = []
+    for input_ids_BT, targets_BT in batches:
+        loss = loss_of(lm, input_ids_BT, targets_BT)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(lm.parameters(), experiment.train.grad_clip)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
+
+
+def _whole_logits(lm, input_ids_BT, targets_BT):
+    return next_token_loss(lm.model(input_ids_BT), targets_BT)  # the step before the chunked head loss
+
+
+def _training_loss(lm, input_ids_BT, targets_BT):
+    return lm.training_loss(input_ids_BT, targets_BT)[1]
+
+
+@pytest.fixture()
+def small_chunks(monkeypatch):
+    """Chunks of 32 tokens at the micro vocabulary (512), so a micro batch (128 tokens) is cut into four."""
+    monkeypatch.setattr(module, "CPU_CHUNK_LOGIT_BYTES", 4 * 512 * 32)
+
+
+@pytest.mark.parametrize("tie_embeddings", [True, False])
+def test_the_chunked_head_loss_has_the_loss_and_gradients_of_whole_logits(tmp_path, small_chunks, tie_embeddings):
+    path = tmp_path / "micro.yaml"
+    path.write_text(yaml.safe_dump({**MICRO, "model": {**MICRO["model"], "tie_embeddings": tie_embeddings}}))
+    model = build_model(resolve_model(load_experiment(path)), seed=1)
+    input_ids_BT, targets_BT = (torch.randint(0, 512, (4, 32), generator=torch.Generator().manual_seed(s))
+                                for s in (1, 2))
+    hidden_BTD, _ = model.hidden_states(input_ids_BT)
+    whole = next_token_loss(model.lm_head(hidden_BTD), targets_BT)
+    chunked = head_loss(hidden_BTD, model.lm_head.weight, targets_BT)
+    whole_grads = torch.autograd.grad(whole, list(model.parameters()), retain_graph=True)
+    chunked_grads = torch.autograd.grad(chunked, list(model.parameters()))
+    assert chunked.dtype == torch.float32 and chunked.item() == pytest.approx(whole.item(), rel=1e-6)
+    for whole_grad, chunked_grad in zip(whole_grads, chunked_grads):
+        torch.testing.assert_close(chunked_grad, whole_grad, rtol=1e-4, atol=1e-7)
+
+
+def test_under_autocast_the_head_loss_is_fp32_from_whole_low_precision_logits():
+    hidden_BTD = torch.randn(2, 8, 16)
+    weight_VD = torch.randn(64, 16) * 0.1
+    targets_BT = torch.randint(0, 64, (2, 8))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = head_loss(hidden_BTD, weight_VD, targets_BT)
+        reference = next_token_loss(torch.nn.functional.linear(hidden_BTD, weight_VD), targets_BT)
+    assert loss.dtype == torch.float32 and loss.item() == reference.item()
+
+
+def test_a_50_step_loss_curve_of_the_faster_step_matches_the_step_before_it(tmp_path, small_chunks):
+    experiment = _micro(tmp_path, grad_clip=1.0, max_steps=50)
+    batches = _batches(experiment, 50)
+    reference = _loss_curve(experiment, batches, _whole_logits, fused=False)
+    faster = _loss_curve(experiment, batches, _training_loss)
+    assert reference[-1] < reference[0] - 0.5  # it learns: the curves compared are not flat
+    relative = max(abs(a - b) / abs(a) for a, b in zip(reference, faster))
+    assert relative < 1e-3, relative
+
+
+def test_compiling_is_a_speed_setting_not_part_of_a_run_s_identity(tmp_path):
+    eager = _micro(tmp_path, compile=False)
+    compiled = eager.model_copy(update={"train": eager.train.model_copy(update={"compile": True})})
+    assert spec_hash(eager) == spec_hash(compiled)
+
+
+def test_without_a_cpp_compiler_compiling_on_the_cpu_is_refused_with_the_fix(monkeypatch):
+    monkeypatch.setattr(compiling.shutil, "which", lambda name: None)
+    monkeypatch.setattr(compiling.torch.cuda, "is_available", lambda: False)
+    why = compiling.cannot_compile("auto")
+    assert "no C++ compiler" in why and "CXX" in why
+    monkeypatch.setattr(compiling.shutil, "which", lambda name: f"/usr/bin/{name}")
+    assert compiling.cannot_compile("cpu") is None
+
+
+def test_the_shared_cache_is_the_runs_folder_s_unless_the_user_chose_one(tmp_path, monkeypatch):
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.setenv(compiling.CACHE_VARIABLE, default_cache_dir())  # what inductor writes there itself
+    assert compiling.share_cache(tmp_path / "runs") == (tmp_path / "runs" / "compile-cache").resolve()
+    monkeypatch.setenv(compiling.CACHE_VARIABLE, str(tmp_path / "mine"))
+    assert compiling.share_cache(tmp_path / "runs") == tmp_path / "mine"
+
+
+@pytest.mark.slow
+def test_a_compiled_50_step_loss_curve_matches_the_eager_one(tmp_path, small_chunks):
+    experiment = _micro(tmp_path, grad_clip=1.0, max_steps=50)
+    batches = _batches(experiment, 50)
+    eager = _loss_curve(experiment, batches, _training_loss)
+    compiled_experiment = experiment.model_copy(
+        update={"train": experiment.train.model_copy(update={"compile": True})})
+    compiled = _loss_curve(compiled_experiment, batches, _training_loss)
+    relative = max(abs(a - b) / abs(a) for a, b in zip(eager, compiled))
+    assert relative < 1e-3, relative
+
+
+_COMPILED = re.compile(r"compiled in ([\d.]+) s: (\d+) graph\(s\) loaded from the cache, (\d+) compiled "
+                       r"\(inductor cache (.+)\)")
+
+
+@pytest.mark.slow
+def test_the_second_run_of_a_shape_loads_the_first_run_s_compiled_graphs(tmp_path):
+    """Two `gatelab train` processes (seeds 0 and 1) in one runs folder: the first compiles and fills the folder's
+    cache, the second compiles nothing and says it loaded the graphs."""
+    experiment = write_micro_experiment(tmp_path, compile=True, max_steps=4)
+    runs = tmp_path / "runs"
+    environment = {k: v for k, v in os.environ.items() if k != compiling.CACHE_VARIABLE}
+    found = []
+    for seed in (0, 1):
+        result = subprocess.run([sys.executable, "-m", "gatelab", "train", str(experiment), "--runs-dir", str(runs),
+                                 "--set", f"seed={seed}"], capture_output=True, text=True, timeout=600,
+                                env=environment)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        found.append(_COMPILED.search(result.stdout))
+    assert all(found), [result.stdout[-2000:]]
+    first, second = found
+    assert int(first[3]) > 0 and int(second[2]) == int(first[3]) and int(second[3]) == 0
+    assert first[4] == second[4] == str((runs / "compile-cache").resolve())
