@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import mlflow
@@ -69,7 +70,13 @@ def test_two_identical_train_commands_leave_one_mlflow_run(tmp_path):
     deadline = time.time() + 120
     while time.time() < deadline and not list(runs.glob("micro/*/owner.json")):
         time.sleep(0.05)
-    second = train_cli(experiment, runs)
+    # Paused while the second command starts (its imports take longer than the first's 120 micro steps): a stopped
+    # process still holds the run's lock, as a busy one does
+    os.kill(first.pid, signal.SIGSTOP)
+    try:
+        second = train_cli(experiment, runs)
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
     assert first.wait(timeout=600) == 0, first.stdout.read()
     assert second.returncode == 0, second.stdout + second.stderr
     assert f"being trained by PID {first.pid}" in second.stdout, second.stdout
