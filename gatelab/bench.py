@@ -161,8 +161,9 @@ def plain_step(experiment: ExperimentConfig, precision: str) -> Callable[[], Non
     from gatelab.model import resolve_model
     from gatelab.train.module import GatedLM
 
+    experiment = experiment.model_copy(update={"train": experiment.train.model_copy(update={"precision": precision})})
     module = GatedLM(experiment, resolve_model(experiment)).to(_device())
-    optimizers = module.configure_optimizers()
+    optimizers = module.configure_optimizers()  # as Lightning's at this precision (fused AdamW where it may be)
     optimizer, schedule = optimizers["optimizer"], optimizers["lr_scheduler"]["scheduler"]
     batches, clip = batch_stream(experiment), experiment.train.grad_clip
     scaler = torch.amp.GradScaler(enabled=precision == "16-mixed")
@@ -186,9 +187,12 @@ def plain_step(experiment: ExperimentConfig, precision: str) -> Callable[[], Non
 def loss_curves(experiment: ExperimentConfig, steps: int = 50) -> dict:
     """Per-step training losses of `steps` steps on the same batches: the step as it was before the faster one (whole
     logits and fp32 cross-entropy, torch's per-parameter AdamW, eager), and gatelab's step eager and compiled. Returns
-    the curves and each one's largest relative difference to the one before. fp32 only: a numerics check."""
+    the curves and each one's largest relative difference to the one before. In fp32 whatever the preset's precision:
+    a check of the step's numerics, which bf16 rounding would drown."""
     from gatelab.model import resolve_model
     from gatelab.train.module import GatedLM, next_token_loss
+
+    experiment = experiment.model_copy(update={"train": experiment.train.model_copy(update={"precision": "32-true"})})
 
     def curve(compile: bool, before: bool) -> list[float]:
         train = experiment.train.model_copy(update={"compile": compile})
@@ -203,7 +207,11 @@ def loss_curves(experiment: ExperimentConfig, steps: int = 50) -> dict:
         for _ in range(steps):
             input_ids_BT, targets_BT = (t.to(_device()) for t in next(batches))
             if before:
-                loss = total = next_token_loss(module.model(input_ids_BT), targets_BT)
+                logits_BTV, aux = module.model.forward_with_aux(input_ids_BT)
+                loss = total = next_token_loss(logits_BTV, targets_BT)
+                if module.moe is not None:
+                    total = total + module.moe.load_balance_coef * aux["load_balance"] \
+                        + module.moe.z_loss_coef * aux["z_loss"]
             else:
                 loss, total, _ = module.training_loss(input_ids_BT, targets_BT)
             total.backward()
@@ -668,9 +676,8 @@ def bench(presets: list[Path], variants: list[str], warmup: int, measured: int, 
         report.steps.append(StepFigures(name, "gatelab preset", precision, lightning_s, tokens / lightning_s,
                                         len(lightning_times), lightning_s / fp32_s, "plain 32-true eager"))
 
-        if precision == "32-true":
-            log(f"{name}: a 50-step loss curve of the step before the faster one, and of this one eager and compiled")
-            report.numerics[name] = loss_curves(base)
+        log(f"{name}: a 50-step fp32 loss curve of the step before the faster one, and of this one eager and compiled")
+        report.numerics[name] = loss_curves(base)
 
         log(f"{name}: profile of the step by op")
         report.profile[name] = op_profile(plain)

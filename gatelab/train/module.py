@@ -131,10 +131,15 @@ class GatedLM(L.LightningModule):
             is_weight = parameter.ndim >= 2 and (not gate_logits or train.decay_gate_logits)
             (decay if is_weight else no_decay).append(parameter)  # no_decay: norms and gate logits
         # torch's fused AdamW (one kernel over all parameters, CPU and GPU): on the CPU its default is a loop of
-        # per-parameter ops, 3-7% of a tiny step (`gatelab bench`'s profile)
+        # per-parameter ops, 3-7% of a tiny step (`gatelab bench`'s profile). Not under mixed precision: Lightning's
+        # mixed-precision plugin refuses gradient clipping with an optimizer that unscales gradients itself, as the
+        # fused one does for 16-mixed's GradScaler (bf16-mixed included, though it has no scaler).
+        precision = self._trainer.precision if self._trainer is not None \
+            else resolve_precision(train.precision, train.accelerator)
+        fused = self.device.type in ("cpu", "cuda") and "mixed" not in precision
         optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": train.weight_decay},
                                        {"params": no_decay, "weight_decay": 0.0}], lr=train.lr, betas=train.betas,
-                                      fused=self.device.type in ("cpu", "cuda"))
+                                      fused=fused)
         schedule = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: lr_at(step, train.lr, train.min_lr, train.warmup_steps, train.max_steps) / train.lr
         )

@@ -164,3 +164,23 @@ def test_the_second_run_of_a_shape_loads_the_first_run_s_compiled_graphs(tmp_pat
     first, second = found
     assert int(first[3]) > 0 and int(second[2]) == int(first[3]) and int(second[3]) == 0
     assert first[4] == second[4] == str((runs / "compile-cache").resolve())
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_lightning_trains_with_gradient_clipping_at_each_precision(tmp_path, precision):
+    """Lightning's mixed-precision plugin refuses to clip the gradients of an optimizer that unscales them itself (the
+    fused AdamW): the fused one only where no mixed precision is on (the GPU default and AVX512-BF16 CPUs are
+    bf16-mixed)."""
+    import lightning as L
+
+    experiment = _micro(tmp_path, grad_clip=1.0, max_steps=2)
+    lm = GatedLM(experiment, resolve_model(experiment))
+    trainer = L.Trainer(accelerator="cpu", devices=1, precision=precision, max_steps=2, gradient_clip_val=1.0,
+                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False)
+    before = [p.detach().clone() for p in lm.parameters()]
+    trainer.fit(lm, train_dataloaders=torch.utils.data.DataLoader(_batches(experiment, 2), batch_size=None))
+    assert trainer.global_step == 2
+    assert trainer.optimizers[0].defaults["fused"] == (precision == "32-true")
+    assert all(torch.isfinite(p).all() for p in lm.parameters())
+    assert any(not torch.equal(a, b) for a, b in zip(before, lm.parameters()))
