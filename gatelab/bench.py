@@ -41,6 +41,7 @@ import torch
 from gatelab import host, tracking
 from gatelab.config import ExperimentConfig, load_experiment
 from gatelab.errors import GatelabError
+from gatelab.train.compiling import CACHE_VARIABLE, COMPILED_LINE
 
 DEFAULT_PRESETS = ("experiments/tiny.yaml", "experiments/tiny-moe.yaml")
 # One variant of each gate family: G1 elementwise and headwise, G2, G5 (the MoE backbone is
@@ -161,7 +162,7 @@ def plain_step(experiment: ExperimentConfig, precision: str) -> Callable[[], Non
     from gatelab.model import resolve_model
     from gatelab.train.module import GatedLM
 
-    experiment = experiment.model_copy(update={"train": experiment.train.model_copy(update={"precision": precision})})
+    experiment = experiment.with_train(precision=precision)
     module = GatedLM(experiment, resolve_model(experiment)).to(_device())
     optimizers = module.configure_optimizers()  # as Lightning's at this precision (fused AdamW where it may be)
     optimizer, schedule = optimizers["optimizer"], optimizers["lr_scheduler"]["scheduler"]
@@ -192,11 +193,11 @@ def loss_curves(experiment: ExperimentConfig, steps: int = 50) -> dict:
     from gatelab.model import resolve_model
     from gatelab.train.module import GatedLM, next_token_loss
 
-    experiment = experiment.model_copy(update={"train": experiment.train.model_copy(update={"precision": "32-true"})})
+    experiment = experiment.with_train(precision="32-true")
+    train = experiment.train
 
     def curve(compile: bool, before: bool) -> list[float]:
-        train = experiment.train.model_copy(update={"compile": compile})
-        module = GatedLM(experiment.model_copy(update={"train": train}), resolve_model(experiment)).to(_device())
+        module = GatedLM(experiment.with_train(compile=compile), resolve_model(experiment)).to(_device())
         optimizers = module.configure_optimizers()
         optimizer, schedule = optimizers["optimizer"], optimizers["lr_scheduler"]["scheduler"]
         if before:
@@ -208,10 +209,8 @@ def loss_curves(experiment: ExperimentConfig, steps: int = 50) -> dict:
             input_ids_BT, targets_BT = (t.to(_device()) for t in next(batches))
             if before:
                 logits_BTV, aux = module.model.forward_with_aux(input_ids_BT)
-                loss = total = next_token_loss(logits_BTV, targets_BT)
-                if module.moe is not None:
-                    total = total + module.moe.load_balance_coef * aux["load_balance"] \
-                        + module.moe.z_loss_coef * aux["z_loss"]
+                loss = next_token_loss(logits_BTV, targets_BT)
+                total = module.with_aux_losses(loss, aux)
             else:
                 loss, total, _ = module.training_loss(input_ids_BT, targets_BT)
             total.backward()
@@ -420,21 +419,18 @@ def transformers_step(experiment: ExperimentConfig, precision: str) -> Callable[
     return step
 
 
-_COMPILED_LINE = re.compile(r"compiled in ([\d.]+) s: (\d+) graph\(s\) loaded from the cache, (\d+) compiled")
-
-
 def compile_cost(preset: str, steps: int, folder: Path) -> dict:
     """Two real `gatelab train` runs of the same shapes (seeds 0 and 1) with `train.compile` on, one after the other
     in one fresh runs folder: the first compiles, the second should load inductor's cache (gatelab.train.compiling).
     Each run's compile seconds and cache counts are read from its own log line."""
-    environment = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    environment = {k: v for k, v in os.environ.items() if k != CACHE_VARIABLE}
     environment["GATELAB_PROGRESS_EVERY"] = "3600"
     runs = []
     for seed in (0, 1):
         command = [sys.executable, "-m", "gatelab", "train", str(Path(preset).resolve()), "--runs-dir", str(folder),
                    "--set", f"train.max_steps={steps}", "--set", "train.compile=true", "--set", f"seed={seed}"]
         result = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=3600, env=environment)
-        found = _COMPILED_LINE.search(result.stdout)
+        found = COMPILED_LINE.search(result.stdout)
         if result.returncode != 0 or not found:
             raise GatelabError(f"`{' '.join(command)}` failed ({result.returncode}) or said nothing of compiling:\n"
                                f"{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
@@ -653,9 +649,9 @@ def bench(presets: list[Path], variants: list[str], warmup: int, measured: int, 
                                         _spread(lightning_times)))
 
         log(f"{name}: eager against torch.compile, then bf16 autocast against fp32 (eager, interleaved)")
-        eager, compiled = (base.model_copy(update={"train": base.train.model_copy(update={"compile": on})})
-                           for on in (False, True))
-        times = time_interleaved({"eager": plain_step(eager, precision), "compiled": plain_step(compiled, precision),
+        eager = base.with_train(compile=False)
+        eager_step = plain_step(eager, precision)
+        times = time_interleaved({"eager": eager_step, "compiled": plain_step(base.with_train(compile=True), precision),
                                   "preset": plain}, warmup + 1, measured)  # one more round: the first compiles
         for setting in ("eager", "compiled"):
             seconds = statistics.median(times[setting])
@@ -666,8 +662,7 @@ def bench(presets: list[Path], variants: list[str], warmup: int, measured: int, 
         other = "bf16-mixed" if precision == "32-true" else "32-true"
         bf16_slow = not (report.machine["fast_bf16_cpu"] or torch.cuda.is_available())
         rounds = bf16_steps if bf16_slow else measured  # emulated bf16 takes ~20x longer a step: fewer rounds
-        times = time_interleaved({"preset": plain_step(eager, precision), "other": plain_step(eager, other)}, 1,
-                                 rounds)
+        times = time_interleaved({"preset": eager_step, "other": plain_step(eager, other)}, 1, rounds)
         ratio = statistics.median(times["other"]) / statistics.median(times["preset"])
         other_s = eager_s * ratio  # the interleaved ratio, on the many-step median of the preset's precision
         report.steps.append(StepFigures(name, f"plain {other} eager", other, other_s, tokens / other_s, rounds,

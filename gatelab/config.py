@@ -364,6 +364,10 @@ class ExperimentConfig(StrictModel):
                                  "sentences through a text tokenizer, and the synthetic task has neither")
         return self
 
+    def with_train(self, **changes) -> ExperimentConfig:
+        """This experiment with some `train` keys changed (settings chosen in code, not a user's overrides)."""
+        return self.model_copy(update={"train": self.train.model_copy(update=changes)})
+
     def _check_tokenizer(self) -> None:
         data, model = self.data, self.model
         if data.tokenizer == "bpe":

@@ -10,6 +10,7 @@ both). A TORCHINDUCTOR_CACHE_DIR the user set is kept.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import time
@@ -20,6 +21,8 @@ import torch
 
 CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
 CACHE_FOLDER = "compile-cache"
+# CompileReport's line, as a run's log says it: seconds, graphs loaded from the cache, graphs compiled
+COMPILED_LINE = re.compile(r"compiled in ([\d.]+) s: (\d+) graph\(s\) loaded from the cache, (\d+) compiled")
 
 
 def share_cache(runs_dir: Path) -> Path:

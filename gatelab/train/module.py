@@ -79,10 +79,13 @@ class GatedLM(L.LightningModule):
         """(next-token loss, the loss to minimise: that plus the MoE auxiliary losses, the auxiliary losses)."""
         hidden_BTD, aux = self.train_hidden_states(input_ids_BT)
         loss = head_loss(hidden_BTD, self.model.lm_head.weight, targets_BT)
-        total = loss
-        if self.moe is not None:
-            total = total + self.moe.load_balance_coef * aux["load_balance"] + self.moe.z_loss_coef * aux["z_loss"]
-        return loss, total, aux
+        return loss, self.with_aux_losses(loss, aux), aux
+
+    def with_aux_losses(self, loss: torch.Tensor, aux: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The loss to minimise: `loss` plus the MoE auxiliary losses, weighted as configured (dense: `loss`)."""
+        if self.moe is None:
+            return loss
+        return loss + self.moe.load_balance_coef * aux["load_balance"] + self.moe.z_loss_coef * aux["z_loss"]
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         input_ids_BT, targets_BT = batch

@@ -369,7 +369,7 @@ def run(experiment: ExperimentConfig, tracking_uri: str | None = None, runs_dir:
     check_fits(experiment, model_config)
     if experiment.train.compile and (why := cannot_compile(experiment.train.accelerator)):
         log(f"train.compile: {why}; training eager")
-        experiment = experiment.model_copy(update={"train": experiment.train.model_copy(update={"compile": False})})
+        experiment = experiment.with_train(compile=False)
     _set_threads(experiment.train.threads)
     digest = spec_hash(experiment)
     run_dir = runs_dir / experiment.name / f"{experiment.variant}-s{experiment.seed}-{digest}"
