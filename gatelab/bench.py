@@ -63,6 +63,7 @@ class StepFigures:
     ratio: float | None = None  # to the row named in `ratio_to`
     ratio_to: str | None = None
     spread: float = 0.0  # (p90 - p10) / median of the timed steps
+    flops_ratio: float | None = None  # a variant's model FLOPs per step to baseline's: the ratio its extra work sets
 
 
 @dataclass
@@ -314,7 +315,8 @@ OP_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("attention (SDPA kernel)", ("aten::_scaled_dot_product", "aten::scaled_dot_product")),
     ("cross-entropy (softmax, nll)", ("aten::_log_softmax", "aten::log_softmax", "aten::nll_loss", "aten::exp",
                                       "aten::amax", "aten::logsumexp", "aten::scatter_add", "aten::gather",
-                                      "aten::sub")),
+                                      "aten::sub", "aten::log_", "aten::reciprocal", "aten::where", "aten::eq",
+                                      "aten::bitwise_not", "aten::dot", "torch_nn::_linear_cross_entropy")),
     ("RMSNorm (pow, mean, rsqrt)", ("aten::pow", "aten::mean", "aten::rsqrt", "aten::rms_norm", "aten::_fused_rms")),
     ("SwiGLU (silu)", ("aten::silu",)),
     ("gates (sigmoid)", ("aten::sigmoid",)),
@@ -328,12 +330,19 @@ OP_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
                                            "aten::t", "aten::expand", "aten::as_strided", "aten::slice",
                                            "aten::select", "aten::permute", "aten::unsqueeze", "aten::detach",
                                            "aten::_unsafe_view", "aten::resize_", "aten::set_", "aten::new_")),
-    ("autograd engine (per-node bookkeeping)", ("autograd::", "GeneratedBackwardFor", "torch::autograd")),
+    ("autograd engine (per-node bookkeeping)", ("autograd::", "GeneratedBackwardFor", "torch::autograd", "detach")),
+    ("dispatch (matmul/linear wrappers, scalars)", ("aten::matmul", "aten::linear", "aten::item",
+                                                    "aten::_local_scalar_dense", "aten::result_type",
+                                                    "aten::resolve_conj", "aten::lift_fresh", "aten::scalar_tensor",
+                                                    "aten::narrow", "aten::stack", "aten::squeeze", "aten::flatten",
+                                                    "aten::numpy_T", "aten::ones_like")),
     ("fused kernels (torch.compile)", ("## Call CompiledFxGraph", "cpp_fused", "triton_", "Torch-Compiled Region")),
 )
 
 
 def op_group(name: str) -> str:
+    if re.fullmatch(r"\w+Backward\d+", name):  # an autograd node's own time: the kernels it launches are ops
+        return "autograd engine (per-node bookkeeping)"
     return next((group for group, prefixes in OP_GROUPS if name.startswith(prefixes)), "other")
 
 
@@ -615,7 +624,8 @@ def bench(presets: list[Path], variants: list[str], warmup: int, measured: int, 
         tokens = base.train.batch_size * base.data.seq_len
         compiled = "compiled" if base.train.compile else "eager"
         log(f"{name}: variants {', '.join(variants)} at {precision} ({compiled}), {measured} interleaved steps each")
-        steps = {v: plain_step(load_experiment(preset, [f"variant={v}"]), precision) for v in variants}
+        experiments = {v: load_experiment(preset, [f"variant={v}"]) for v in variants}
+        steps = {v: plain_step(experiment, precision) for v, experiment in experiments.items()}
         peer = transformers_step(base, precision)
         if peer is None:
             report.peer[name] = ("not compared: transformers is not installed (pip install -e \".[compare]\")"
@@ -626,11 +636,13 @@ def bench(presets: list[Path], variants: list[str], warmup: int, measured: int, 
             log(f"{name}: with {PEER_LABEL} at the same shapes, interleaved")
             steps[PEER_LABEL] = peer
         times = time_interleaved(steps, warmup + 1, measured)  # one more round: the first compiles
-        base_s = statistics.median(times["baseline"])
+        # both ratios to the "baseline" row (the preset itself may name another variant)
+        base_s, base_flops = statistics.median(times["baseline"]), model_flops_per_step(experiments["baseline"])
         for variant, seconds in times.items():
             median = statistics.median(seconds)
+            flops_ratio = model_flops_per_step(experiments[variant]) / base_flops if variant in experiments else None
             report.steps.append(StepFigures(name, variant, precision, median, tokens / median, len(seconds),
-                                            median / base_s, "baseline", _spread(seconds)))
+                                            median / base_s, "baseline", _spread(seconds), flops_ratio))
 
         log(f"{name}: gatelab's Lightning step against the plain loop ({precision})")
         plain_times: list[float] = []
@@ -770,11 +782,14 @@ def to_markdown(report: BenchReport) -> str:
         holds = {True: "yes", False: "**no**", None: "not measured"}[c["holds"]]
         lines.append(f"| {c['target']} | {_fmt(c['measured'])} | {'≤' if c['at_most'] else '≥'} {c['limit']} | {holds} |")
     lines += ["", "## Step times (median of interleaved steps)", "",
-              "| preset | what | precision | step (ms) | tokens/s | ratio | to | spread p10-p90 | steps |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "A variant's FLOP ratio is its model FLOPs per step over baseline's: the step-time ratio a step bound by "
+              "its FLOPs would have.", "",
+              "| preset | what | precision | step (ms) | tokens/s | ratio | to | FLOP ratio | spread p10-p90 | steps |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for s in report.steps:
         lines.append(f"| {s.preset} | {s.label} | {s.precision} | {s.step_s * 1e3:.0f} | {s.tokens_per_s:.0f} | "
-                     f"{_fmt(s.ratio)} | {s.ratio_to or ''} | {s.spread:.0%} | {s.steps} |")
+                     f"{_fmt(s.ratio)} | {s.ratio_to or ''} | {_fmt(s.flops_ratio, 4)} | {s.spread:.0%} | "
+                     f"{s.steps} |")
     lines += ["", "## FLOPs", "",
               "| preset | precision | model GFLOP/step | achieved GFLOP/s | GEMM GFLOP/s (same shapes) | "
               "achieved / GEMM rate | GEMM s/step | share outside GEMMs | 1024³ GEMM GFLOP/s |",

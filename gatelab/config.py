@@ -288,10 +288,10 @@ class TrainConfig(StrictModel):
     spike_ema: float = Field(0.98, gt=0, lt=1)
     divergence_factor: PositiveFloat = 3.0  # loss above this multiple of its EMA (or non-finite): the run diverged
     threads: PositiveInt | None = None
-    # torch.compile each block for training (evaluation and probes stay eager), with inductor's cache shared by the
-    # runs of a runs folder (gatelab.train.compiling). A speed setting, not part of a run's identity (spec_hash): the
-    # same batches and model, losses equal to float rounding. Off by default; the tiny presets turn it on, where
-    # `gatelab bench` measured it to pay (results/bench/).
+    # torch.compile each block and the head loss for training (evaluation and probes stay eager), with inductor's
+    # cache shared by the runs of a runs folder (gatelab.train.compiling). A speed setting, not part of a run's
+    # identity (spec_hash): the same batches and model, losses equal to float rounding. Off by default; tiny.yaml
+    # turns it on, where `gatelab bench` measured it to pay (results/bench/).
     compile: bool = False
     # Weight decay on input-independent gate logits (a 2-D (H, D) tensor, decayed by an ndim rule until the fix; decay
     # pulls them to 0, a score of 0.5, which is not what the paper's "no weight decay on gates" set-up does). Off: the

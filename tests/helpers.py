@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -116,6 +117,29 @@ def train_cli(experiment: Path, runs: Path, *extra: str, wait: bool = True):
                        wait=wait)
 
 
+def made_once(tmp_path_factory, name: str, make: Callable[[Path], dict]) -> dict:
+    """`make(folder)` run once for the whole test session, even when pytest-xdist spreads a module's tests over
+    several workers (each of which would otherwise make its own copy of a module fixture): the first worker makes
+    it under a lock in the folder the workers share, the others read what it returned. `make` returns plain JSON
+    (paths as strings). Without xdist it is simply made."""
+    import json
+    import shutil
+
+    from filelock import FileLock
+
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return make(tmp_path_factory.mktemp(name))
+    shared = tmp_path_factory.getbasetemp().parent  # the session's folder, above each worker's own
+    done = shared / f"{name}.json"
+    with FileLock(str(shared / f"{name}.lock")):
+        if not done.exists():
+            folder = shared / name
+            shutil.rmtree(folder, ignore_errors=True)  # what a worker whose `make` failed left
+            folder.mkdir()
+            done.write_text(json.dumps(make(folder)))
+    return json.loads(done.read_text())
+
+
 # --- sweep files in a scratch folder --------------------------------------------------------------------------------
 
 DENSE = {
@@ -203,8 +227,10 @@ class MlflowServer:
 
         import pytest
 
+        # as `gatelab ui` runs it: without MLflow 3's GenAI job runner (eight huey processes, 2 s more to start)
+        environment = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
         self.process = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                        start_new_session=True)
+                                        env=environment, start_new_session=True)
         deadline = time.time() + 90
         while time.time() < deadline:
             try:

@@ -134,12 +134,16 @@ def test_every_op_of_a_profiled_step_is_in_a_group_and_the_shares_add_up(micro):
     groups = {row["op"]: row["group"] for row in rows}
     assert groups["aten::mm"] == "matmul (GEMM)"
     assert any(group == "attention (SDPA kernel)" for group in groups.values())
-    time_in_other = sum(row["share"] for row in rows if row["group"] == "other")
-    assert time_in_other < 0.2, [row for row in rows if row["group"] == "other"][:5]
+    # by calls, not time: which ops are grouped does not change between runs, their timing does (CI once saw a
+    # 128-long dot of the chunked cross-entropy take 1.3 ms)
+    calls = sum(row["calls_per_step"] for row in rows)
+    calls_in_other = sum(row["calls_per_step"] for row in rows if row["group"] == "other")
+    assert calls_in_other / calls < 0.02, [row["op"] for row in rows if row["group"] == "other"]
+    assert groups["MulBackward0"] == "autograd engine (per-node bookkeeping)"
 
 
 def test_the_peer_step_trains_transformers_qwen3_at_the_preset_s_shapes(micro):
-    pytest.importorskip("transformers")
+    pytest.importorskip("transformers", reason="the peer step needs the compare extra: pip install -e '.[test,compare]'")
     experiment = load_experiment(micro)
     step = bench.transformers_step(experiment, "32-true")
     assert step is not None
@@ -153,6 +157,11 @@ def test_loss_curves_compare_the_step_before_with_this_one_eager_and_compiled(mi
     assert set(numerics["curves"]) == {"before", "eager", "compiled"}
     assert all(len(curve) == 6 for curve in numerics["curves"].values())
     assert all(difference < 1e-3 for difference in numerics["max_relative_difference"].values())
+
+
+def test_without_transformers_there_is_no_peer_step(micro, monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` raises ImportError, as uninstalled
+    assert bench.transformers_step(load_experiment(micro), "32-true") is None
 
 
 def test_there_is_no_peer_for_an_moe_preset():

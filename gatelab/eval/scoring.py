@@ -140,15 +140,16 @@ def load_tasks(settings: HarnessSettings, manager) -> dict:
     return loaded
 
 
-def evaluate(lm, settings: HarnessSettings, tasks: dict) -> dict[str, Any]:
-    """The harness's results for `lm` on the loaded `tasks`."""
+def evaluate(lm, settings: HarnessSettings, tasks: dict, manager) -> dict[str, Any]:
+    """The harness's results for `lm` on the loaded `tasks`. `manager` is the task index they were loaded from:
+    without it `simple_evaluate` builds lm-eval's whole index again (14,000 task files, about 10 s) for every run."""
     import logging
 
     from lm_eval import simple_evaluate
 
     logging.getLogger("lm_eval").setLevel(logging.WARNING)
     return simple_evaluate(model=lm, tasks=list(tasks.values()), num_fewshot=settings.num_fewshot,
-                           limit=settings.limit, log_samples=False, bootstrap_iters=1000)
+                           limit=settings.limit, log_samples=False, bootstrap_iters=1000, task_manager=manager)
 
 
 def record(store: RunStore, run_id: str, results: dict[str, Any], tags: dict[str, str]) -> dict[str, float]:
@@ -227,7 +228,7 @@ def score_runs(targets: Sequence[Target], settings: HarnessSettings, uri: str, r
     for target, pending in todo:
         log(f"scoring {target.label} on {', '.join(pending)}")
         lm = GatelabLM(run=target.run_id, tracking_uri=uri, runs_dir=str(runs_dir), batch_size=settings.batch_size)
-        results = evaluate(lm, settings, {task: loaded[task] for task in pending})
+        results = evaluate(lm, settings, {task: loaded[task] for task in pending}, manager)
         metrics = record(store, target.run_id, results, pending)
         log("  " + ", ".join(f"{name.removeprefix(PREFIX + '/')} {value:.4f}" for name, value in metrics.items()
                              if not name.endswith("/stderr")))
@@ -265,7 +266,7 @@ def score_live(model, tokenizer, bos_id: int, eos_id: int, seq_len: int, precisi
     check_tasks(settings.tasks, manager)
     lm = GatelabLM.from_model(model, tokenizer, bos_id, seq_len, batch_size=settings.batch_size, precision=precision,
                               eos_id=eos_id)
-    results = evaluate(lm, settings, load_tasks(settings, manager))
+    results = evaluate(lm, settings, load_tasks(settings, manager), manager)
     metrics = {}
     for task in settings.tasks:
         metrics |= metrics_of(task, results["results"].get(task, {}))

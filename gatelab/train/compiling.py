@@ -9,6 +9,7 @@ both). A TORCHINDUCTOR_CACHE_DIR the user set is kept.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -29,10 +30,45 @@ def share_cache(runs_dir: Path) -> Path:
     """Inductor's cache folder for this process: the user's TORCHINDUCTOR_CACHE_DIR, else `runs_dir/compile-cache`."""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
+    from gatelab.progress import is_verbose
+
     # Inductor writes its default into the variable the first time it reads it (torch's imports may already have)
     if os.environ.get(CACHE_VARIABLE) in (None, "", os.path.abspath(default_cache_dir())):
         os.environ[CACHE_VARIABLE] = str((runs_dir / CACHE_FOLDER).resolve())
-    return Path(os.environ[CACHE_VARIABLE])
+    cache = Path(os.environ[CACHE_VARIABLE])
+    DAMAGED_ENTRY.cache = cache
+    if not is_verbose() and DAMAGED_ENTRY not in INDUCTOR_CACHE_LOG.filters:
+        INDUCTOR_CACHE_LOG.addFilter(DAMAGED_ENTRY)
+    return cache
+
+
+class DamagedCacheEntry(logging.Filter):
+    """Inductor meets an unreadable entry in its cache (a process killed while writing it, a full disk, a damaged
+    file), logs a warning with the whole traceback, and compiles that graph again: the run is unharmed. This says so in
+    one line, once a process, without the traceback (`--verbose` keeps inductor's own)."""
+
+    UNREADABLE = "fx graph cache unable to load compiled graph"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cache: Path | None = None
+        self.said = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith(self.UNREADABLE):
+            return True
+        if self.said:
+            return False
+        self.said = True
+        error = record.exc_info[1] if record.exc_info else None
+        record.msg = "compile cache %s: an unreadable entry (%s) is compiled again; nothing is lost"
+        record.args = (self.cache, f"{type(error).__name__}: {error}" if error else "no detail")
+        record.exc_info, record.exc_text = None, None
+        return True
+
+
+INDUCTOR_CACHE_LOG = logging.getLogger("torch._inductor.codecache")
+DAMAGED_ENTRY = DamagedCacheEntry()
 
 
 def forget_earlier_graphs() -> None:

@@ -22,7 +22,8 @@ from gatelab.errors import GatelabError
 from gatelab.eval.benchmarks import PACKAGED_BLIMP, load_blimp, score_blimp, sentence_logprobs
 from gatelab.eval.harness import GatelabLM, load_checkpoint, local_task_dir
 from gatelab.model import build_model
-from tests.helpers import REPO, micro_config, sqlite_uri, train_cli, write_foreign_tokenizer, write_micro_experiment
+from tests.helpers import (REPO, made_once, micro_config, sqlite_uri, train_cli, write_foreign_tokenizer,
+                           write_micro_experiment)
 
 V = 300  # the vocabulary of write_foreign_tokenizer's tokenizer
 SENTENCES = ["river stone lantern quiet harbour.", "The cat, who slept, was not seen by Anna?",
@@ -163,6 +164,29 @@ def test_blimp_through_lm_eval_equals_score_blimp(kind, micro_model, tokenizer, 
     assert expected["n"] == 134
 
 
+def test_scoring_gatelab_s_own_task_never_indexes_lm_eval_s_task_files(micro_model, tokenizer, bos, monkeypatch):
+    """lm-eval's whole index (14,000 YAMLs) takes about 10 s: `score_live`, as `gatelab eval` per run, keeps to the
+    index of gatelab's tasks (simple_evaluate used to build the whole one again for every run it scored)."""
+    import lm_eval.evaluator
+    import lm_eval.tasks
+
+    from gatelab.eval import scoring
+
+    whole_indexes = []
+
+    class CountingManager(TaskManager):
+        def __init__(self, *args, include_defaults: bool = True, **kwargs):
+            whole_indexes.extend([kwargs.get("include_path")] if include_defaults else [])
+            super().__init__(*args, include_defaults=include_defaults, **kwargs)
+
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", CountingManager)
+    monkeypatch.setattr(lm_eval.evaluator, "TaskManager", CountingManager)
+    settings = scoring.HarnessSettings(tasks=("gatelab_blimp",), limit=4, batch_size=8)
+    metrics, _, tags = scoring.score_live(micro_model, tokenizer, bos, bos, 128, "32-true", settings)
+    assert 0 <= metrics["lm_eval/gatelab_blimp/acc"] <= 1 and set(tags) == {"gatelab.lm_eval.gatelab_blimp"}
+    assert whole_indexes == []
+
+
 def test_packaged_blimp_is_the_first_pairs_of_every_paradigm():
     files = sorted(PACKAGED_BLIMP.glob("*.jsonl"))
     assert len(files) == 67 and (PACKAGED_BLIMP / "NOTICE.md").is_file()
@@ -250,8 +274,13 @@ def test_bad_paths_and_args_are_one_clear_error(tmp_path):
 
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory):
-    """A real micro `gatelab train` run: 10 steps, checkpoints every 4 (so the last one is not a multiple)."""
-    folder = tmp_path_factory.mktemp("trained")
+    """A real micro `gatelab train` run: 10 steps, checkpoints every 4 (so the last one is not a multiple). Trained
+    once a session: the tests only read it (one copies it before changing the copy)."""
+    stored = made_once(tmp_path_factory, "trained", _train_once)
+    return {key: value if key == "run_id" else Path(value) for key, value in stored.items()}
+
+
+def _train_once(folder: Path) -> dict:
     experiment = write_micro_experiment(folder, max_steps=10, checkpoint_every=4)
     config = yaml.safe_load(experiment.read_text())
     config["eval"]["blimp"] = False  # the run's own BLiMP score is not what these tests check
@@ -263,7 +292,8 @@ def trained_run(tmp_path_factory):
     client = tracking.client(sqlite_uri(folder / "runs"))
     [run] = client.search_runs([client.get_experiment_by_name("micro").experiment_id])
     [checkpoint] = (folder / "runs").glob("micro/*/checkpoints/last.ckpt")
-    return {"runs": folder / "runs", "run_id": run.info.run_id, "checkpoint": checkpoint, "experiment": experiment}
+    return {"runs": str(folder / "runs"), "run_id": run.info.run_id, "checkpoint": str(checkpoint),
+            "experiment": str(experiment)}
 
 
 @pytest.mark.slow

@@ -116,8 +116,10 @@ def test_a_truncated_checkpoint_restarts_the_run_from_scratch_into_a_new_mlflow_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_a_signal_stops_the_run_as_killed_and_the_same_command_resumes_it(tmp_path, signum, code):
+def test_a_signal_stops_the_run_as_killed_and_the_same_command_resumes_it(tmp_path):
+    """SIGTERM, as Slurm and launchers send it. Ctrl-C (SIGINT) takes the same handler (gatelab.interrupts): its exit
+    code is checked in tests/sweep/test_executor.py and a `gatelab sweep run` stopped by it in test_sweep_run.py."""
+    signum, code = signal.SIGTERM, 143
     experiment = write_micro_experiment(tmp_path, max_steps=300, checkpoint_every=20, log_every=10)
     runs = tmp_path / "runs"
     process = _train_until_a_checkpoint(experiment, runs)

@@ -12,12 +12,13 @@ from __future__ import annotations
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import mlflow
 import pytest
 import torch.distributed
 
-from tests.helpers import sqlite_uri, train_cli, write_micro_experiment
+from tests.helpers import made_once, sqlite_uri, train_cli, write_micro_experiment
 
 pytestmark = [
     pytest.mark.slow,  # every test here trains 2-process DDP runs in subprocesses
@@ -35,8 +36,13 @@ DDP = ["--set", "train.devices=2", "--set", "train.strategy=ddp"]
 
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory):
-    """Runs directories of the same experiment trained by one process and by two DDP ranks."""
-    folder = tmp_path_factory.mktemp("ddp")
+    """Runs directories of the same experiment trained by one process and by two DDP ranks (trained once a session:
+    the tests only read them)."""
+    stored = made_once(tmp_path_factory, "ddp", _train_single_and_ddp)
+    return {key: value if key == "ddp_stdout" else Path(value) for key, value in stored.items()}
+
+
+def _train_single_and_ddp(folder: Path) -> dict:
     experiment = write_micro_experiment(folder, **TRAIN)
     # Side by side: each command spends most of its time importing on one core (rank 1 starts only when rank 0 fits).
     single = train_cli(experiment, folder / "single", "--set", "eval.every_n_steps=4", wait=False)
@@ -45,7 +51,8 @@ def stores(tmp_path_factory):
         single_stdout, ddp_stdout = pool.map(lambda process: process.communicate(timeout=600)[0], (single, ddp))
     assert single.returncode == 0, single_stdout
     assert ddp.returncode == 0, ddp_stdout
-    return {"experiment": experiment, "single": folder / "single", "ddp": folder / "ddp", "ddp_stdout": ddp_stdout}
+    return {"experiment": str(experiment), "single": str(folder / "single"), "ddp": str(folder / "ddp"),
+            "ddp_stdout": ddp_stdout}
 
 
 @pytest.mark.parametrize("strategy", ["ddp_spawn", "fsdp"])

@@ -145,7 +145,11 @@ def test_a_compiled_50_step_loss_curve_matches_the_eager_one(tmp_path, small_chu
 def test_the_second_run_of_a_shape_loads_the_first_run_s_compiled_graphs(tmp_path):
     """Two `gatelab train` processes (seeds 0 and 1) in one runs folder: the first compiles and fills the folder's
     cache, the second compiles nothing and says it loaded the graphs."""
-    experiment = write_micro_experiment(tmp_path, compile=True, max_steps=4)
+    # three steps: CompileReport times the compile as the first step less the second, once the third starts
+    experiment = write_micro_experiment(tmp_path, compile=True, max_steps=3, checkpoint_every=3)
+    config = yaml.safe_load(experiment.read_text())
+    config["eval"].update(every_n_steps=None, blimp=False)  # evaluation stays eager: nothing here to compile
+    experiment.write_text(yaml.safe_dump(config))
     runs = tmp_path / "runs"
     environment = {k: v for k, v in os.environ.items() if k != compiling.CACHE_VARIABLE}
     found, outputs = [], []
@@ -181,3 +185,90 @@ def test_lightning_trains_with_gradient_clipping_at_each_precision(tmp_path, pre
     assert trainer.optimizers[0].defaults["fused"] == (precision == "32-true")
     assert all(torch.isfinite(p).all() for p in lm.parameters())
     assert any(not torch.equal(a, b) for a, b in zip(before, lm.parameters()))
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_a_compiled_run_takes_the_compiled_whole_logits_loss_under_autocast_and_the_chunked_one_in_fp32(
+        tmp_path, small_chunks, autocast):
+    """With `train.compile`, under autocast (where eager training makes whole logits too) the head loss is inductor's
+    whole-logits loss; in fp32 it stays the chunked loss (faster there, and its memory does not grow with the logits)."""
+    experiment = _micro(tmp_path, compile=True)
+    lm = GatedLM(experiment, resolve_model(experiment))
+    lm.train_hidden_states = lm.model.hidden_states  # the blocks eager: only the head loss's choice is under test
+    calls = []
+    lm.compiled_head_loss = lambda *tensors: calls.append(tensors) or module.whole_logits_loss(*tensors)
+    input_ids_BT, targets_BT = _batches(experiment, 1)[0]
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        loss = lm.training_loss(input_ids_BT, targets_BT)[0]
+        reference = next_token_loss(lm.model(input_ids_BT), targets_BT)
+    assert len(calls) == int(autocast)
+    assert loss.dtype == torch.float32
+    assert loss.item() == pytest.approx(reference.item(), rel=1e-2 if autocast else 1e-5)
+
+
+def test_an_eager_run_never_compiles_the_head_loss(tmp_path):
+    experiment = _micro(tmp_path, compile=False)
+    assert GatedLM(experiment, resolve_model(experiment)).compiled_head_loss is None
+
+
+@pytest.mark.slow
+def test_under_bf16_autocast_the_compiled_head_loss_has_the_eager_loss_and_gradients(tmp_path):
+    """The compiled region (inductor's fused cross-entropy of bf16 logits) against eager whole logits, same weights."""
+    experiment = _micro(tmp_path)
+    eager, compiled = (GatedLM(experiment.with_train(compile=flag), resolve_model(experiment)) for flag in (False, True))
+    assert compiled.compiled_head_loss is not None
+    input_ids_BT, targets_BT = _batches(experiment, 1)[0]
+    losses, grads = [], []
+    for lm in (eager, compiled):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            hidden_BTD, _ = lm.model.hidden_states(input_ids_BT)
+            loss = lm.train_head_loss(hidden_BTD, lm.model.lm_head.weight, targets_BT)
+        losses.append(loss)
+        grads.append(torch.autograd.grad(loss, list(lm.parameters())))
+    assert losses[1].dtype == torch.float32
+    assert losses[1].item() == pytest.approx(losses[0].item(), rel=2e-3)
+    for eager_grad, compiled_grad in zip(*grads):
+        torch.testing.assert_close(compiled_grad, eager_grad, rtol=2e-2, atol=2e-3)
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_an_unreadable_compile_cache_entry_is_one_line_without_a_traceback(tmp_path, monkeypatch, verbose):
+    """Inductor logs an unreadable cache entry with its traceback and compiles again; gatelab says it once, in one
+    line naming the cache, unless --verbose."""
+    import logging
+    import pickle
+
+    import torch._inductor.codecache  # noqa: F401  (in the state of a real run: torch's loggers set up by inductor)
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    from gatelab.progress import VERBOSE_ENV
+
+    monkeypatch.setattr(compiling, "DAMAGED_ENTRY", compiling.DamagedCacheEntry())
+    monkeypatch.setattr(compiling.INDUCTOR_CACHE_LOG, "filters", [])
+    monkeypatch.setenv(compiling.CACHE_VARIABLE, default_cache_dir())
+    monkeypatch.setenv(VERBOSE_ENV, "1" if verbose else "0")
+    cache = compiling.share_cache(tmp_path / "runs")
+    # Once inductor is imported, torch's loggers stop propagating to the root (torch._logging gives them a handler of
+    # their own), so pytest's caplog would see nothing: collect at the logger itself, after its filters, as torch's
+    # handler does.
+    records: list[logging.LogRecord] = []
+    collector = logging.Handler(logging.WARNING)
+    collector.emit = records.append
+    log, level = compiling.INDUCTOR_CACHE_LOG, compiling.INDUCTOR_CACHE_LOG.level
+    monkeypatch.setattr(log, "disabled", False)
+    monkeypatch.setattr(log, "handlers", [collector])
+    log.setLevel(logging.WARNING)
+    try:
+        for _ in range(2):  # as inductor does for each damaged graph it meets
+            try:
+                pickle.loads(b"garbage")
+            except pickle.UnpicklingError:
+                log.warning("fx graph cache unable to load compiled graph", exc_info=True)
+    finally:
+        log.setLevel(level)
+    if verbose:
+        assert len(records) == 2 and all(r.exc_info for r in records)
+        return
+    assert len(records) == 1 and records[0].exc_info is None
+    line = records[0].getMessage()
+    assert str(cache) in line and "UnpicklingError" in line and "compiled again" in line
