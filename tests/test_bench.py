@@ -153,9 +153,11 @@ def test_the_peer_step_trains_transformers_qwen3_at_the_preset_s_shapes(micro):
 
 @pytest.mark.slow
 def test_loss_curves_compare_the_step_before_with_this_one_eager_and_compiled(micro):
-    numerics = bench.loss_curves(load_experiment(micro), steps=6)
+    """The issue's numerics line at micro scale: 50 steps of the faster step, eager and compiled, within 1e-3 of the
+    step before it (the compiling costs the time here; the steps are cheap)."""
+    numerics = bench.loss_curves(load_experiment(micro), steps=50)
     assert set(numerics["curves"]) == {"before", "eager", "compiled"}
-    assert all(len(curve) == 6 for curve in numerics["curves"].values())
+    assert all(len(curve) == 50 for curve in numerics["curves"].values())
     assert all(difference < 1e-3 for difference in numerics["max_relative_difference"].values())
 
 

@@ -42,6 +42,9 @@ class HarnessSettings:
     batch_size: int = 16
 
 
+LOCAL_TASK_PREFIX = "gatelab_"  # gatelab's offline tasks (gatelab/eval/tasks)
+
+
 def task_manager(include_path: str | None = None, tasks: Sequence[str] = ()):
     """lm-eval's task index over gatelab's offline tasks and the user's folder, and lm-eval's own tasks unless those
     two hold every task named (indexing lm-eval's 14,000 task files takes about 18 s)."""
@@ -56,7 +59,9 @@ def task_manager(include_path: str | None = None, tasks: Sequence[str] = ()):
             raise GatelabError(f"--include-path {include_path}: no such folder; give a folder of lm-eval task YAMLs")
         paths.append(str(folder))
     local = TaskManager(include_path=paths, include_defaults=False)
-    if tasks and set(tasks) <= set(local.all_tasks):
+    # A name with gatelab's prefix is one of gatelab's tasks or a typo of one (lm-eval has none of that name): its
+    # error, naming the nearest of gatelab's tasks, comes without indexing lm-eval's.
+    if tasks and all(task in local.all_tasks or task.startswith(LOCAL_TASK_PREFIX) for task in tasks):
         return local
     return TaskManager(include_path=paths)
 
@@ -69,7 +74,7 @@ def check_tasks(tasks: Sequence[str], manager) -> None:
             near = difflib.get_close_matches(task, sorted(known), n=5, cutoff=0.6)
             hint = f"did you mean {', '.join(near)}? " if near else ""
             raise GatelabError(f"--tasks: lm-eval has no task {task!r}; {hint}`python -m gatelab.eval.harness --tasks "
-                               "list` lists them all (gatelab's offline tasks start with gatelab_)")
+                               f"list` lists them all (gatelab's offline tasks start with {LOCAL_TASK_PREFIX})")
 
 
 def task_version(task: str, manager) -> Any:

@@ -123,3 +123,14 @@ class CompileReport(L.Callback):
         if not trainer.global_rank:
             self.say(f"compiled in {self.compile_s:.1f} s: {counts['loaded']} graph(s) loaded from the cache, "
                      f"{counts['compiled']} compiled (inductor cache {self.cache})")
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        """A run of one or two steps has no step after the first to subtract: it says what the cache did, and the
+        first step's time as the most the compiling took (no `time/compile_s`: that would be a guess)."""
+        if self.compile_s is not None or not self._started or trainer.global_rank:
+            return
+        first_s = (self._started[1] if len(self._started) > 1 else time.perf_counter()) - self._started[0]
+        counts = {name: value - self._counts_before.get(name, 0) for name, value in cache_counts().items()}
+        self.say(f"compiled in at most {first_s:.1f} s (the first step; too few steps to time the compiling apart): "
+                 f"{counts['loaded']} graph(s) loaded from the cache, {counts['compiled']} compiled (inductor cache "
+                 f"{self.cache})")

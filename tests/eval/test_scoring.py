@@ -9,6 +9,7 @@ import time
 import pytest
 
 from gatelab import tracking
+from gatelab.errors import GatelabError
 from gatelab.eval.scoring import PREFIX, TAG_PREFIX, metrics_of
 from tests.helpers import gatelab_cli, sqlite_uri, write_micro_sweep
 
@@ -92,3 +93,14 @@ def test_a_run_id_that_does_not_exist_is_one_message(swept):
                          cwd=folder)
     assert result.returncode == 2 and "no MLflow run '0123456789abcdef'" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_typo_of_gatelab_s_task_is_answered_from_gatelab_s_own_index():
+    """lm-eval has no task with gatelab's prefix: the error names gatelab's nearest task without indexing lm-eval's
+    14,000 task files first."""
+    from gatelab.eval.scoring import check_tasks, task_manager
+
+    manager = task_manager(tasks=["gatelab_blimpp"])
+    assert "gatelab_blimp" in manager.all_tasks and "hellaswag" not in manager.all_tasks
+    with pytest.raises(GatelabError, match="no task 'gatelab_blimpp'; did you mean gatelab_blimp"):
+        check_tasks(["gatelab_blimpp"], manager)
