@@ -619,7 +619,7 @@ def bench(presets: list[Path], variants: list[str], warmup: int, measured: int, 
 
     for preset in presets:
         base = load_experiment(preset)
-        precision = resolve_precision(base.train.precision, base.train.accelerator)
+        precision = resolve_precision(base.train.precision, base.train.accelerator, moe=base.model.ffn == "moe")
         name = base.name
         tokens = base.train.batch_size * base.data.seq_len
         compiled = "compiled" if base.train.compile else "eager"

@@ -121,3 +121,15 @@ def set_aside_if_unreadable(checkpoint: Path, log) -> bool:
         log(f"checkpoint {checkpoint} does not load ({reason}); moved it to {aside.name} and training this run again "
             "from step 0")
         return False
+
+
+def recorded_precision(checkpoint: Path) -> str | None:
+    """The precision the run of `checkpoint` trained in, as its checkpoint records it; None without a readable
+    checkpoint or for one written before gatelab recorded it."""
+    if not checkpoint.exists():
+        return None
+    try:
+        state = torch.load(checkpoint, map_location="cpu", weights_only=False, mmap=True)
+    except Exception:  # noqa: BLE001  an unreadable checkpoint is set aside later, with its own message
+        return None
+    return (state.get("gatelab") or {}).get("precision")

@@ -132,8 +132,10 @@ class GatedLM(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # The checkpoint describes itself: the experiment (for the tokenizer and training length) and the resolved model
         # config rebuild its model without the YAML, the registry or MLflow (gatelab.eval.harness.load_checkpoint).
+        # With the precision it trained in: `auto` may resolve otherwise on the machine that resumes it.
         checkpoint["gatelab"] = {"experiment": self.experiment.model_dump(mode="json"),
-                                 "model": self.model.config.model_dump(mode="json")}
+                                 "model": self.model.config.model_dump(mode="json"),
+                                 "precision": self._trainer.precision if self._trainer is not None else None}
 
     def on_validation_epoch_end(self) -> None:
         if "val/loss" in self.trainer.callback_metrics:
@@ -156,7 +158,7 @@ class GatedLM(L.LightningModule):
         # mixed-precision plugin refuses gradient clipping with an optimizer that unscales gradients itself, as the
         # fused one does for 16-mixed's GradScaler (bf16-mixed included, though it has no scaler).
         precision = self._trainer.precision if self._trainer is not None \
-            else resolve_precision(train.precision, train.accelerator)
+            else resolve_precision(train.precision, train.accelerator, moe=self.model.config.ffn == "moe")
         fused = self.device.type in ("cpu", "cuda") and "mixed" not in precision
         optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": train.weight_decay},
                                        {"params": no_decay, "weight_decay": 0.0}], lr=train.lr, betas=train.betas,
@@ -347,12 +349,16 @@ def cpu_has_fast_bf16() -> bool:
     return "amx_bf16" in flags or "avx512_bf16" in flags
 
 
-def resolve_precision(precision: str, accelerator: str) -> str:
+def resolve_precision(precision: str, accelerator: str, moe: bool = False) -> str:
+    """`train.precision` as Lightning takes it; `auto`: bf16 (or fp16) mixed on a GPU; on a CPU with fast bf16, mixed
+    bf16 for dense models and fp32 for MoE ones, whose routing and small expert matmuls run slower in bf16 there
+    (tiny-moe's plain step: 585 against 1393 ms on an AMX Xeon, 710 against 905 ms on an AVX512-BF16 EPYC,
+    results/bench/); fp32 on other CPUs, where bf16 is emulated."""
     if precision != "auto":
         return precision
     if torch.cuda.is_available() and accelerator in ("auto", "gpu", "cuda"):
         return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
-    return "bf16-mixed" if cpu_has_fast_bf16() else "32-true"
+    return "bf16-mixed" if cpu_has_fast_bf16() and not moe else "32-true"
 
 
 __all__ = ["GatedLM", "SpikeRule", "StabilityMonitor", "StepBatches", "TextData", "head_loss", "lr_at", "next_token_loss",

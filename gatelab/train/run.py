@@ -25,7 +25,8 @@ from gatelab.model import count_parameters, resolve_model
 from gatelab.progress import (DEFAULT_EVERY_S, HOST_TAG, format_duration, progress_every_s, silence_noise,
                               step_time)
 from gatelab.tracking import TrackedRun
-from gatelab.train.checkpoints import DurableCheckpointIO, PublishAfterStepMetrics, set_aside_if_unreadable
+from gatelab.train.checkpoints import (DurableCheckpointIO, PublishAfterStepMetrics, recorded_precision,
+                                      set_aside_if_unreadable)
 from gatelab.train.compiling import CompileReport, cannot_compile, forget_earlier_graphs, share_cache
 from gatelab.train.memory import check_fits
 from gatelab.train.module import GatedLM, SpikeRule, StabilityMonitor, TextData, resolve_precision
@@ -226,16 +227,16 @@ def _set_threads(threads: int | None) -> None:
 
 
 def build_trainer(experiment: ExperimentConfig, run_dir: Path, callbacks: list[L.Callback],
-                  bar: bool) -> L.Trainer:
-    """The run's Trainer, with no logger: `callbacks`, then checkpoints every `train.checkpoint_every` steps into
-    `run_dir/checkpoints` (and Lightning's progress bar where `bar`)."""
+                  bar: bool, precision: str) -> L.Trainer:
+    """The run's Trainer at `precision`, with no logger: `callbacks`, then checkpoints every `train.checkpoint_every`
+    steps into `run_dir/checkpoints` (and Lightning's progress bar where `bar`)."""
     train, every = experiment.train, experiment.eval.every_n_steps
     checkpoints = ModelCheckpoint(dirpath=run_dir / "checkpoints", every_n_train_steps=train.checkpoint_every,
                                   save_last=True, save_top_k=0)
     checkpoint_io = DurableCheckpointIO()
     return L.Trainer(
         max_steps=train.max_steps, accelerator=train.accelerator, devices=train.devices, num_nodes=train.num_nodes,
-        strategy=train.strategy, precision=resolve_precision(train.precision, train.accelerator),
+        strategy=train.strategy, precision=precision,
         gradient_clip_val=train.grad_clip or None, logger=False, log_every_n_steps=train.log_every,
         callbacks=[*callbacks, PublishAfterStepMetrics(checkpoint_io), checkpoints]
         + ([TQDMProgressBar(refresh_rate=10)] if bar else []),
@@ -387,12 +388,17 @@ def run(experiment: ExperimentConfig, tracking_uri: str | None = None, runs_dir:
     if experiment.train.compile:
         forget_earlier_graphs()
         compiling.append(CompileReport(share_cache(runs_dir), chatter))
+    precision = resolve_precision(experiment.train.precision, experiment.train.accelerator,
+                                  moe=model_config.ffn == "moe")
+    began_in = recorded_precision(checkpoint) if experiment.train.precision == "auto" else None
     trainer = build_trainer(experiment, run_dir, [agreement, stability, *fence, steps, *compiling, *extra_callbacks],
-                            bar)
+                            bar, began_in or precision)
     rank = trainer.global_rank
     if rank:
         log = chatter = lambda *_: None  # noqa: E731  rank 0 says everything once
         ownership = None  # rank 0 holds the run for all ranks
+    if began_in and began_in != precision:  # a run is never silently changed halfway
+        log(f"train.precision auto: resuming in {began_in}, the precision this run began in (here auto is {precision})")
 
     uri = tracking.run_tracking_uri(tracking_uri, experiment, runs_dir, create=False)
     embedded = not (tracking_uri or experiment.tracking.uri)

@@ -135,3 +135,50 @@ def test_a_signal_stops_the_run_as_killed_and_the_same_command_resumes_it(tmp_pa
     assert resumed.returncode == 0 and "resuming" in resumed.stdout, resumed.stdout + resumed.stderr
     [done] = client.search_runs([client.get_experiment_by_name("micro").experiment_id])
     assert done.info.run_id == stopped.info.run_id and done.info.status == "FINISHED"
+
+
+# --- the precision a run trained in ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fast_bf16, ffn, expected", [(True, "dense", "bf16-mixed"), (True, "moe", "32-true"),
+                                                      (False, "dense", "32-true"), (False, "moe", "32-true")])
+def test_auto_precision_on_a_cpu_is_bf16_only_for_dense_models_with_fast_bf16(monkeypatch, fast_bf16, ffn, expected):
+    from gatelab.train import module
+
+    monkeypatch.setattr(module.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(module, "cpu_has_fast_bf16", lambda: fast_bf16)
+    assert module.resolve_precision("auto", "auto", moe=ffn == "moe") == expected
+    assert module.resolve_precision("bf16-mixed", "cpu", moe=ffn == "moe") == "bf16-mixed"  # as the user set it
+
+
+def test_a_checkpoint_records_the_precision_its_run_trained_in(tmp_path):
+    from gatelab.config import load_experiment
+    from gatelab.train.run import run
+
+    experiment = load_experiment(write_micro_experiment(tmp_path, max_steps=2, checkpoint_every=2),
+                                 ["train.precision=32-true", "eval.blimp=false", "eval.every_n_steps=null"])
+    run(experiment, runs_dir=tmp_path / "runs", quiet=True)
+    [checkpoint] = (tmp_path / "runs").glob("micro/*/checkpoints/last.ckpt")
+    assert checkpoints.recorded_precision(checkpoint) == "32-true"
+    assert checkpoints.recorded_precision(tmp_path / "absent.ckpt") is None
+    checkpoint.write_bytes(checkpoint.read_bytes()[:500])
+    assert checkpoints.recorded_precision(checkpoint) is None  # unreadable: set aside later, with its own message
+    torch.save({"gatelab": {"experiment": {}}}, checkpoint)  # written before gatelab recorded the precision
+    assert checkpoints.recorded_precision(checkpoint) is None
+
+
+def test_a_run_resumes_in_the_precision_it_began_in_where_auto_now_resolves_otherwise(tmp_path, monkeypatch):
+    """A run begun in bf16-mixed (a machine with fast bf16) and resumed where `auto` is fp32 keeps bf16, and says so."""
+    from gatelab.config import load_experiment
+    from gatelab.train import run as run_module
+
+    experiment = load_experiment(write_micro_experiment(tmp_path, max_steps=2, checkpoint_every=2),
+                                 ["train.precision=auto", "eval.blimp=false", "eval.every_n_steps=null"])
+    monkeypatch.setattr(run_module, "resolve_precision", lambda *args, **kwargs: "32-true")
+    monkeypatch.setattr(run_module, "recorded_precision", lambda checkpoint: "bf16-mixed")
+    built, lines = [], []
+    build = run_module.build_trainer
+    monkeypatch.setattr(run_module, "build_trainer", lambda *args: built.append(args[-1]) or build(*args))
+    run_module.run(experiment, runs_dir=tmp_path / "runs", log=lines.append)
+    assert built == ["bf16-mixed"]
+    assert "train.precision auto: resuming in bf16-mixed, the precision this run began in (here auto is 32-true)" \
+        in lines
