@@ -117,6 +117,15 @@ def train_cli(experiment: Path, runs: Path, *extra: str, wait: bool = True):
                        wait=wait)
 
 
+def train_in_process(experiment: Path, runs: Path, *overrides: str):
+    """What `gatelab train EXPERIMENT --quiet --runs-dir RUNS --set OVERRIDE ...` does, in this process: for runs a test
+    only reads (a `gatelab` process spends seconds importing). Returns the run's RunResult."""
+    from gatelab.config import load_experiment
+    from gatelab.train.run import run
+
+    return run(load_experiment(experiment, list(overrides)), runs_dir=runs, quiet=True)
+
+
 def made_once(tmp_path_factory, name: str, make: Callable[[Path], dict]) -> dict:
     """`make(folder)` run once for the whole test session, even when pytest-xdist spreads a module's tests over
     several workers (each of which would otherwise make its own copy of a module fixture): the first worker makes

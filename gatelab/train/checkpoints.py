@@ -112,7 +112,7 @@ def set_aside_if_unreadable(checkpoint: Path, log) -> bool:
     if not checkpoint.exists():
         return False
     try:
-        torch.load(checkpoint, map_location="cpu", weights_only=False, mmap=True)  # mmap: checks without reading all
+        _load_lazily(checkpoint)
         return True
     except Exception as error:  # torch raises RuntimeError, EOFError, UnpicklingError... for a damaged file
         aside = checkpoint.with_name(f"{checkpoint.name}.unreadable-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -129,7 +129,12 @@ def recorded_precision(checkpoint: Path) -> str | None:
     if not checkpoint.exists():
         return None
     try:
-        state = torch.load(checkpoint, map_location="cpu", weights_only=False, mmap=True)
+        state = _load_lazily(checkpoint)
     except Exception:  # noqa: BLE001  an unreadable checkpoint is set aside later, with its own message
         return None
     return (state.get("gatelab") or {}).get("precision")
+
+
+def _load_lazily(checkpoint: Path) -> dict:
+    """The checkpoint's dict, its tensors memory-mapped: reads its structure without reading every weight."""
+    return torch.load(checkpoint, map_location="cpu", weights_only=False, mmap=True)

@@ -119,10 +119,8 @@ class CompileReport(L.Callback):
             return
         first_s, second_s = (self._started[1] - self._started[0]), (self._started[2] - self._started[1])
         self.compile_s = max(0.0, first_s - second_s)
-        counts = {name: value - self._counts_before.get(name, 0) for name, value in cache_counts().items()}
         if not trainer.global_rank:
-            self.say(f"compiled in {self.compile_s:.1f} s: {counts['loaded']} graph(s) loaded from the cache, "
-                     f"{counts['compiled']} compiled (inductor cache {self.cache})")
+            self.say(f"compiled in {self.compile_s:.1f} s: {self._what_the_cache_did()}")
 
     def on_train_end(self, trainer, pl_module) -> None:
         """A run of one or two steps has no step after the first to subtract: it says what the cache did, and the
@@ -130,7 +128,10 @@ class CompileReport(L.Callback):
         if self.compile_s is not None or not self._started or trainer.global_rank:
             return
         first_s = (self._started[1] if len(self._started) > 1 else time.perf_counter()) - self._started[0]
-        counts = {name: value - self._counts_before.get(name, 0) for name, value in cache_counts().items()}
         self.say(f"compiled in at most {first_s:.1f} s (the first step; too few steps to time the compiling apart): "
-                 f"{counts['loaded']} graph(s) loaded from the cache, {counts['compiled']} compiled (inductor cache "
-                 f"{self.cache})")
+                 f"{self._what_the_cache_did()}")
+
+    def _what_the_cache_did(self) -> str:
+        counts = {name: value - self._counts_before.get(name, 0) for name, value in cache_counts().items()}
+        return (f"{counts['loaded']} graph(s) loaded from the cache, {counts['compiled']} compiled (inductor cache "
+                f"{self.cache})")

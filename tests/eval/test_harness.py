@@ -22,7 +22,7 @@ from gatelab.errors import GatelabError
 from gatelab.eval.benchmarks import PACKAGED_BLIMP, load_blimp, score_blimp, sentence_logprobs
 from gatelab.eval.harness import GatelabLM, load_checkpoint, local_task_dir
 from gatelab.model import build_model
-from tests.helpers import (REPO, made_once, micro_config, sqlite_uri, write_foreign_tokenizer,
+from tests.helpers import (REPO, made_once, micro_config, sqlite_uri, train_in_process, write_foreign_tokenizer,
                            write_micro_experiment)
 
 V = 300  # the vocabulary of write_foreign_tokenizer's tokenizer
@@ -286,11 +286,8 @@ def _train_once(folder: Path) -> dict:
     config["eval"]["blimp"] = False  # the run's own BLiMP score is not what these tests check
     experiment.write_text(yaml.safe_dump(config))
     # In this process: the tests read the run and its checkpoints; how `gatelab train` starts is tested elsewhere.
+    assert train_in_process(experiment, folder / "runs").status == "finished"
     from gatelab import tracking
-    from gatelab.config import load_experiment
-    from gatelab.train.run import run
-
-    assert run(load_experiment(experiment), runs_dir=folder / "runs", quiet=True).status == "finished"
 
     client = tracking.client(sqlite_uri(folder / "runs"))
     [run] = client.search_runs([client.get_experiment_by_name("micro").experiment_id])

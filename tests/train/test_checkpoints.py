@@ -12,7 +12,7 @@ import torch
 
 from gatelab.train import checkpoints
 from gatelab.train.checkpoints import DurableCheckpointIO, set_aside_if_unreadable
-from tests.helpers import sqlite_uri, train_cli, write_micro_experiment
+from tests.helpers import sqlite_uri, train_cli, train_in_process, write_micro_experiment
 
 
 def test_a_write_that_fails_leaves_the_previous_checkpoint_and_no_partial_file(tmp_path, monkeypatch):
@@ -151,12 +151,9 @@ def test_auto_precision_on_a_cpu_is_bf16_only_for_dense_models_with_fast_bf16(mo
 
 
 def test_a_checkpoint_records_the_precision_its_run_trained_in(tmp_path):
-    from gatelab.config import load_experiment
-    from gatelab.train.run import run
-
-    experiment = load_experiment(write_micro_experiment(tmp_path, max_steps=2, checkpoint_every=2),
-                                 ["train.precision=32-true", "eval.blimp=false", "eval.every_n_steps=null"])
-    run(experiment, runs_dir=tmp_path / "runs", quiet=True)
+    experiment = write_micro_experiment(tmp_path, max_steps=2, checkpoint_every=2)
+    train_in_process(experiment, tmp_path / "runs", "train.precision=32-true", "eval.blimp=false",
+                     "eval.every_n_steps=null")
     [checkpoint] = (tmp_path / "runs").glob("micro/*/checkpoints/last.ckpt")
     assert checkpoints.recorded_precision(checkpoint) == "32-true"
     assert checkpoints.recorded_precision(tmp_path / "absent.ckpt") is None

@@ -262,31 +262,28 @@ def test_an_unreadable_compile_cache_entry_is_one_line_without_a_traceback(tmp_p
     assert str(cache) in line and "UnpicklingError" in line and "compiled again" in line
 
 
-@pytest.mark.parametrize("steps", [1, 2])
-def test_a_compiled_run_too_short_to_time_the_compiling_still_says_what_the_cache_did(tmp_path, steps):
+def _compile_report_after(steps: int, cache) -> tuple[compiling.CompileReport, list[str]]:
+    """A CompileReport driven through `steps` training steps and the end of training, and the lines it said."""
     from types import SimpleNamespace
 
     lines = []
-    report = compiling.CompileReport(tmp_path / "cache", log=lines.append)
+    report = compiling.CompileReport(cache, log=lines.append)
     trainer = SimpleNamespace(global_rank=0)
     for batch_idx in range(steps):
         report.on_train_batch_start(trainer, None, None, batch_idx)
         report.on_train_batch_end(trainer, None, None, None, batch_idx)
     report.on_train_end(trainer, None)
-    [line] = lines
+    return report, lines
+
+
+@pytest.mark.parametrize("steps", [1, 2])
+def test_a_compiled_run_too_short_to_time_the_compiling_still_says_what_the_cache_did(tmp_path, steps):
+    report, [line] = _compile_report_after(steps, tmp_path / "cache")
     assert line.startswith("compiled in at most ") and f"(inductor cache {tmp_path / 'cache'})" in line
     assert "graph(s) loaded from the cache" in line and report.compile_s is None  # no time/compile_s from a guess
     assert not compiling.COMPILED_LINE.search(line)  # the bench reads only measured compile times
 
 
 def test_a_run_that_timed_its_compiling_says_it_once(tmp_path):
-    from types import SimpleNamespace
-
-    lines = []
-    report = compiling.CompileReport(tmp_path / "cache", log=lines.append)
-    trainer = SimpleNamespace(global_rank=0)
-    for batch_idx in range(4):
-        report.on_train_batch_start(trainer, None, None, batch_idx)
-        report.on_train_batch_end(trainer, None, None, None, batch_idx)
-    report.on_train_end(trainer, None)
+    report, lines = _compile_report_after(4, tmp_path / "cache")
     assert len(lines) == 1 and compiling.COMPILED_LINE.search(lines[0]) and report.compile_s is not None

@@ -12,8 +12,8 @@ import time
 import mlflow
 import pytest
 
-from gatelab.config import load_experiment
-from tests.helpers import BLIMP, MlflowServer, sqlite_uri, train_cli, write_files_corpus, write_micro_experiment
+from tests.helpers import (BLIMP, MlflowServer, sqlite_uri, train_cli, train_in_process, write_files_corpus,
+                           write_micro_experiment)
 
 IMPORTED = time.monotonic()
 
@@ -129,9 +129,7 @@ def test_sigkill_then_rerun_resumes_into_the_same_run_with_the_same_result(tmp_p
     # The next checkpoint is 50 steps after the kill.
     experiment = write_micro_experiment(tmp_path, data, max_steps=200, checkpoint_every=50)
     # The reference trains in this process: only the killed and the resumed command are under test here.
-    from gatelab.train.run import run
-
-    assert run(load_experiment(experiment), runs_dir=tmp_path / "reference", quiet=True).status == "finished"
+    assert train_in_process(experiment, tmp_path / "reference").status == "finished"
     runs = tmp_path / "runs"
     process = train_cli(experiment, runs, wait=False)
     last = runs / "micro"
