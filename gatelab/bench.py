@@ -30,7 +30,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -287,6 +288,28 @@ def lightning_steps(experiment: ExperimentConfig, precision: str, steps: int, fo
     return list(np.diff(timer.starts))
 
 
+@contextmanager
+def kineto_markers_dropped() -> Iterator[None]:
+    """The profiler's C++ side (kineto, torch 2.13) writes `USDT: ... profiler_start` and `profiler_stop` lines to the
+    process's stderr whatever KINETO_LOG_LEVEL says: noise in the bench's output. Everything else written to stderr in
+    the meantime is passed on."""
+    sys.stderr.flush()
+    with tempfile.TemporaryFile(mode="w+b") as captured:
+        saved = os.dup(2)
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            kept = [line for line in captured.read().splitlines(keepends=True) if not line.startswith(b"USDT:")]
+            if kept:
+                sys.stderr.write(b"".join(kept).decode(errors="replace"))
+                sys.stderr.flush()
+
+
 # --- GEMM shapes ------------------------------------------------------------------------------------------------------
 
 
@@ -297,7 +320,7 @@ def gemm_shapes(step: Callable[[], None], dtype: torch.dtype) -> list[tuple[str,
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    with profile(activities=activities, record_shapes=True) as trace:
+    with kineto_markers_dropped(), profile(activities=activities, record_shapes=True) as trace:
         step()
     shapes = []
     for event in trace.events():
@@ -353,7 +376,7 @@ def op_profile(step: Callable[[], None], steps: int = 3) -> list[dict]:
 
     cuda = torch.cuda.is_available()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as trace:
+    with kineto_markers_dropped(), profile(activities=activities) as trace:
         for _ in range(steps):
             step()
         _sync()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -140,6 +141,18 @@ def test_every_op_of_a_profiled_step_is_in_a_group_and_the_shares_add_up(micro):
     calls_in_other = sum(row["calls_per_step"] for row in rows if row["group"] == "other")
     assert calls_in_other / calls < 0.02, [row["op"] for row in rows if row["group"] == "other"]
     assert groups["MulBackward0"] == "autograd engine (per-node bookkeeping)"
+
+
+def test_profiling_drops_kineto_s_markers_and_passes_on_everything_else_on_stderr(capfd):
+    with bench.kineto_markers_dropped():
+        os.write(2, b"USDT:2026-11-24 23:00:13 5255:5255 SyncActivityProfilerHandler.cpp:52] profiler_start\n")
+        os.write(2, b"a real error\n")
+        print("from python", file=sys.stderr)
+        with torch.profiler.profile():  # torch 2.13's kineto writes its own markers here
+            torch.ones(4).sum()
+    stderr = capfd.readouterr().err
+    assert "USDT" not in stderr
+    assert "a real error\n" in stderr and "from python\n" in stderr
 
 
 def test_the_peer_step_trains_transformers_qwen3_at_the_preset_s_shapes(micro):

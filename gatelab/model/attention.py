@@ -20,7 +20,10 @@ class Rotary(nn.Module):
 
     def __init__(self, head_dim: int, base: float):
         super().__init__()
-        self.register_buffer("inv_freq", 1.0 / base ** (torch.arange(0, head_dim, 2).float() / head_dim), persistent=False)
+        # Computed on the CPU even under a meta-device context (parameter counting), where torch's Python kernels of the
+        # division would import torch._dynamo (1.3 s); the model moves it with its parameters.
+        exponents = torch.arange(0, head_dim, 2, device="cpu").float() / head_dim
+        self.register_buffer("inv_freq", 1.0 / base**exponents, persistent=False)
         self._cache: tuple[int, torch.device, Tensor, Tensor] | None = None
 
     def cos_sin(self, time: int, device: torch.device) -> tuple[Tensor, Tensor]:
