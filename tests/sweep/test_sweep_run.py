@@ -260,7 +260,12 @@ def test_a_paused_worker_whose_run_was_taken_over_stops_without_writing(tmp_path
     second_output, _ = second.communicate(timeout=600)
     assert first.returncode == 0 and second.returncode == 0, first_output + second_output
     assert "Traceback" not in first_output + second_output
-    assert "taken over by" in first_output and str(second.pid) in first_output, first_output
+    # Whom it names depends on who got there first: the second worker's PID where its claim was still running when the
+    # first woke, "the ledger" where that claim had already ended (seen once, in a fresh-clone CI run on a loaded 2-core
+    # machine; the second worker's output, which would say why, was not kept then: the message below now shows it).
+    # What must hold either way: the first stopped without writing, and the run has one result with each step once.
+    assert "taken over by" in first_output and "stopped without writing" in first_output, (
+        first_output + "\n--- second worker:\n" + second_output)
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(f"sqlite:///{runs / 'mlflow.db'}")
