@@ -11,8 +11,9 @@ from gatelab.variants import apply_variant
 
 
 class _NoValuesToInitialise(TorchFunctionMode):
-    """Random initialisers are no-ops here: meta tensors hold no values. Run, torch's Python meta kernel of `normal_`
-    imports torch._dynamo (1.3 s on 2 cores), a third of a `gatelab sweep plan`, which counts every cell's parameters."""
+    """Random initialisers are no-ops here: meta tensors hold no values. Were they run, torch's Python meta kernel of
+    `normal_` would import torch._dynamo (1.3 s on 2 cores), a third of a `gatelab sweep plan`, which counts every
+    cell's parameters."""
 
     SKIPPED = (torch.nn.init.normal_, torch.nn.init.uniform_, torch.nn.init.trunc_normal_, torch.Tensor.normal_,
                torch.Tensor.uniform_)
