@@ -609,8 +609,10 @@ def bench(
     path instead: tokenizing against a bare encode_batch loop, loader windows/s against training, peak RSS."""
     from gatelab import bench as bench_module
     from gatelab.host import repo_root
+    from gatelab.progress import silence_noise
 
     log = (lambda message: typer.echo(message, err=True)) if as_json else typer.echo
+    silence_noise()  # as in `gatelab train` (GATELAB_VERBOSE=1 keeps them): no dtype warning from the first compile
     if data:
         from gatelab import bench_data
 

@@ -251,8 +251,9 @@ def build_trainer(experiment: ExperimentConfig, run_dir: Path, callbacks: list[L
 
 
 def _open_run(tracked: TrackedRun, experiment: ExperimentConfig, model_config: ModelConfig, resuming: bool,
-              extra_tags: dict | None) -> None:
-    """Open (or continue) the MLflow run; a fresh start also records its parameters and configs."""
+              extra_tags: dict | None, precision: str) -> None:
+    """Open (or continue) the MLflow run; a fresh start also records its parameters and configs, with the precision it
+    trains in (`auto` resolves by machine, and a resumed run keeps the one it began in)."""
     tags = {tracking.VARIANT_TAG: experiment.variant, tracking.SEED_TAG: str(experiment.seed),
             tracking.EXPERIMENT_TAG: experiment.name, HOST_TAG: socket.gethostname(),
             **SpikeRule.from_config(experiment.train).describe(), **(extra_tags or {})}
@@ -262,6 +263,7 @@ def _open_run(tracked: TrackedRun, experiment: ExperimentConfig, model_config: M
     params = flatten(experiment) | {f"resolved.{k}": v for k, v in flatten(model_config.model_dump(mode='json')).items()
                                     if k in ("gates", "n_heads", "n_kv_heads", "ffn_hidden")}
     params["model.total_params"] = count_parameters(model_config)
+    params["resolved.train.precision"] = precision
     tracked.log_start(params, {"config/experiment.yaml": to_yaml(experiment),
                                "config/model_resolved.yaml": to_yaml(model_config)})
 
@@ -462,7 +464,7 @@ def _train_and_record(experiment: ExperimentConfig, model_config: ModelConfig, t
             if _alone_until_fit(trainer):
                 return agreement.recorded  # no other rank exists yet, and none will: `fit` is not called
         else:
-            _open_run(tracked, experiment, model_config, resuming, extra_tags)
+            _open_run(tracked, experiment, model_config, resuming, extra_tags, str(trainer.precision))
             if resuming:
                 log(f"resuming {run_dir} from {checkpoint} into MLflow run {tracked.run_id}")
             trainer.logger = tracked.logger

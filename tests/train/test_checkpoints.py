@@ -179,3 +179,6 @@ def test_a_run_resumes_in_the_precision_it_began_in_where_auto_now_resolves_othe
     assert built == ["bf16-mixed"]
     assert "train.precision auto: resuming in bf16-mixed, the precision this run began in (here auto is 32-true)" \
         in lines
+    client = mlflow.MlflowClient(sqlite_uri(tmp_path / "runs"))
+    [recorded] = client.search_runs([client.get_experiment_by_name("micro").experiment_id])
+    assert recorded.data.params["resolved.train.precision"] == "bf16-mixed"  # what it trained in, not what auto says

@@ -200,3 +200,26 @@ def test_input_independent_gate_logits_get_weight_decay_only_when_asked(decay_ga
     assert (logits <= by_decay[0.1]) == decay_gate_logits and (logits <= by_decay[0.0]) != decay_gate_logits
     assert all(n.endswith("weight") for n in by_decay[0.1] - logits)  # the matrices, and nothing else
     assert any(n.endswith("in_proj.weight") for n in by_decay[0.1])
+
+
+def _cpuinfo(vendor: str, flags: str) -> str:
+    core = f"processor\t: {{n}}\nvendor_id\t: {vendor}\nmodel name\t: a CPU with avx512_bf16 in its name\nflags\t\t: {flags}\n"
+    return "\n".join(core.format(n=n) for n in range(2))
+
+
+@pytest.mark.parametrize("vendor, flags, fast", [
+    ("GenuineIntel", "fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile", True),  # Sapphire Rapids with AMX
+    ("GenuineIntel", "fpu avx2 avx512f avx512_bf16 avx512_fp16", False),  # the same CPU in a VM that hides AMX
+    ("AuthenticAMD", "fpu avx2 avx512f avx512_bf16", True),  # an EPYC Zen 4
+    ("AuthenticAMD", "fpu avx2 fma", False),  # bf16 emulated
+    ("GenuineIntel", "fpu avx2 fma", False),
+])
+def test_bf16_counts_as_fast_on_a_cpu_only_where_its_matmuls_beat_fp32(monkeypatch, vendor, flags, fast):
+    """Measured (results/bench/README.md): AMX and AMD's AVX512-BF16 run bf16 GEMMs faster than fp32; Intel's
+    AVX512-BF16 without AMX about half as fast. The flags line decides, not a flag's name elsewhere in the text."""
+    from gatelab.train import module
+
+    monkeypatch.setattr(module, "cpu_info", lambda: _cpuinfo(vendor, flags))
+    assert module.cpu_has_fast_bf16() is fast
+    monkeypatch.setattr(module, "cpu_info", lambda: "")  # no /proc/cpuinfo (macOS, Windows)
+    assert module.cpu_has_fast_bf16() is False

@@ -42,6 +42,7 @@ def test_a_run_records_every_metric_and_artifact(tmp_path):
                 "version.torch"):
         assert isinstance(row[f"tags.{tag}"], str) and row[f"tags.{tag}"], tag
     assert row["params.model.n_layers"] == "2" and row["params.train.lr"] == "0.003"
+    assert row["params.resolved.train.precision"] == "32-true"  # the precision it trained in
     expected = ["train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s", "train/spikes", "ppl/scripture",
                 "ppl/speeches", "ppl/avg", "long_ppl/x1", "long_ppl/x2", "long_ppl_beyond_train/x2", "icl/induction",
                 "icl/mqar", "probe/f_attn", "probe/f_attn_with_first_query", "probe/m_act", "probe/gate_score_mean",
