@@ -158,8 +158,8 @@ def test_the_second_run_of_a_shape_loads_the_first_run_s_compiled_graphs(tmp_pat
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
 def test_lightning_trains_with_gradient_clipping_at_each_precision(tmp_path, precision):
     """Lightning's mixed-precision plugin refuses to clip the gradients of an optimizer that unscales them itself (the
-    fused AdamW): the fused one only where no mixed precision is on (the GPU default and AVX512-BF16 CPUs are
-    bf16-mixed)."""
+    fused AdamW): the fused one only where no mixed precision is on (`auto` is bf16-mixed on GPUs and on CPUs with fast
+    bf16)."""
     import lightning as L
 
     experiment = _micro(tmp_path, grad_clip=1.0, max_steps=2)
