@@ -267,6 +267,8 @@ class StepTimer(L.Callback):
 def lightning_steps(experiment: ExperimentConfig, precision: str, steps: int, folder: Path) -> list[float]:
     """Seconds per step of gatelab's Lightning training: its module, data module, Trainer settings, stability monitor
     and an MLflow logger writing to a SQLite store, as in `gatelab train` (quiet, no checkpoint)."""
+    import mlflow
+
     from gatelab.model import resolve_model
     from gatelab.train.module import GatedLM, StabilityMonitor, TextData
     from gatelab.progress import silence_noise
@@ -274,7 +276,11 @@ def lightning_steps(experiment: ExperimentConfig, precision: str, steps: int, fo
     silence_noise()
     train = experiment.train
     timer = StepTimer()
-    logger = tracking.lightning_logger("bench", f"sqlite:///{folder / 'mlflow.db'}")
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    client = mlflow.MlflowClient(uri)
+    if client.get_experiment_by_name("bench") is None:  # made here, as `gatelab train` does: Lightning's logger
+        client.create_experiment("bench")  # would make it too, with a warning line in the bench's output
+    logger = tracking.lightning_logger("bench", uri)
     trainer = L.Trainer(
         max_steps=steps, accelerator=train.accelerator, devices=1, precision=precision,
         gradient_clip_val=train.grad_clip or None, logger=logger, log_every_n_steps=train.log_every,
