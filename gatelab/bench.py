@@ -267,8 +267,6 @@ class StepTimer(L.Callback):
 def lightning_steps(experiment: ExperimentConfig, precision: str, steps: int, folder: Path) -> list[float]:
     """Seconds per step of gatelab's Lightning training: its module, data module, Trainer settings, stability monitor
     and an MLflow logger writing to a SQLite store, as in `gatelab train` (quiet, no checkpoint)."""
-    import mlflow
-
     from gatelab.model import resolve_model
     from gatelab.train.module import GatedLM, StabilityMonitor, TextData
     from gatelab.progress import silence_noise
@@ -277,9 +275,8 @@ def lightning_steps(experiment: ExperimentConfig, precision: str, steps: int, fo
     train = experiment.train
     timer = StepTimer()
     uri = f"sqlite:///{folder / 'mlflow.db'}"
-    client = mlflow.MlflowClient(uri)
-    if client.get_experiment_by_name("bench") is None:  # made here, as `gatelab train` does: Lightning's logger
-        client.create_experiment("bench")  # would make it too, with a warning line in the bench's output
+    # made here, as `gatelab train` does: Lightning's logger would make it too, with a warning line in the bench's output
+    tracking.RunStore(uri, folder).experiment_id("bench")
     logger = tracking.lightning_logger("bench", uri)
     trainer = L.Trainer(
         max_steps=steps, accelerator=train.accelerator, devices=1, precision=precision,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import time
 from collections.abc import Iterator
 
@@ -348,7 +349,8 @@ def cpu_has_fast_bf16() -> bool:
     AVX512-BF16 but no AMX runs its bf16 GEMMs at about half its fp32 rate (a Xeon whose VM hides AMX: the compiled tiny
     step took 602 ms in bf16 against 351 ms in fp32; results/bench/README.md). Elsewhere bf16 is emulated."""
     info = cpu_info()
-    flags = set(next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), []))
+    flags_line = re.search(r"^flags\s*:(.*)$", info, re.M)
+    flags = set(flags_line[1].split()) if flags_line else set()
     return "amx_bf16" in flags or ("avx512_bf16" in flags and "AuthenticAMD" in info)
 
 
