@@ -35,14 +35,12 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import lightning as L
 import numpy as np
 import torch
 
 from gatelab import host, tracking
 from gatelab.config import ExperimentConfig, load_experiment
 from gatelab.errors import GatelabError
-from gatelab.train.compiling import CACHE_VARIABLE, COMPILED_LINE
 
 DEFAULT_PRESETS = ("experiments/tiny.yaml", "experiments/tiny-moe.yaml")
 # One variant of each gate family: G1 elementwise and headwise, G2, G5 (the MoE backbone is
@@ -253,23 +251,24 @@ def _spread(times: list[float]) -> float:
     return float((high - low) / statistics.median(times))
 
 
-class StepTimer(L.Callback):
-    """The time from one training batch's start to the next: the whole step, with everything Lightning does."""
-
-    def __init__(self) -> None:
-        self.starts: list[float] = []
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        _sync()
-        self.starts.append(time.perf_counter())
-
-
 def lightning_steps(experiment: ExperimentConfig, precision: str, steps: int, folder: Path) -> list[float]:
     """Seconds per step of gatelab's Lightning training: its module, data module, Trainer settings, stability monitor
     and an MLflow logger writing to a SQLite store, as in `gatelab train` (quiet, no checkpoint)."""
+    import lightning as L  # here, not at the top: a bad argument to `gatelab bench` is answered without Lightning
+
     from gatelab.model import resolve_model
-    from gatelab.train.module import GatedLM, StabilityMonitor, TextData
     from gatelab.progress import silence_noise
+    from gatelab.train.module import GatedLM, StabilityMonitor, TextData
+
+    class StepTimer(L.Callback):
+        """The time from one training batch's start to the next: the whole step, with everything Lightning does."""
+
+        def __init__(self) -> None:
+            self.starts: list[float] = []
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+            _sync()
+            self.starts.append(time.perf_counter())
 
     silence_noise()
     train = experiment.train
@@ -458,6 +457,8 @@ def compile_cost(preset: str, steps: int, folder: Path) -> dict:
     """Two real `gatelab train` runs of the same shapes (seeds 0 and 1) with `train.compile` on, one after the other
     in one fresh runs folder: the first compiles, the second should load inductor's cache (gatelab.train.compiling).
     Each run's compile seconds and cache counts are read from its own log line."""
+    from gatelab.train.compiling import CACHE_VARIABLE, COMPILED_LINE
+
     environment = {k: v for k, v in os.environ.items() if k != CACHE_VARIABLE}
     environment["GATELAB_PROGRESS_EVERY"] = "3600"
     runs = []

@@ -137,19 +137,22 @@ def train(
     _quiet_noise(verbose)
     from gatelab.config import load_experiment
     from gatelab.errors import redact
-    from gatelab.interrupts import Interrupted
-    from gatelab.train.ownership import RunInProgress
     from gatelab.variants import variant_ids
 
     overrides = list(set_) + ([f"variant={variant}"] if variant else []) + ([f"seed={seed}"] if seed is not None else [])
-    try:
+    try:  # the file, keys and variant are checked before Lightning is imported (5 s): a typo is answered at once
         config = load_experiment(experiment, overrides)
         variant_ids(config.variant)
         from gatelab.model import resolve_model
 
         resolve_model(config)  # shape errors of the variant surface before any data or training work
-        from gatelab.train.run import run
+    except GatelabError as error:
+        _fail(error)
+    from gatelab.interrupts import Interrupted
+    from gatelab.train.ownership import RunInProgress
+    from gatelab.train.run import run
 
+    try:
         result = run(config, tracking_uri=tracking_uri, runs_dir=runs_dir, quiet=quiet)
     except RunInProgress as busy:  # not a failure: the run is being made, by another process
         typer.echo(str(busy))
