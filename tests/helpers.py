@@ -104,6 +104,12 @@ def write_foreign_tokenizer(path: Path, vocab_size: int = 300) -> Path:
 
 # --- gatelab as a user runs it: a subprocess ------------------------------------------------------------------------
 
+# `python -c REPORTS_LIGHTNING ARGS...` runs `gatelab ARGS...` and prints at exit whether Lightning was imported: it
+# costs about 5 s of CPU, so an argument the command refuses should be answered without it.
+REPORTS_LIGHTNING = ("import atexit, sys; atexit.register(lambda: print('lightning imported:', 'lightning' in "
+                     "sys.modules)); sys.argv = ['gatelab', *sys.argv[1:]]; from gatelab.cli import main; main()")
+
+
 def gatelab_cli(*args: str, cwd: Path, wait: bool = True):
     command = [sys.executable, "-m", "gatelab", *args]
     if not wait:

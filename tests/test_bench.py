@@ -13,7 +13,7 @@ import yaml
 from gatelab import bench
 from gatelab.config import load_experiment
 from gatelab.model import resolve_model
-from tests.helpers import MICRO, REPO
+from tests.helpers import MICRO, REPO, REPORTS_LIGHTNING
 
 
 @pytest.fixture()
@@ -195,8 +195,9 @@ def test_there_is_no_peer_for_an_moe_preset():
 ])
 @pytest.mark.slow
 def test_bad_input_ends_in_one_message_before_measuring(arguments, message, tmp_path):
-    result = subprocess.run([sys.executable, "-m", "gatelab", "bench", *arguments, "--out", str(tmp_path / "out")],
-                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    command = [sys.executable, "-c", REPORTS_LIGHTNING, "bench", *arguments, "--out", str(tmp_path / "out")]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert result.returncode == 2, result.stdout + result.stderr
     assert message in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "out").exists()
+    assert "lightning imported: False" in result.stdout  # answered before the 5 s of Lightning's imports
