@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import statistics
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -104,6 +106,50 @@ def test_acceptance_checks_say_which_targets_hold():
     assert checks["sweep plan over the paper-scale preset (s)"]["holds"] is False
 
 
+def _drifting_rounds(rounds: int, ratio: float, seed: int = 1) -> tuple[list[float], list[float]]:
+    """Interleaved step times whose rounds drift by up to 40% together (a shared machine), with 2% noise of their own."""
+    rng = np.random.default_rng(seed)
+    drift = 1 + 0.4 * rng.random(rounds)
+    base = 0.8 * drift * (1 + 0.02 * rng.standard_normal(rounds))
+    return list(ratio * 0.8 * drift * (1 + 0.02 * rng.standard_normal(rounds))), list(base)
+
+
+def test_a_ratio_s_interval_holds_the_true_ratio_and_pairing_the_rounds_narrows_it():
+    covered, widths = 0, {True: [], False: []}
+    for seed in range(20):
+        variant, base = _drifting_rounds(40, 1.05, seed)
+        for paired in (True, False):
+            low, high = bench.ratio_interval(variant, base, paired=paired)
+            assert low <= statistics.median(variant) / statistics.median(base) <= high
+            widths[paired].append(high - low)
+            covered += paired and low <= 1.05 <= high
+    assert covered >= 17  # a 95% interval: 19 of 20 expected
+    assert statistics.median(widths[True]) < 0.7 * statistics.median(widths[False])
+    assert bench.ratio_interval([1.0] * 4, [1.0] * 4, paired=True) is None  # too few steps to say
+
+
+def test_a_target_whose_interval_reaches_across_its_limit_is_marked_within_noise(tmp_path):
+    report = _report(g1_elem_sig=1.04, g1_head_sig=1.01, **{bench.PEER_LABEL: 1.3})
+    by = {s.label: s for s in report.steps}
+    by["g1_elem_sig"].ratio_interval = (1.02, 1.06)  # the limit, 1.05, inside: a rerun may well fail it
+    by["g1_head_sig"].ratio_interval = (1.00, 1.015)  # clear of 1.02
+    by[bench.PEER_LABEL].ratio_interval = (1.28, 1.45)  # baseline / peer: 1/1.45 .. 1/1.28, clear of 0.8
+    report.machine = {"cpu": "cpu", "cores": 2, "torch_threads": 2, "fast_bf16_cpu": False, "torch": "2", "gpu": None}
+    report.checks = bench.acceptance_checks(report)
+    checks = {c["target"]: c for c in report.checks}
+    elem, head = checks["tiny: g1_elem_sig step / baseline step"], checks["tiny: g1_head_sig step / baseline step"]
+    assert elem["holds"] is True and elem["within_noise"] is True
+    assert head["holds"] is True and head["within_noise"] is False
+    peer = checks[f"tiny: baseline step / {bench.PEER_LABEL} step"]
+    assert peer["interval"] == pytest.approx((1 / 1.45, 1 / 1.28)) and peer["within_noise"] is False
+    assert checks["sweep plan over the paper-scale preset (s)"]["within_noise"] is None  # not a step ratio
+    bench.write(report, tmp_path)
+    markdown = (tmp_path / "bench.md").read_text()
+    assert "| tiny: g1_elem_sig step / baseline step | 1.04 | 1.02-1.06 | ≤ 1.05 | yes (within noise) |" in markdown
+    assert "| tiny: g1_head_sig step / baseline step | 1.01 | 1-1.01 | ≤ 1.02 | yes |" in markdown
+    assert "| tiny | g1_elem_sig | 32-true | 1000 | 1 | 1.04 | 1.02-1.06 | x |" in markdown
+
+
 def test_a_second_compile_that_did_not_load_the_cache_does_not_count_as_fast():
     report = _report()
     report.compile_cost = {"tiny": _compiling(second_s=1.0, loaded=0)}
@@ -122,8 +168,8 @@ def test_markdown_lists_every_target_and_step(tmp_path):
                                 "calls_per_step": 4.0}]}
     written = bench.write(report, tmp_path)
     markdown = (tmp_path / "bench.md").read_text()
-    assert "| tiny: g1_elem_sig step / baseline step | 1.2 | ≤ 1.05 | **no** |" in markdown
-    assert "| tiny: gatelab tokens/s / plain fp32 eager tokens/s | n/a | ≥ 2.0 | not measured |" in markdown
+    assert "| tiny: g1_elem_sig step / baseline step | 1.2 |  | ≤ 1.05 | **no** |" in markdown
+    assert "| tiny: gatelab tokens/s / plain fp32 eager tokens/s | n/a |  | ≥ 2.0 | not measured |" in markdown
     assert "| matmul (GEMM) | 300.0 | 75.0% | aten::mm |" in markdown
     assert "| aten::silu | SwiGLU (silu) | 100.0 | 25.0% | 4 |" in markdown
     assert "tiny-moe: transformers Qwen3ForCausalLM not compared" in markdown
