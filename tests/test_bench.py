@@ -48,6 +48,14 @@ def test_the_step_s_gemms_are_six_flops_per_linear_weight_and_token(micro):
     assert sum(bench._mm_flops(a, b) for _, a, b, _ in shapes) == 6 * linear_weights * tokens
     seconds, flops = bench.time_gemms(shapes, repeats=1)
     assert seconds > 0 and flops == 6 * linear_weights * tokens
+    from torch.profiler import profile
+
+    gemms, pass_flops = bench.gemm_pass(shapes)  # the pass timed between the steps: the same GEMMs, once each
+    with profile(record_shapes=True) as trace:
+        gemms()
+    ran = [(e.name, tuple(map(tuple, e.input_shapes[:2]))) for e in trace.events() if e.name in bench.GEMM_OPS]
+    assert pass_flops == 6 * linear_weights * tokens
+    assert sorted(ran) == sorted(("aten::bmm" if len(a) == 3 else "aten::mm", (a, b)) for _, a, b, _ in shapes)
 
 
 @pytest.mark.slow
