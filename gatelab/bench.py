@@ -523,31 +523,9 @@ def gemm_pass(shapes) -> tuple[Callable[[], None], float]:
     return run, flops
 
 
-def time_gemms(shapes, repeats: int = 5) -> tuple[float, float]:
-    """(seconds, FLOPs) of running every GEMM of `shapes` once, each timed alone on random operands."""
-    device, seconds, flops, cache = _device(), 0.0, 0.0, {}
-    for _, a, b, dtype in shapes:
-        key = (a, b, dtype)
-        if key not in cache:
-            left, right = torch.randn(a, device=device, dtype=dtype), torch.randn(b, device=device, dtype=dtype)
-            multiply = torch.bmm if len(a) == 3 else torch.mm
-            multiply(left, right)
-            runs = []
-            for _ in range(repeats):
-                _sync()
-                started = time.perf_counter()
-                multiply(left, right)
-                _sync()
-                runs.append(time.perf_counter() - started)
-            cache[key] = statistics.median(runs)
-        seconds += cache[key]
-        flops += _mm_flops(a, b)
-    return seconds, flops
-
-
 def square_gemm_flops(dtype: torch.dtype = torch.float32, size: int = 1024) -> float:
-    seconds, flops = time_gemms([("aten::mm", (size, size), (size, size), dtype)], repeats=7)
-    return flops / seconds
+    multiply, flops = gemm_pass([("aten::mm", (size, size), (size, size), dtype)])
+    return flops / statistics.median(time_interleaved({"gemm": multiply}, 1, 7)["gemm"])
 
 
 def model_flops_per_step(experiment: ExperimentConfig) -> float:

@@ -46,8 +46,6 @@ def test_the_step_s_gemms_are_six_flops_per_linear_weight_and_token(micro):
                       + model.vocab_size * model.d_model)  # the tied output head
     tokens = experiment.train.batch_size * experiment.data.seq_len
     assert sum(bench._mm_flops(a, b) for _, a, b, _ in shapes) == 6 * linear_weights * tokens
-    seconds, flops = bench.time_gemms(shapes, repeats=1)
-    assert seconds > 0 and flops == 6 * linear_weights * tokens
     from torch.profiler import profile
 
     gemms, pass_flops = bench.gemm_pass(shapes)  # the pass timed between the steps: the same GEMMs, once each
