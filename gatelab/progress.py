@@ -29,6 +29,8 @@ EVERY_ENV = "GATELAB_PROGRESS_EVERY"
 DEFAULT_EVERY_S = 30.0
 DONE = ("finished", "diverged", "failed")  # ledger states that no worker will train again
 HOST_TAG = "gatelab.host"  # on each MLflow run: the machine whose `time/step_s` it recorded, for `gatelab sweep plan`
+# ... and the device it trained on (`gatelab.devices.device_name`: "NVIDIA H200", "cpu"): one host may hold several kinds
+DEVICE_TAG = "gatelab.device"
 
 
 def set_verbose(verbose: bool) -> None:
@@ -72,6 +74,12 @@ def silence_noise() -> None:
     # bf16 autocast hands nn.RMSNorm bf16 input with an fp32 weight; torch then takes its unfused path (a speed
     # matter, not a correctness one), and says so on every run.
     warnings.filterwarnings("ignore", message=r"Mismatch dtype between input and weight.*")
+    # Lightning's advice on data-loader workers, printed on every run of a host with more than two cores a device:
+    # the validation windows are tensors already in memory, which worker processes would only copy; the training
+    # stream's workers are `data.loader_workers` (small.yaml sets 4), and they are deliberately not persistent
+    # (StepBatches starts each epoch at the trainer's step).
+    warnings.filterwarnings("ignore", message=r".*does not have many workers which may be a bottleneck.*")
+    warnings.filterwarnings("ignore", message=r"Consider setting `persistent_workers=True`.*")
 
 
 def format_duration(seconds: float) -> str:

@@ -19,6 +19,11 @@ def token_ids() -> torch.Tensor:
     return torch.randint(0, 61, (2, 10), generator=torch.Generator().manual_seed(0))
 
 
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("gpu") and not torch.cuda.is_available():
+        pytest.skip(f"needs a CUDA GPU: torch {torch.__version__} sees none (torch.cuda.is_available() is False)")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Modules with the most end-to-end (slow) tests first, each module's tests together and in order: pytest-xdist
     hands out tests in this order, so the long ones start early and the short ones fill the workers' last minutes

@@ -20,7 +20,7 @@ import json
 import logging
 import sys
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ from gatelab import tracking
 from gatelab.config import ModelConfig, experiment_from_dict
 from gatelab.errors import GatelabError, redact
 from gatelab.eval.benchmarks import PACKAGED_BLIMP, load_blimp
+from gatelab.devices import evaluation_device
 from gatelab.eval.metrics import evaluation_mode, model_device
 
 log = logging.getLogger(__name__)
@@ -200,16 +201,6 @@ def _autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     return AUTOCAST_DTYPES.get(resolve_precision(precision, "cuda"))
 
 
-def _device(name: str | None) -> torch.device:
-    """The device asked for; a CUDA one falls back to the CPU where there is none, as HFLM's does: lm-eval's command
-    line asks for cuda:0 unless told otherwise."""
-    if name and not (str(name).startswith("cuda") and not torch.cuda.is_available()):
-        return torch.device(name)
-    if name:
-        log.warning("gatelab model: device %s asked for, but CUDA is not available: running on the CPU", name)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
 def _parse_model_args(arg_string: str) -> dict[str, str]:
     """`key=value,key=value` with every value kept a string: lm-eval's own parser turns a run id such as '1234e5...'
     into a float."""
@@ -249,7 +240,8 @@ class GatelabLM(LM):
     """A gatelab model behind lm-eval's `LM` interface: loglikelihood, loglikelihood_rolling and greedy generate_until.
 
     Model args (lm-eval's `--model_args`): `run` (MLflow run id, .ckpt file or run folder), `tracking_uri` (default:
-    the SQLite store in `runs_dir`), `runs_dir` (default `runs`), `batch_size` (16), `device` (cuda if available, else
+    the SQLite store in `runs_dir`), `runs_dir` (default `runs`), `batch_size` (16), `device` (default: where the run
+    trained, by `gatelab.devices.evaluation_device`: a GPU where there is one, unless the run's train.accelerator is
     cpu), `max_gen_toks` (64, when a task sets none).
     """
 
@@ -276,7 +268,7 @@ class GatelabLM(LM):
             raise GatelabError(f"{checkpoint}: its weights do not fit the model its config builds "
                                f"({str(error).splitlines()[0]})") from None
         tokenizer, corpus, _ = load_data(experiment, log=lambda *_: None, warn=lambda *_: None)
-        device = _device(device)
+        device = evaluation_device(device, experiment.train.accelerator)
         self._setup(model.to(device), tokenizer, corpus.bos_id, corpus.eos_id, experiment.data.seq_len, batch_size,
                     device, experiment.train.precision, max_gen_toks)
         self.source = str(checkpoint)
@@ -371,8 +363,7 @@ class GatelabLM(LM):
         windows.sort(key=lambda window: -len(window[1]))
         logprob = [0.0] * len(requests)
         greedy = [True] * len(requests)
-        for start in tqdm(range(0, len(windows), self.batch_size), disable=disable_tqdm, desc="gatelab loglikelihood"):
-            batch = windows[start: start + self.batch_size]
+        for batch in tqdm(self._batches(windows), disable=disable_tqdm, desc="gatelab loglikelihood"):
             input_ids_BT = torch.zeros(len(batch), len(batch[0][1]), dtype=torch.long)
             rows, positions, targets = [], [], []  # S = the batch's scored positions
             for row, (_, input_ids, scored) in enumerate(batch):
@@ -394,6 +385,18 @@ class GatelabLM(LM):
                 logprob[index] += total
                 greedy[index] &= misses == 0
         return list(zip(logprob, greedy))
+
+    def _batches(self, windows: list) -> Iterator[list]:
+        """Windows (longest first) in batches of `batch_size` rows; on a GPU, rows of `batch_size` x the training
+        length in tokens, so that a benchmark of short sentences fills the device instead of launching thousands of
+        small forward passes. Padding never changes a score, so neither does the batching (up to rounding)."""
+        start = 0
+        while start < len(windows):
+            rows = self.batch_size
+            if self._device.type != "cpu":
+                rows = max(rows, self.batch_size * self.max_length // max(1, len(windows[start][1])))
+            yield windows[start: start + rows]
+            start += rows
 
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         pairs = [request.args for request in requests]

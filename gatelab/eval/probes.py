@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import Tensor, nn
 
+from gatelab.eval.metrics import model_device
+
 SPARSITY_THRESHOLDS = (1e-2, 1e-3)
 HISTOGRAM_BINS = 20  # bins of 0.05 over [0, 1], as the paper's Figure 3
 NEAR_MAX_FRACTION = 0.5
@@ -158,12 +160,14 @@ class ProbeReport:
 
 @torch.no_grad()
 def probe_model(model: nn.Module, batches: Iterable[Tensor]) -> ProbeReport:
-    """Run the probes over batches of token ids (B, T); the explicit softmax path runs only here."""
+    """Run the probes over batches of token ids (B, T), on the device of the model's parameters; the explicit softmax
+    path runs only here."""
     was_training = model.training
     model.eval()
     recorder = ProbeRecorder()
+    device = model_device(model)
     for input_ids_BT in batches:
-        model(input_ids_BT, probe=recorder)
+        model(input_ids_BT.to(device), probe=recorder)
     model.train(was_training)
     n_layers = model.config.n_layers
     positions = sorted({name.split(".", 1)[1] for (_, name) in recorder.histograms})

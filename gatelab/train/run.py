@@ -16,14 +16,15 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 
 from gatelab import host, tracking
+from gatelab.devices import device_name, evaluation_device
 from gatelab.config import ExperimentConfig, ModelConfig, flatten, spec_hash, to_yaml
 from gatelab.data.datasets import heldout_windows, train_dataset
 from gatelab.data.prepare import load_data
 from gatelab.errors import GatelabError
 from gatelab.interrupts import Interrupted, raise_on_signals
 from gatelab.model import count_parameters, resolve_model
-from gatelab.progress import (DEFAULT_EVERY_S, HOST_TAG, format_duration, progress_every_s, silence_noise,
-                              step_time)
+from gatelab.progress import (DEFAULT_EVERY_S, DEVICE_TAG, HOST_TAG, format_duration, progress_every_s,
+                              silence_noise, step_time)
 from gatelab.tracking import TrackedRun
 from gatelab.train.checkpoints import (DurableCheckpointIO, PublishAfterStepMetrics, recorded_precision,
                                       set_aside_if_unreadable)
@@ -174,6 +175,8 @@ class _PhaseClock:
         _first_run_of_process = False
         if imports is not None:
             self.seconds["time/import_s"] = imports
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.reset_peak_memory_stats()  # a sweep worker's GPU peak is each run's own, not its largest run's
         self._since = time.perf_counter()
 
     def phase_ended(self, phase: str) -> None:
@@ -191,6 +194,9 @@ class _PhaseClock:
         compiled = next((c for c in trainer.callbacks if isinstance(c, CompileReport)), None)
         if compiled is not None and compiled.compile_s is not None:
             self.seconds["time/compile_s"] = compiled.compile_s
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            # Training's own peak: `memory/peak_gpu_gb`, read at the end, also holds the evaluation's batches.
+            self.seconds["memory/peak_gpu_train_gb"] = torch.cuda.max_memory_allocated() / 1e9
 
     def log(self, tracked: TrackedRun, step: int) -> None:
         tracked.log_metrics(self.seconds | peak_memory(), step)
@@ -198,7 +204,8 @@ class _PhaseClock:
 
 def peak_memory() -> dict[str, float]:
     """`memory/peak_rss_gb`: this process's largest resident set so far (a sweep worker's, over its runs until now;
-    see `host.peak_rss_gb`); `memory/peak_gpu_gb`: the most CUDA memory torch held, where there is a GPU."""
+    see `host.peak_rss_gb`); `memory/peak_gpu_gb`: the most CUDA memory torch held during this run (training and
+    evaluation), where there is a GPU."""
     memory = {"memory/peak_rss_gb": host.peak_rss_gb()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         memory["memory/peak_gpu_gb"] = torch.cuda.max_memory_allocated() / 1e9
@@ -251,11 +258,12 @@ def build_trainer(experiment: ExperimentConfig, run_dir: Path, callbacks: list[L
 
 
 def _open_run(tracked: TrackedRun, experiment: ExperimentConfig, model_config: ModelConfig, resuming: bool,
-              extra_tags: dict | None, precision: str) -> None:
+              extra_tags: dict | None, precision: str, device: torch.device) -> None:
     """Open (or continue) the MLflow run; a fresh start also records its parameters and configs, with the precision it
-    trains in (`auto` resolves by machine, and a resumed run keeps the one it began in)."""
+    trains in (`auto` resolves by machine, and a resumed run keeps the one it began in). The host and device tags say
+    where it trained (a resumed run: where it trained last), for `gatelab sweep plan`'s measured estimates."""
     tags = {tracking.VARIANT_TAG: experiment.variant, tracking.SEED_TAG: str(experiment.seed),
-            tracking.EXPERIMENT_TAG: experiment.name, HOST_TAG: socket.gethostname(),
+            tracking.EXPERIMENT_TAG: experiment.name, HOST_TAG: socket.gethostname(), DEVICE_TAG: device_name(device),
             **SpikeRule.from_config(experiment.train).describe(), **(extra_tags or {})}
     tracked.open(resuming, tags, run_name=f"{experiment.variant}-s{experiment.seed}")
     if resuming:
@@ -306,13 +314,18 @@ def _record_diverged(tracked: TrackedRun, clock: _PhaseClock, stability: Stabili
 
 def _record_finished(tracked: TrackedRun, clock: _PhaseClock, stability: StabilityMonitor, step: int,
                      resuming: bool, module: GatedLM, experiment: ExperimentConfig, tokenizer, corpus,
-                     domains: list[str], log) -> dict[str, float]:
-    """Evaluate the trained model and record it, saying what it evaluates as each part starts (the evaluation can
-    take minutes after the last step); returns the evaluation's metrics."""
+                     domains: list[str], log, trained_on: torch.device) -> dict[str, float]:
+    """Evaluate the trained model on the device it trained on and record it, saying what it evaluates as each part
+    starts (on a CPU the evaluation can take minutes after the last step); returns the evaluation's metrics."""
     from gatelab.train.evaluate import evaluate  # evaluation imports plotting; keep it off the training path
 
     started = time.perf_counter()
     log_spikes(tracked, stability, resuming)
+    # Lightning's teardown moved the module back to the CPU when `fit` ended.
+    device = evaluation_device(trained_on, experiment.train.accelerator)
+    if device.type != "cpu":
+        log(f"evaluating on {device_name(device)} ({device})")
+    module.model.to(device)
     metrics, artifacts = evaluate(module.model, experiment, tokenizer, corpus, domains,
                                   tracked.metric_history("train/loss"), stability.spikes, log=log)
     log("recording the evaluation in MLflow: metrics, probes and plots")
@@ -464,7 +477,8 @@ def _train_and_record(experiment: ExperimentConfig, model_config: ModelConfig, t
             if _alone_until_fit(trainer):
                 return agreement.recorded  # no other rank exists yet, and none will: `fit` is not called
         else:
-            _open_run(tracked, experiment, model_config, resuming, extra_tags, str(trainer.precision))
+            _open_run(tracked, experiment, model_config, resuming, extra_tags, str(trainer.precision),
+                      trainer.strategy.root_device)
             if resuming:
                 log(f"resuming {run_dir} from {checkpoint} into MLflow run {tracked.run_id}")
             trainer.logger = tracked.logger
@@ -520,5 +534,5 @@ def _fit_and_record(experiment: ExperimentConfig, model_config: ModelConfig, tra
     if rank:
         return RunResult("finished", run_id, digest, global_rank=rank)  # rank 0 evaluates and records
     metrics = _record_finished(tracked, clock, stability, trainer.global_step, resuming, module, experiment,
-                               tokenizer, corpus, domains, chatter)
+                               tokenizer, corpus, domains, chatter, trainer.strategy.root_device)
     return RunResult("finished", run_id, digest, metrics | clock.seconds)

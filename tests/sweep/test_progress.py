@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from gatelab.progress import (
     RunCosts,
@@ -210,6 +211,25 @@ def test_lightning_says_nothing_about_devices_or_tips_once_silenced():
     loud = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           env={**env, "GATELAB_VERBOSE": "1"}, timeout=120)
     assert "GPU available" in loud.stderr and "bfloat16" in loud.stderr  # what --verbose brings back
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_lightnings_data_loader_worker_advice_is_dropped(monkeypatch, verbose):
+    """A GPU host has 16 cores a device, where Lightning's own check advises workers for every loader with fewer than
+    two (these 2-core machines never see it): its real check, on such a pretend host."""
+    from lightning.pytorch.trainer.connectors import data_connector
+    from torch.utils.data import DataLoader, TensorDataset
+
+    monkeypatch.setattr(data_connector, "suggested_max_num_workers", lambda devices: 15)
+    monkeypatch.setenv("GATELAB_VERBOSE", "1") if verbose else monkeypatch.delenv("GATELAB_VERBOSE", raising=False)
+    loader = DataLoader(TensorDataset(torch.zeros(4, 2)), batch_size=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        silence_noise()
+        for name in ("val_dataloader", "train_dataloader"):
+            data_connector._worker_check(SimpleNamespace(num_devices=1), loader, name)
+    advice = [str(w.message) for w in caught if "does not have many workers" in str(w.message)]
+    assert len(advice) == (2 if verbose else 0), advice  # --verbose shows it: the check itself still fires
 
 
 # --- the time estimate of `gatelab sweep plan` and of the start of `gatelab sweep run` ---------------------------

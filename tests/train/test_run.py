@@ -43,6 +43,7 @@ def test_a_run_records_every_metric_and_artifact(tmp_path):
         assert isinstance(row[f"tags.{tag}"], str) and row[f"tags.{tag}"], tag
     assert row["params.model.n_layers"] == "2" and row["params.train.lr"] == "0.003"
     assert row["params.resolved.train.precision"] == "32-true"  # the precision it trained in
+    assert row["tags.gatelab.device"] == "cpu"  # where it trained, for `gatelab sweep plan`
     expected = ["train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s", "train/spikes", "ppl/scripture",
                 "ppl/speeches", "ppl/avg", "long_ppl/x1", "long_ppl/x2", "long_ppl_beyond_train/x2", "icl/induction",
                 "icl/mqar", "probe/f_attn", "probe/f_attn_with_first_query", "probe/m_act", "probe/gate_score_mean",
@@ -112,6 +113,37 @@ def test_a_spike_between_logging_steps_is_logged_at_its_own_step_once(tmp_path):
     assert 13 not in logged_steps and 22 not in logged_steps
     assert report_spikes == [13, 22] == monitor.spikes
     assert len(report_spikes) == record.metrics["train/spikes_total"]
+
+
+def test_a_finished_run_evaluates_on_the_device_it_trained_on(tmp_path, monkeypatch):
+    """Lightning moves the module back to the CPU when `fit` ends: the run asks `evaluation_device` for the device it
+    trained on (its strategy's root device) and evaluates there. On this CPU-only machine both are the CPU; with CUDA
+    stood in for by the chooser's answer, the model would go wherever that answer says (tests/train/test_gpu.py runs
+    it for real on a GPU)."""
+    import torch
+
+    from gatelab.devices import evaluation_device
+    from gatelab.eval.metrics import model_device
+    from gatelab.train import evaluate as evaluate_module, run as run_module
+
+    asked, evaluated_on = [], []
+
+    def chooser(requested, accelerator):
+        asked.append((requested, accelerator))
+        return evaluation_device(requested, accelerator)
+
+    real_evaluate = evaluate_module.evaluate
+
+    def spy(model, *args, **kwargs):
+        evaluated_on.append(model_device(model))
+        return real_evaluate(model, *args, **kwargs)
+
+    monkeypatch.setattr(run_module, "evaluation_device", chooser)
+    monkeypatch.setattr(evaluate_module, "evaluate", spy)
+    experiment = write_micro_experiment(tmp_path, max_steps=4, checkpoint_every=4)
+    assert train_in_process(experiment, tmp_path / "runs", "eval.every_n_steps=null").status == "finished"
+    assert asked == [(torch.device("cpu"), "auto")]  # the trainer's root device and train.accelerator
+    assert evaluated_on == [torch.device("cpu")]
 
 
 def test_imports_are_timed_for_the_first_run_of_a_process_only(monkeypatch):
