@@ -218,6 +218,7 @@ def pending_tasks(store: RunStore, target: Target, tags: dict[str, str]) -> dict
 def score_runs(targets: Sequence[Target], settings: HarnessSettings, uri: str, runs_dir: Path,
                log=print) -> dict[str, int]:
     """Score every target on the tasks it lacks; returns counts of runs scored and skipped."""
+    from gatelab.devices import device_name
     from gatelab.eval.harness import GatelabLM
 
     store = RunStore(uri, runs_dir)
@@ -231,8 +232,8 @@ def score_runs(targets: Sequence[Target], settings: HarnessSettings, uri: str, r
         return counts
     loaded = load_tasks(settings, manager)
     for target, pending in todo:
-        log(f"scoring {target.label} on {', '.join(pending)}")
         lm = GatelabLM(run=target.run_id, tracking_uri=uri, runs_dir=str(runs_dir), batch_size=settings.batch_size)
+        log(f"scoring {target.label} on {', '.join(pending)} ({device_name(lm.device)})")
         results = evaluate(lm, settings, {task: loaded[task] for task in pending}, manager)
         metrics = record(store, target.run_id, results, pending)
         log("  " + ", ".join(f"{name.removeprefix(PREFIX + '/')} {value:.4f}" for name, value in metrics.items()

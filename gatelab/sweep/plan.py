@@ -15,36 +15,114 @@ What a run will see: `corpus_tokens`, the training tokens its corpus holds (`cor
 an estimate or unknown: `gatelab.data.budget`), and `passes` = tokens / corpus_tokens. A run above one pass repeats
 its training data, and gets a warning line under the table.
 
-Estimated seconds, measured where it can be: every run records `time/step_s` (its mean seconds a training step) and
-the machine it ran on (`gatelab.host`), so a run of the same shape (`STEP_SHAPE`) that this machine finished before
-prices a run at its median step time x max_steps, plus its median seconds of set-up and evaluation. Otherwise a rough
-guess: FLOPs / an assumed throughput, the training loop only (process start, data loading, evaluation and probes come
-on top; results/bench/ has measured figures).
+Estimated seconds, measured where it can be. Every run records its mean seconds a training step (`time/step_s`), its
+set-up, evaluation and import seconds, the machine it ran on (`gatelab.host`) and the device it trained on
+(`gatelab.device`: "NVIDIA H200", "cpu"). A run is priced by the first of:
+
+- "measured": runs of the same shape (`STEP_SHAPE`) on this device: their median step time x max_steps, plus their
+  median seconds of set-up and evaluation;
+- "measured rate": runs of other shapes on this device, in the same settings (`RATE_SETTINGS`): training FLOPs at the
+  median FLOP rate they achieved, plus their median set-up and an estimated evaluation;
+- "flops": training FLOPs at a default rate for the device (`device_defaults`: a GPU's dense bf16 peak from
+  `GPU_PEAKS` at `DEFAULT_MFU`, `GPU_FLOPS` for a GPU not in the table or not here, `CPU_FLOPS` on a CPU), plus a
+  default set-up and an estimated evaluation.
+
+The estimated evaluation is its forward FLOPs (`evaluation_flops`) at the device's evaluation rate (fp32 weights: a
+CPU's fp32 rate, a GPU's TF32 one) plus `EVAL_FIXED_S`. A process imports torch, Lightning and MLflow once, however many runs it trains (a sweep worker
+trains many): those seconds (`import_s`) are added once to a sweep's total, not to each run.
+
+A run of this device counts when its device tag names the device a run of the experiment would train on here
+(`plan_device`); a GPU's runs count from any machine (the GPU sets the pace), a CPU's from this machine only. A run
+recorded before the device tag existed counts for the machine it ran on.
 """
 
 from __future__ import annotations
 
+import ast
 import json
+import re
 import socket
 import statistics
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gatelab import paper as paper_tables
-from gatelab.config import ExperimentConfig, ModelConfig, flatten
+from gatelab.config import DataConfig, ExperimentConfig, ModelConfig, flatten, set_dotted
 from gatelab.data.budget import CorpusCounter, format_tokens, repeat_warning
-from gatelab.progress import DONE, HOST_TAG, format_duration, step_time
+from gatelab.data.corpora import HELDOUT_FRACTION
+from gatelab.progress import DEVICE_TAG, DONE, HOST_TAG, format_duration, step_time
 from gatelab.sweep.spec import RunSpec, format_value, load_sweep
 
 # A rough default for a small CPU in bf16 autocast, in the Lightning loop; measured figures live in results/bench/
 # (`gatelab bench` reports a machine's achieved FLOP/s; --flops-per-second passes one to the plan). Other processes on
 # the same cores slow a run further.
 CPU_FLOPS = 7.0e10
-# 40% of one H100's dense bf16 peak (989 TFLOP/s): a realistic model FLOPs utilisation for small models.
-GPU_FLOPS = 4.0e14
+# A small CPU's fp32 forward passes in evaluation: the tiny preset's end-of-run evaluation (1.4e12 forward FLOPs by
+# evaluation_flops) took 11-28 s in the 9 `gatelab bench` runs under results/bench/*/bench.json, median 18 s; less
+# EVAL_FIXED_S, about 9e10 FLOP/s.
+CPU_EVAL_FLOPS = 9.0e10
+# gatelab's eager bf16-mixed step reached 19-22% of an H200's dense bf16 peak (989 TFLOP/s) on the small preset
+# (0.23-0.25 s a step of 4.58e13 FLOPs): the default model FLOPs utilisation of a GPU that no run has measured yet.
+DEFAULT_MFU = 0.20
+# A GPU run planned where torch sees no GPU (a login node), or on a GPU not in GPU_PEAKS: an H100 SXM at DEFAULT_MFU.
+GPU_FLOPS = DEFAULT_MFU * 989e12
+# A `32-true` run's training runs in fp32 on the CUDA cores (torch leaves TF32 off for matmuls): a third of the fp32
+# peak, a guess for gatelab's widths between launches and host work.
+FP32_UTILISATION = 0.3
+# The end-of-run evaluation keeps fp32 weights with TF32 products on a GPU (gatelab.devices.evaluation_precision),
+# whose dense peak is half the bf16 one on every GPU in GPU_PEAKS. Forward passes of a few batches each between host
+# work (tokenizing BLiMP, making the in-context tasks, reading results back): a tenth of it, a guess until a GPU run
+# records its own `time/eval_s`.
+EVAL_TF32_UTILISATION = 0.1
+
+
+@dataclass(frozen=True)
+class GpuPeak:
+    """A GPU's dense peak FLOP/s, for the device a name matches (`pattern`, searched in `torch.cuda.get_device_name()`:
+    "NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA A100-SXM4-80GB")."""
+
+    pattern: str
+    bf16_flops: float  # tensor cores, without 2:4 sparsity (NVIDIA's datasheets print twice that "with sparsity")
+    fp32_flops: float  # CUDA cores, no TF32
+
+
+# NVIDIA's datasheets (dense bf16 is half the "with sparsity" figure): H100 SXM 1,979 / 67 TFLOP/s fp32, H100 PCIe
+# 1,513 / 51, H100 NVL 1,671 / 60, H200 SXM as H100 SXM, H200 NVL as H100 NVL, HGX B200 4,500 / 75, A100 624 / 19.5,
+# L40S 733 / 91.6, A10 250 / 31.2. The first pattern that matches wins, so variants come before their family; whole
+# words, so A10 is not A100 or A10G (an unknown GPU gets GPU_FLOPS, labelled so).
+GPU_PEAKS = (
+    GpuPeak(r"\bH100\b.*\bPCIe\b", 756e12, 51e12),
+    GpuPeak(r"\bH100\b.*\bNVL\b", 835e12, 60e12),
+    GpuPeak(r"\bH100\b", 989e12, 67e12),
+    GpuPeak(r"\bH200\b.*\bNVL\b", 835e12, 60e12),
+    GpuPeak(r"\bH200\b", 989e12, 67e12),
+    GpuPeak(r"\bB200\b", 2250e12, 75e12),
+    GpuPeak(r"\bA100\b", 312e12, 19.5e12),
+    GpuPeak(r"\bL40S\b", 362e12, 91.6e12),
+    GpuPeak(r"\bA10\b", 125e12, 31.2e12),
+)
+
+# Seconds outside the steps where no run has measured them: imports once a process, set-up (data, tokenizer, model,
+# MLflow) once a run. CPU: the medians of the 14 `gatelab bench` child runs under results/bench/*/bench.json (import
+# 3.6-10 s, median 6.5; set-up 2.3-31 s, median 5.3). GPU: not measured (no GPU figures here); the CPU's plus CUDA's
+# own start: loading torch's CUDA libraries, creating the context and the cuBLAS handles, moving the model, starting
+# the loader workers. The first run on a device records its own, which the measured bases then use.
+CPU_IMPORT_S, CPU_SETUP_S = 6.0, 5.0
+GPU_IMPORT_S, GPU_SETUP_S = 8.0, 7.0
+# Evaluation beyond its forward passes, on any device: BLiMP's tokenizing, the in-context tasks generated on the CPU,
+# the unigram baseline, the plots and the MLflow artifacts.
+EVAL_FIXED_S = 3.0
+
+# What the evaluation reads (gatelab.train.evaluate, gatelab.eval.benchmarks): long-context perplexity on the built-in
+# "speeches" domain (another source: its domain with the most long documents), on at most 16 held-out documents
+# (`long_context_windows`); BLiMP's 67 paradigms, 100 pairs each in gatelab's subset and 1000 in the official release,
+# sentences of about 16 tokens; the in-context suite's induction span and MQAR pairs cap.
+LONG_CONTEXT_DOMAIN, LONG_CONTEXT_DOCUMENTS = "speeches", 16
+BLIMP_PARADIGMS, BLIMP_PACKAGED_PAIRS, BLIMP_RELEASE_PAIRS, BLIMP_SENTENCE_TOKENS = 67, 100, 1000, 16
+IN_CONTEXT_MAX_PAIRS = 32
 
 
 class ParameterCounter:
@@ -77,8 +155,107 @@ def training_flops(model: ModelConfig, active: int, tokens: int, seq_len: int) -
     return float(6 * active * tokens + attention_per_token * tokens)
 
 
-def default_flops_per_second(experiment: ExperimentConfig) -> float:
-    return GPU_FLOPS if experiment.train.accelerator in ("gpu", "cuda") else CPU_FLOPS
+def evaluation_flops(experiment: ExperimentConfig, model: ModelConfig, active: int,
+                     corpus_tokens: int | None = None) -> float:
+    """Forward FLOPs of a run's end-of-run evaluation: 2 x N_active a token, plus the QK^T and AV matmuls at each part's
+    context length (4 x n_layers x context x n_heads x head_dim a token, the forward third of the training term).
+
+    The parts, as `gatelab.train.evaluate` runs them: the held-out windows (eval.max_windows_per_domain a domain, fewer
+    where the held-out split holds fewer: HELDOUT_FRACTION of the documents, taken as that share of the corpus's
+    tokens), the probes on the first eval.batch_size of them a domain, the long-context windows at each of
+    eval.long_context_multipliers, BLiMP, and the in-context suite (induction at seq_len, MQAR, needles at a quarter,
+    half and all of seq_len). Counted from the config, not tokenized: within a few tens of percent, as the estimate
+    needs; the long-context part assumes all its documents are there.
+    """
+    evaluation, data, seq_len = experiment.eval, experiment.data, experiment.data.seq_len
+    text = data.task == "text"
+    domains = (data.domains or DataConfig.model_fields["domains"].default) if text else ["bigram_backcopy"]
+    if text:
+        windows = len(domains) * evaluation.max_windows_per_domain
+        if corpus_tokens:
+            heldout_tokens = corpus_tokens * HELDOUT_FRACTION / (1 - HELDOUT_FRACTION)
+            windows = max(len(domains), min(windows, round(heldout_tokens / (seq_len + 1))))
+    else:
+        windows = min(evaluation.max_windows_per_domain, data.bigram_backcopy.heldout_sequences)
+    probe_rows = len(domains) * min(evaluation.batch_size, max(1, windows // len(domains)))
+    parts = [(windows * seq_len, seq_len), (probe_rows * seq_len, seq_len)]  # (tokens, context length)
+    if not text:
+        parts.append((windows * seq_len, seq_len))  # bigram-backcopy's own metrics read the windows again
+    if text and (data.source != "builtin" or LONG_CONTEXT_DOMAIN in domains):
+        document = max(evaluation.long_context_multipliers) * seq_len + 1  # each document's prefix, cut per multiplier
+        for multiplier in sorted(set(evaluation.long_context_multipliers)):
+            length = multiplier * seq_len
+            parts.append((LONG_CONTEXT_DOCUMENTS * (document // (length + 1)) * length, length))
+    if text and evaluation.blimp:
+        available = BLIMP_RELEASE_PAIRS if evaluation.blimp_path else BLIMP_PACKAGED_PAIRS
+        sentences = BLIMP_PARADIGMS * min(evaluation.blimp_per_paradigm, available) * 2
+        parts.append((sentences * BLIMP_SENTENCE_TOKENS, BLIMP_SENTENCE_TOKENS))
+    mqar = 4 * min(IN_CONTEXT_MAX_PAIRS, seq_len // 4)
+    needles = [length for length in sorted({seq_len // 4, seq_len // 2, seq_len}) if length >= 5]
+    parts += [(evaluation.in_context_examples * length, length) for length in (seq_len, mqar, *needles)]
+    attention_per_context = 4 * model.n_layers * model.n_heads * model.head_dim
+    return float(sum(tokens * (2 * active + attention_per_context * context) for tokens, context in parts))
+
+
+def plan_device(experiment: ExperimentConfig) -> str | None:
+    """The device a run of `experiment` would train on here, named as runs tag theirs (`gatelab.devices.device_name`):
+    the GPU torch sees, for train.accelerator gpu, cuda or auto where CUDA is available; None for gpu or cuda where it
+    is not (a login node planning for its GPU nodes); else "mps" where Lightning would pick Apple's GPU, or "cpu"."""
+    import torch
+
+    accelerator = experiment.train.accelerator
+    if accelerator in ("gpu", "cuda", "auto") and torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    if accelerator in ("gpu", "cuda"):
+        return None
+    if accelerator == "mps" or (accelerator == "auto" and torch.backends.mps.is_available()):
+        return "mps"
+    return "cpu"
+
+
+def gpu_peak(device: str) -> GpuPeak | None:
+    return next((peak for peak in GPU_PEAKS if re.search(peak.pattern, device, re.IGNORECASE)), None)
+
+
+@dataclass(frozen=True)
+class DeviceDefaults:
+    """How a run is priced on a device where no run has measured it: training and evaluation FLOP/s, the seconds of
+    imports (once a process) and of set-up (once a run), and how each rate was chosen, for the estimate lines."""
+
+    train_flops_per_second: float
+    eval_flops_per_second: float
+    import_s: float
+    setup_s: float
+    rate_source: str  # "NVIDIA H200 at 20% of its 989 TFLOP/s dense bf16 peak"
+    eval_rate_source: str
+
+
+def device_defaults(device: str | None, precision: str = "auto") -> DeviceDefaults:
+    """The defaults of the module docstring's "flops" basis for `device` (a `plan_device` name). A GPU trains at
+    DEFAULT_MFU of its dense bf16 peak, or at FP32_UTILISATION of its fp32 peak in `32-true`, and evaluates at
+    EVAL_TF32_UTILISATION of its TF32 peak; a GPU not in GPU_PEAKS, or none here, is priced as an H100 SXM and says
+    so."""
+    if device in ("cpu", "mps"):
+        return DeviceDefaults(CPU_FLOPS, CPU_EVAL_FLOPS, CPU_IMPORT_S, CPU_SETUP_S,
+                              "assumed for a small CPU; `gatelab bench` measures this one's",
+                              "the tiny preset's evaluations on 2-core CPUs, results/bench/")
+    peak = gpu_peak(device) if device else None
+    if peak is None:
+        where = "no GPU here" if device is None else f"{device}, not in gatelab's table of GPUs"
+        peak = gpu_peak("H100")
+        name, whose = f"{where}: assumed", "an H100's"
+    else:
+        name, whose = f"{device} at", "its"
+    fp32 = FP32_UTILISATION * peak.fp32_flops
+    fp32_source = f"{FP32_UTILISATION:.0%} of {whose} {peak.fp32_flops / 1e12:.3g} TFLOP/s fp32 peak"
+    tf32 = EVAL_TF32_UTILISATION * peak.bf16_flops / 2
+    eval_source = f"{EVAL_TF32_UTILISATION:.0%} of {whose} {peak.bf16_flops / 2e12:.0f} TFLOP/s TF32 peak"
+    if precision == "32-true":
+        return DeviceDefaults(fp32, tf32, GPU_IMPORT_S, GPU_SETUP_S, f"{name} {fp32_source} (train.precision 32-true)",
+                              eval_source)
+    return DeviceDefaults(DEFAULT_MFU * peak.bf16_flops, tf32, GPU_IMPORT_S, GPU_SETUP_S,
+                          f"{name} {DEFAULT_MFU:.0%} of {whose} {peak.bf16_flops / 1e12:.0f} TFLOP/s dense bf16 peak",
+                          eval_source)
 
 
 # What a training step costs on one machine, read from a run's MLflow params: the model's shape, the batch, the
@@ -87,16 +264,26 @@ def default_flops_per_second(experiment: ExperimentConfig) -> float:
 STEP_SHAPE = ("model.vocab_size", "model.n_layers", "model.d_model", "model.n_heads", "model.n_kv_heads",
               "model.head_dim", "model.ffn", "model.ffn_hidden", "train.batch_size", "data.seq_len", "train.precision",
               "train.accelerator", "train.devices", "train.num_nodes", "train.threads")
+# What sets the FLOP rate a device reaches besides the model's shape: a run of another shape prices this one only
+# where these agree (a GPU's bf16 tensor cores peak at about 15x its fp32 rate; a compiled tiny step took 0.55x the
+# eager one on a CPU, results/bench/; a step on two devices holds the FLOPs of two).
+RATE_SETTINGS = ("train.precision", "train.compile", "train.accelerator", "train.devices", "train.num_nodes",
+                 "train.threads")
 
 
 @dataclass(frozen=True)
 class MeasuredRun:
-    """One finished run of this machine, as its MLflow run recorded it."""
+    """One finished run of this machine or of this machine's GPU model, as its MLflow run recorded it."""
 
     shape: tuple[str, ...]
     variant: str
     seconds_per_step: float
     overhead_s: float  # setup_s + eval_s: around training, once a run (import_s is once a process)
+    device: str | None = None  # its DEVICE_TAG; None where it was recorded before runs had one
+    settings: tuple[str, ...] = ()  # its RATE_SETTINGS
+    flops_per_step: float | None = None  # training FLOPs of one of its steps (`recorded_step_flops`)
+    setup_s: float | None = None
+    import_s: float | None = None  # None where it was not the first run of its process, the one that imported
 
 
 @dataclass(frozen=True)
@@ -106,35 +293,95 @@ class MeasuredStep:
     runs: int
 
 
+@dataclass(frozen=True)
+class MeasuredRate:
+    flops_per_second: float
+    setup_s: float | None
+    runs: int
+
+
 def step_shape(params: Mapping[str, Any]) -> tuple[str, ...]:
     """The STEP_SHAPE values as MLflow keeps params: as strings."""
     return tuple(str(params.get(key)) for key in STEP_SHAPE)
 
 
-def measured_runs(uri: str, host: str | None = None) -> list[MeasuredRun]:
-    """The newest thousand finished runs of the store that `host` (this machine) trained and timed, in any MLflow
-    experiment (a `gatelab train` of the preset counts for a sweep over it: STEP_SHAPE decides what is comparable); []
-    where the store does not exist (a plan never creates one). A store that fails raises GatelabError."""
+def step_settings(params: Mapping[str, Any]) -> tuple[str, ...]:
+    """The RATE_SETTINGS values, as strings as step_shape."""
+    return tuple(str(params.get(key)) for key in RATE_SETTINGS)
+
+
+def _param_value(text: str) -> Any:
+    """A param back as the value flatten had: MLflow keeps str(value), so "12", "True", "None" and "['a']" are Python
+    literals, and anything else ("dense") is the string itself."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def recorded_step_flops(params: Mapping[str, str]) -> float | None:
+    """Training FLOPs of one step of a recorded run, as plan_rows counts a step: its model rebuilt from the `model.*`
+    params with its variant applied, its logged `model.total_params`, `train.batch_size` and `data.seq_len`. None where
+    the params do not rebuild a model (an older run, a value cut at MLflow's 500 characters, a renamed variant)."""
+    from pydantic import ValidationError
+
+    from gatelab.errors import GatelabError
+    from gatelab.variants import apply_variant
+
+    try:
+        fields: dict[str, Any] = {}
+        for key, text in params.items():
+            if key.startswith("model.") and key != "model.total_params":
+                set_dotted(fields, key.removeprefix("model."), _param_value(text), root=ModelConfig)
+        model = apply_variant(ModelConfig.model_validate(fields), params.get("variant", "baseline"))
+        total, seq_len = int(params["model.total_params"]), int(params["data.seq_len"])
+        tokens = int(params["train.batch_size"]) * seq_len
+    except (KeyError, TypeError, ValueError, ValidationError, GatelabError):
+        return None
+    return training_flops(model, active_parameters(model, total), tokens, seq_len)
+
+
+def measured_runs(uri: str, host: str | None = None, devices: Sequence[str | None] = ()) -> list[MeasuredRun]:
+    """The newest thousand finished, timed runs of the store that `host` (this machine) trained, and the newest
+    thousand tagged with one of the GPUs in `devices` from any machine (a GPU sets the pace, not its host; a CPU's or
+    Apple GPU's runs count from this machine only), in any MLflow experiment (a `gatelab train` of the preset counts
+    for a sweep over it: STEP_SHAPE decides what is comparable); [] where the store does not exist (a plan never
+    creates one). A store that fails raises GatelabError."""
     from gatelab import tracking
 
     if tracking.missing_local_store(uri):
         return []
-    host = host or socket.gethostname()
-    found = []
+    finished = f"tags.`{tracking.STATUS_TAG}` = 'finished'"
+    queries = [f"tags.`{HOST_TAG}` = '{host or socket.gethostname()}' AND {finished}"]
+    queries += [f"tags.`{DEVICE_TAG}` = '{device}' AND {finished}" for device in sorted({d for d in devices if d})
+                if device not in ("cpu", "mps") and "'" not in device]
+    runs: dict[str, Any] = {}
     with tracking.store_errors(uri):
         client = tracking.client(uri)
         ids = [experiment.experiment_id for experiment in client.search_experiments()]
         if not ids:
             return []
-        runs = client.search_runs(ids, f"tags.`{HOST_TAG}` = '{host}' AND tags.`{tracking.STATUS_TAG}` = 'finished'",
-                                  order_by=["attributes.start_time DESC"], max_results=1000)
-    for run in runs:
+        for query in queries:
+            for run in client.search_runs(ids, query, order_by=["attributes.start_time DESC"], max_results=1000):
+                runs.setdefault(run.info.run_id, run)
+    found = []
+    for run in runs.values():
         metrics, params = run.data.metrics, run.data.params
-        if "time/step_s" not in metrics:
+        if not metrics.get("time/step_s", 0) > 0:
             continue
+        imports = metrics.get("time/import_s")
         found.append(MeasuredRun(step_shape(params), params.get("variant", ""), metrics["time/step_s"],
-                                 metrics.get("time/setup_s", 0.0) + metrics.get("time/eval_s", 0.0)))
+                                 metrics.get("time/setup_s", 0.0) + metrics.get("time/eval_s", 0.0),
+                                 device=run.data.tags.get(DEVICE_TAG), settings=step_settings(params),
+                                 flops_per_step=recorded_step_flops(params), setup_s=metrics.get("time/setup_s"),
+                                 import_s=imports if imports else None))
     return found
+
+
+def on_device(run: MeasuredRun, device: str | None) -> bool:
+    """Whether `run` timed `device`: its tag names it, or it has no tag (recorded before there was one: measured_runs
+    took it from this machine, as plans did then)."""
+    return run.device is None or run.device == device
 
 
 def measured_step(experiment: ExperimentConfig, measured: Sequence[MeasuredRun]) -> MeasuredStep | None:
@@ -148,12 +395,32 @@ def measured_step(experiment: ExperimentConfig, measured: Sequence[MeasuredRun])
                         statistics.median(run.overhead_s for run in same), len(same))
 
 
+def measured_rate(experiment: ExperimentConfig, measured: Sequence[MeasuredRun]) -> MeasuredRate | None:
+    """The median training FLOP rate (a step's FLOPs over its seconds) of earlier runs in this experiment's
+    RATE_SETTINGS whose FLOPs could be rebuilt, with their median set-up; None where there is none."""
+    settings = step_settings(flatten(experiment))
+    timed = [run for run in measured
+             if run.settings == settings and run.flops_per_step and run.seconds_per_step > 0]
+    if not timed:
+        return None
+    setups = [run.setup_s for run in timed if run.setup_s is not None]
+    return MeasuredRate(statistics.median(run.flops_per_step / run.seconds_per_step for run in timed),
+                        statistics.median(setups) if setups else None, len(timed))
+
+
 def plan_rows(specs: Sequence[RunSpec], paper: str | None = None, flops_per_second: float | None = None,
               trials: int = 1, measured: Sequence[MeasuredRun] = ()) -> list[dict[str, Any]]:
     """One row per run. `paper` adds the paper's added-parameter figure (table1, table6); `trials` > 1 for a search
     sweep, where each row is one cell searched `trials` times (row figures are per trial, totals count them all).
-    `seconds` comes from `measured` runs of the same shape where there are some (`basis` "measured"), else from FLOPs
-    (`basis` "flops")."""
+
+    `seconds` is a run's training (`train_s`) plus the time around it, priced by the module docstring's bases
+    (`basis`): "measured" from `measured` runs of the same shape on the run's `device` (`measured_step_s`,
+    `measured_overhead_s`, `measured_runs`), "measured rate" from runs of other shapes there (`flops_per_second`,
+    `measured_runs`, `setup_s`, `eval_s`), else "flops" (`flops_per_second`, `setup_s`, `eval_s`). `flops_per_second`
+    given (--flops-per-second) sets the training rate of the FLOPs basis, and no measured rate replaces it.
+    `rate_source` says where the rate came from, `setup_basis` whether set-up is measured or a default. `import_s` is
+    a process's, counted once a worker by estimate_lines (measured where runs of the device recorded it,
+    `import_basis`)."""
     from gatelab.model.params import resolve_model
 
     count = ParameterCounter()
@@ -168,8 +435,13 @@ def plan_rows(specs: Sequence[RunSpec], paper: str | None = None, flops_per_seco
         active = active_parameters(model, total)
         tokens = experiment.train.max_steps * experiment.train.batch_size * experiment.data.seq_len
         flops = training_flops(model, active, tokens, experiment.data.seq_len)
-        throughput = flops_per_second or default_flops_per_second(experiment)
         corpus = count_corpus(experiment.data, experiment.model.vocab_size)
+        device = plan_device(experiment)
+        defaults = device_defaults(device, experiment.train.precision)
+        here = [run for run in measured if on_device(run, device)]
+        imports = [run.import_s for run in here if run.import_s]
+        throughput = flops_per_second or defaults.train_flops_per_second
+        eval_flops = evaluation_flops(experiment, model, active, corpus.tokens)
         row: dict[str, Any] = {
             "index": spec.index,
             "label": spec.label(),
@@ -186,16 +458,35 @@ def plan_rows(specs: Sequence[RunSpec], paper: str | None = None, flops_per_seco
             "corpus_note": corpus.note,
             "passes": corpus.passes(tokens),
             "flops": flops,
-            "flops_per_second": throughput,
-            "seconds": flops / throughput,
+            "device": device,
             "basis": "flops",
+            "flops_per_second": throughput,
+            "rate_source": "as given (--flops-per-second)" if flops_per_second else defaults.rate_source,
+            "train_s": flops / throughput,
+            "setup_s": defaults.setup_s,
+            "setup_basis": "default",
+            "eval_flops": eval_flops,
+            "eval_flops_per_second": defaults.eval_flops_per_second,
+            "eval_rate_source": defaults.eval_rate_source,
+            "eval_s": eval_flops / defaults.eval_flops_per_second + EVAL_FIXED_S,
+            "import_s": statistics.median(imports) if imports else defaults.import_s,
+            "import_basis": "measured" if imports else "default",
             "trials": trials,
         }
-        step = measured_step(experiment, measured) if measured else None
+        step = measured_step(experiment, here) if here else None
+        rate = measured_rate(experiment, here) if here and step is None and not flops_per_second else None
         if step is not None:
-            row.update(seconds=step.seconds_per_step * experiment.train.max_steps + step.overhead_s, basis="measured",
-                       measured_step_s=step.seconds_per_step, measured_overhead_s=step.overhead_s,
-                       measured_runs=step.runs)
+            row.update(basis="measured", train_s=step.seconds_per_step * experiment.train.max_steps, setup_s=None,
+                       setup_basis=None, eval_s=None, measured_step_s=step.seconds_per_step,
+                       measured_overhead_s=step.overhead_s, measured_runs=step.runs)
+        elif rate is not None:
+            row.update(basis="measured rate", flops_per_second=rate.flops_per_second,
+                       rate_source=f"measured on {device}", train_s=flops / rate.flops_per_second,
+                       measured_runs=rate.runs)
+            if rate.setup_s is not None:
+                row.update(setup_s=rate.setup_s, setup_basis="measured")
+        around = row["measured_overhead_s"] if step is not None else row["setup_s"] + row["eval_s"]
+        row["seconds"] = row["train_s"] + around
         if paper_added is not None:
             row["paper_added_m"] = paper_added.get(experiment.variant)
         rows.append(row)
@@ -318,49 +609,88 @@ def render_plan(rows: Sequence[dict[str, Any]], as_json: bool = False, *, title:
         console.print(note, highlight=False, markup=False)
 
 
+def _where(rows: Sequence[dict[str, Any]]) -> str:
+    """Where rows were measured: the GPU (its runs count from any machine), else "this machine"."""
+    gpus = sorted({row["device"] for row in rows} - {"cpu", "mps", None})
+    return ", ".join(gpus) or "this machine"
+
+
+def _how(bases: Iterable[str]) -> str:
+    kinds = set(bases)
+    return "measured" if kinds == {"measured"} else "a default" if kinds == {"default"} else "partly measured"
+
+
 def estimate_lines(rows: Sequence[dict[str, Any]], workers: int = 1, what: str = "") -> list[str]:
     """The estimated time of `rows` (runs to train, split over `workers`), and how it was made: one line for the total,
-    one per basis (measured here, or a rough guess from FLOPs)."""
+    one per basis (measured here, a rate measured here, or a rough guess from FLOPs), one for the set-up and evaluation
+    the rate bases estimate, and one for the imports, which each worker process pays once (the total adds them once:
+    the workers import side by side)."""
     if not rows:
         return []
     totals = plan_totals(rows)
     per_run = totals["seconds"] / totals["runs"]
     shared = f" on {workers} workers" if workers > 1 else ""
     longest = max(row["seconds"] for row in rows)
+    imports = max(row["import_s"] for row in rows)
     measured = [row for row in rows if row["basis"] == "measured"]
+    rated = [row for row in rows if row["basis"] == "measured rate"]
     guessed = [row for row in rows if row["basis"] == "flops"]
     # A FLOPs guess can be off several-fold either way (the quickstart's 150 tiny steps took 0.27 s each on 2 idle
-    # cores, against the guess's 1.0 s; under load, 2-5x longer), so it is labelled a rough guess, not a bound.
-    about = "roughly" if guessed else "about"
-    lines = [f"estimate: {about} {format_duration(max(totals['seconds'] / workers, longest))} for {totals['runs']} "
-             f"{what}run(s){shared}, {format_duration(per_run)} a run"]
+    # cores, against the guess's 1.0 s; under load, 2-5x longer), so it is labelled a rough guess, not a bound; so is a
+    # measured rate, which carries an estimated evaluation and another shape's efficiency.
+    about = "roughly" if guessed or rated else "about"
+    lines = [f"estimate: {about} {format_duration(max(totals['seconds'] / workers, longest) + imports)} for "
+             f"{totals['runs']} {what}run(s){shared}, {format_duration(per_run)} a run"]
     if measured:
         steps = statistics.median(row["measured_step_s"] for row in measured)
         overhead = statistics.median(row["measured_overhead_s"] for row in measured)
         earlier = max(row["measured_runs"] for row in measured)
-        lines.append(f"  measured on this machine ({len(measured)} of {len(rows)} runs): {step_time(steps)} x "
+        where = _where(measured)
+        lines.append(f"  measured on {where} ({len(measured)} of {len(rows)} runs): {step_time(steps)} x "
                      f"max_steps + {format_duration(overhead)} of set-up and evaluation a run, the median of "
-                     f"{earlier} earlier run(s) of the same shape; other processes on the same cores slow runs down")
+                     f"{earlier} earlier run(s) of the same shape"
+                     + ("; other processes on the same cores slow runs down" if where == "this machine" else ""))
+    if rated:
+        rates = ", ".join(f"{rate:.2g}" for rate in sorted({row["flops_per_second"] for row in rated}))
+        earlier = max(row["measured_runs"] for row in rated)
+        lines.append(f"  from the rate measured on {_where(rated)} ({len(rated)} of {len(rows)} runs): training FLOPs "
+                     f"(6 x parameters x tokens + attention) at {rates} FLOP/s, the median that {earlier} earlier "
+                     "run(s) of other shapes reached")
     if guessed:
-        rates = ", ".join(f"{rate:.2g}" for rate in sorted({row["flops_per_second"] for row in guessed}))
+        rates = "; ".join(sorted({f"{row['flops_per_second']:.2g} FLOP/s ({row['rate_source']})" for row in guessed}))
         lines.append(f"  a rough guess ({len(guessed)} of {len(rows)} runs): training FLOPs (6 x parameters x tokens + "
-                     f"attention) at an assumed {rates} FLOP/s, start-up and evaluation not included; runs record "
-                     "their step time, so the next plan of the same shape on this machine is measured")
+                     f"attention) at {rates}; runs record their step time, so the next plan of the same shape on "
+                     "this device is measured")
+    estimated = rated + guessed
+    if estimated:
+        setup = statistics.median(row["setup_s"] for row in estimated)
+        evaluation = statistics.median(row["eval_s"] for row in estimated)
+        eval_flops = statistics.median(row["eval_flops"] for row in estimated)
+        eval_rates = "; ".join(sorted({f"{row['eval_flops_per_second']:.2g} FLOP/s ({row['eval_rate_source']})"
+                                       for row in estimated}))
+        lines.append(f"  around training ({len(estimated)} of {len(rows)} runs): {format_duration(setup)} of set-up "
+                     f"({_how(row['setup_basis'] for row in estimated)}) and {format_duration(evaluation)} of "
+                     f"evaluation a run: its {eval_flops:.2g} forward FLOPs at {eval_rates}, + "
+                     f"{EVAL_FIXED_S:.0f} s of plots and artifacts")
+    lines.append(f"  and {format_duration(imports)} of imports once a worker process "
+                 f"({_how(row['import_basis'] for row in rows)})")
     return lines
 
 
 def sweep_measurements(specs: Sequence[RunSpec], tracking_uri: str | None,
                        runs_dir: Path) -> tuple[list[MeasuredRun], list[str]]:
-    """This machine's earlier finished runs, in the stores these runs will record in; and a note for each store that
-    could not be read (the estimate then falls back to FLOPs, the plan still prints)."""
+    """This machine's earlier finished runs, and those of the GPUs these runs would train on here from any machine, in
+    the stores these runs will record in; and a note for each store that could not be read (the estimate then falls
+    back to FLOPs, the plan still prints)."""
     from gatelab import tracking
     from gatelab.errors import redact
 
+    devices = sorted({plan_device(spec.experiment) for spec in specs} - {None})
     found, notes = [], []
     for uri in sorted({tracking.run_tracking_uri(tracking_uri, spec.experiment, runs_dir, create=False)
                        for spec in specs}):
         try:
-            found += measured_runs(uri)
+            found += measured_runs(uri, devices=devices)
         except Exception as error:  # a store that is down costs the measured estimate, never the plan
             notes.append(f"no measured step times from {redact(uri)}: {redact(str(error).splitlines()[0])}")
     return found, notes
@@ -415,7 +745,10 @@ def cli_plan(sweep_path: Path, experiment: Path | None = None, as_json: bool = F
 
 
 __all__ = [
-    "CPU_FLOPS", "GPU_FLOPS", "STEP_SHAPE", "MeasuredRun", "MeasuredStep", "ParameterCounter", "active_parameters",
-    "cli_plan", "corpus_warnings", "estimate_lines", "measured_runs", "measured_step", "plan_json", "plan_rows",
-    "plan_totals", "render_plan", "step_shape", "sweep_measurements", "sweep_run_estimate", "training_flops",
+    "CPU_EVAL_FLOPS", "CPU_FLOPS", "DEFAULT_MFU", "EVAL_FIXED_S", "EVAL_TF32_UTILISATION", "FP32_UTILISATION", "GPU_FLOPS", "GPU_PEAKS",
+    "RATE_SETTINGS", "STEP_SHAPE", "DeviceDefaults", "GpuPeak", "MeasuredRate", "MeasuredRun", "MeasuredStep",
+    "ParameterCounter", "active_parameters", "cli_plan", "corpus_warnings", "device_defaults", "estimate_lines",
+    "evaluation_flops", "gpu_peak", "measured_rate", "measured_runs", "measured_step", "on_device", "plan_device",
+    "plan_json", "plan_rows", "plan_totals", "recorded_step_flops", "render_plan", "step_settings", "step_shape",
+    "sweep_measurements", "sweep_run_estimate", "training_flops",
 ]

@@ -8,19 +8,50 @@ import json
 import time
 
 import pytest
+import torch
 from rich.console import Console
 
+from gatelab.config import flatten
+from gatelab.data.corpora import HELDOUT_FRACTION
+from gatelab.model.params import resolve_model
+from gatelab.progress import format_duration
 from gatelab.sweep.plan import (
+    CPU_EVAL_FLOPS,
     CPU_FLOPS,
+    CPU_IMPORT_S,
+    CPU_SETUP_S,
+    DEFAULT_MFU,
+    EVAL_FIXED_S,
+    EVAL_TF32_UTILISATION,
+    FP32_UTILISATION,
     GPU_FLOPS,
+    GPU_IMPORT_S,
+    GPU_SETUP_S,
+    MeasuredRun,
     cli_plan,
     corpus_warnings,
+    estimate_lines,
+    evaluation_flops,
     plan_rows,
     plan_totals,
     render_plan,
+    step_settings,
+    step_shape,
 )
 from gatelab.sweep.spec import expand, load_sweep
 from tests.helpers import MOE, REPO, SHIPPED_SWEEPS, write_sweep
+
+
+def _gpu(monkeypatch, name: str | None) -> None:
+    """torch sees one GPU called `name` (None: none), as far as plan_device asks."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: name is not None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+
+
+@pytest.fixture(autouse=True)
+def _no_gpu(monkeypatch):
+    """Plans here are a CPU's unless a test gives torch a GPU: the same figures on a machine that has one."""
+    _gpu(monkeypatch, None)
 
 
 @pytest.mark.parametrize("path", SHIPPED_SWEEPS, ids=lambda p: p.stem)
@@ -61,7 +92,8 @@ def test_plan_json_shape(tmp_path, capsys):
     row = plan["runs"][3]
     assert {"index", "label", "hash", "variant", "seed", "overrides", "total_params", "added_params", "active_params",
             "tokens", "flops", "flops_per_second", "seconds", "trials", "paper_added_m", "corpus_tokens", "corpus_count",
-            "passes"} <= set(row)
+            "passes", "basis", "device", "rate_source", "train_s", "setup_s", "eval_s", "eval_flops",
+            "eval_flops_per_second", "import_s"} <= set(row)
     assert isinstance(plan["warnings"], list)
     assert (row["index"], row["variant"], row["seed"], row["overrides"]) == (3, "g1_elem_sig", 0, "train.lr=0.002")
     assert row["label"] == "g1_elem_sig s0 train.lr=0.002" and row["paper_added_m"] == 201
@@ -81,7 +113,7 @@ def test_flops_follow_the_documented_formula(tmp_path):
     attention = 12 * 2 * 16 * 4 * 8  # 12 * n_layers * seq_len * n_heads * head_dim
     assert dense["active_params"] == dense["total_params"]  # tied: the one table is the output head
     assert dense["flops"] == 6 * dense["total_params"] * tokens + attention * tokens
-    assert dense["seconds"] == pytest.approx(dense["flops"] / CPU_FLOPS)
+    assert dense["train_s"] == pytest.approx(dense["flops"] / CPU_FLOPS)
 
     moe = plan_rows(expand(load_sweep(write_sweep(tmp_path, {"overrides": {"model.tie_embeddings": False}},
                                                   preset=MOE))))[0]
@@ -94,7 +126,9 @@ def test_throughput_follows_the_accelerator_or_the_flag(tmp_path):
     gpu = write_sweep(tmp_path, {"overrides": {"train.accelerator": "gpu"}})
     assert plan_rows(expand(load_sweep(gpu)))[0]["flops_per_second"] == GPU_FLOPS
     row = plan_rows(expand(load_sweep(gpu)), flops_per_second=1e9)[0]
-    assert row["seconds"] == pytest.approx(row["flops"] / 1e9)
+    assert row["train_s"] == pytest.approx(row["flops"] / 1e9)
+    assert row["rate_source"] == "as given (--flops-per-second)"
+    assert row["seconds"] == pytest.approx(row["train_s"] + row["setup_s"] + row["eval_s"])  # the flag is training's
 
 
 def test_search_sweeps_count_every_trial(tmp_path):
@@ -178,3 +212,158 @@ def test_unprepared_corpora_show_a_question_mark_and_how_to_count(tmp_path, monk
     row = json.loads(capsys.readouterr().out)["runs"][0]
     assert (row["corpus_tokens"], row["corpus_count"], row["passes"]) == (None, "unknown", None)
     assert not (tmp_path / "no-data").exists()
+
+
+# --- the time estimate: which device's runs count, the defaults where none do, and what a run costs around training --
+
+def test_start_up_and_evaluation_are_in_a_flops_priced_run_and_imports_count_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("GATELAB_DATA_DIR", str(tmp_path / "no-data"))  # corpus unknown: every held-out window counted
+    rows = plan_rows(expand(load_sweep(write_sweep(tmp_path, {"grid": {"seed": [0, 1]}}))))
+    row = rows[0]
+    # The micro preset (2 layers, 4 heads of 8, seq_len 16) under EvalConfig's defaults, tokens at each context length:
+    # held-out 5 domains x 64 windows x 16 = 5120 and probes 5 x 16 rows x 16 = 1280, at 16; long-context on 16
+    # documents of 8 x 16 + 1 tokens: 7 windows of 16 each (1792) at 16, 3 of 32 (1536) at 32, one of 64 (1024) at 64,
+    # one of 128 (2048) at 128; BLiMP 67 x 20 pairs x 2 x 16 = 42880 at 16; in-context, 64 examples each: induction
+    # 16, MQAR 4 x 4 = 16, needles 8 and 16 tokens.
+    tokens_by_context = {16: 5120 + 1280 + 1792 + 42880 + 64 * 16 + 64 * 16 + 64 * 16, 32: 1536, 64: 1024, 128: 2048,
+                         8: 64 * 8}
+    attention = 4 * 2 * 4 * 8  # 4 x n_layers x n_heads x head_dim, a token a unit of context
+    assert row["eval_flops"] == sum(tokens * (2 * row["active_params"] + attention * context)
+                                    for context, tokens in tokens_by_context.items())
+    assert row["eval_s"] == pytest.approx(row["eval_flops"] / CPU_EVAL_FLOPS + EVAL_FIXED_S)
+    # A corpus whose held-out split (HELDOUT_FRACTION of its documents) holds 100 windows of 17 evaluates 100, not 320.
+    experiment = expand(load_sweep(write_sweep(tmp_path, {})))[0].experiment
+    corpus_tokens = 100 * 17 * (1 - HELDOUT_FRACTION) / HELDOUT_FRACTION
+    fewer = evaluation_flops(experiment, resolve_model(experiment), row["active_params"], corpus_tokens)
+    assert row["eval_flops"] - fewer == (320 - 100) * 16 * (2 * row["active_params"] + attention * 16)
+    assert (row["basis"], row["device"], row["setup_s"], row["import_s"]) == ("flops", "cpu", CPU_SETUP_S, CPU_IMPORT_S)
+    assert row["seconds"] == pytest.approx(row["flops"] / CPU_FLOPS + CPU_SETUP_S + row["eval_s"])
+    assert row["seconds"] - row["train_s"] > CPU_SETUP_S + EVAL_FIXED_S  # a run of 10 micro steps is mostly this
+    lines = estimate_lines(rows)
+    total = rows[0]["seconds"] + rows[1]["seconds"] + CPU_IMPORT_S  # one process imports for both runs
+    assert lines[0].startswith(f"estimate: roughly {format_duration(total)} for 2 run(s), ")
+    assert lines[2].startswith(f"  around training (2 of 2 runs): {CPU_SETUP_S:.0f} s of set-up (a default) and ")
+    assert lines[3] == f"  and {CPU_IMPORT_S:.0f} s of imports once a worker process (a default)"
+    assert "not included" not in "\n".join(lines)
+
+
+@pytest.mark.parametrize(("name", "bf16", "fp32"), [
+    ("NVIDIA H100 80GB HBM3", 989e12, 67e12), ("NVIDIA H100 PCIe", 756e12, 51e12), ("NVIDIA H200", 989e12, 67e12),
+    ("NVIDIA A100-SXM4-80GB", 312e12, 19.5e12), ("NVIDIA L40S", 362e12, 91.6e12), ("NVIDIA A10", 125e12, 31.2e12),
+    ("NVIDIA B200", 2250e12, 75e12)])
+def test_a_gpu_without_measured_runs_is_priced_from_its_peak_by_name(tmp_path, monkeypatch, name, bf16, fp32):
+    _gpu(monkeypatch, name)
+    [row] = plan_rows(expand(load_sweep(write_sweep(tmp_path, {}))))  # accelerator auto: the GPU where there is one
+    assert (row["device"], row["basis"]) == (name, "flops")
+    assert row["flops_per_second"] == pytest.approx(DEFAULT_MFU * bf16)
+    # evaluation: fp32 weights with TF32 products, whose dense peak is half the bf16 one
+    assert row["eval_flops_per_second"] == pytest.approx(EVAL_TF32_UTILISATION * bf16 / 2)
+    assert (row["setup_s"], row["import_s"]) == (GPU_SETUP_S, GPU_IMPORT_S)
+    lines = estimate_lines([row])
+    assert f"({name} at 20% of its {bf16 / 1e12:.0f} TFLOP/s dense bf16 peak)" in lines[1]
+    assert f"(10% of its {bf16 / 2e12:.0f} TFLOP/s TF32 peak)" in lines[2]
+    # a 32-true run trains on the CUDA cores
+    [fp32_row] = plan_rows(expand(load_sweep(write_sweep(tmp_path, {"overrides": {"train.precision": "32-true"}},
+                                                         name="fp32.yaml"))))
+    assert fp32_row["flops_per_second"] == pytest.approx(FP32_UTILISATION * fp32)
+
+
+@pytest.mark.parametrize(("name", "accelerator", "label"), [
+    ("NVIDIA A10G", "auto", "NVIDIA A10G, not in gatelab's table of GPUs: assumed 20% of an H100's 989 TFLOP/s dense "
+                            "bf16 peak"),  # A10G is not an A10: whole words
+    (None, "gpu", "no GPU here: assumed 20% of an H100's 989 TFLOP/s dense bf16 peak")])
+def test_a_gpu_not_in_the_table_or_not_here_gets_the_assumed_rate_and_says_so(tmp_path, monkeypatch, name,
+                                                                              accelerator, label):
+    _gpu(monkeypatch, name)
+    [row] = plan_rows(expand(load_sweep(write_sweep(tmp_path, {"overrides": {"train.accelerator": accelerator}}))))
+    assert (row["device"], row["flops_per_second"], row["rate_source"]) == (name, GPU_FLOPS, label)
+    assert f"at {GPU_FLOPS:.2g} FLOP/s ({label})" in estimate_lines([row])[1]
+
+
+def test_the_h200_default_prices_the_small_preset_at_its_measured_step(monkeypatch):
+    """One H200 trained the quickstart on small.yaml (eager, bf16-mixed, 64 x 1024) at 0.23-0.25 s a step."""
+    _gpu(monkeypatch, "NVIDIA H200")
+    rows = plan_rows(expand(load_sweep(REPO / "sweeps" / "quickstart.yaml", REPO / "experiments" / "small.yaml")))
+    for row in rows:
+        assert 0.23 * 0.85 < row["train_s"] / 150 < 0.25 * 1.15, row["label"]
+
+
+def test_measured_runs_count_for_the_device_they_timed(tmp_path, monkeypatch):
+    [spec] = expand(load_sweep(write_sweep(tmp_path, {})))
+    shape = step_shape(flatten(spec.experiment))
+    measured = [MeasuredRun(shape, "baseline", 0.5, 10.0),  # untagged: recorded on this machine before the tag
+                MeasuredRun(shape, "baseline", 0.7, 10.0, device="cpu"),
+                MeasuredRun(shape, "baseline", 50.0, 10.0, device="NVIDIA H100 80GB HBM3")]
+    [cpu] = plan_rows([spec], measured=measured)
+    assert (cpu["basis"], cpu["measured_runs"], cpu["measured_step_s"]) == ("measured", 2, pytest.approx(0.6))
+    _gpu(monkeypatch, "NVIDIA H200")
+    [h200] = plan_rows([spec], measured=measured)  # only the untagged run: the H100's and the CPU's are other devices
+    assert (h200["basis"], h200["measured_runs"], h200["measured_step_s"]) == ("measured", 1, 0.5)
+    _gpu(monkeypatch, "NVIDIA H100 80GB HBM3")
+    [h100] = plan_rows([spec], measured=measured)
+    assert (h100["measured_runs"], h100["measured_step_s"]) == (2, pytest.approx(25.25))
+    assert estimate_lines([h100])[1].startswith("  measured on NVIDIA H100 80GB HBM3 (1 of 1 runs): ")
+
+
+def test_runs_of_other_shapes_on_this_device_price_a_run_at_their_measured_flop_rate(tmp_path, monkeypatch):
+    _gpu(monkeypatch, "NVIDIA H200")
+    [spec] = expand(load_sweep(write_sweep(tmp_path, {})))
+    other = spec.experiment.with_train(batch_size=64)  # another shape, the same RATE_SETTINGS
+
+    def timed(flops_per_second: float, setup_s: float, device: str = "NVIDIA H200", settings=other) -> MeasuredRun:
+        return MeasuredRun(step_shape(flatten(other)), "baseline", 1e12 / flops_per_second, setup_s + 30.0,
+                           device=device, settings=step_settings(flatten(settings)), flops_per_step=1e12,
+                           setup_s=setup_s)
+
+    measured = [timed(1e14, 4.0), timed(3e14, 6.0), timed(2e14, 9.0),
+                timed(1e10, 99.0, device="NVIDIA H100 80GB HBM3"),  # another GPU
+                timed(1e10, 99.0, settings=other.with_train(precision="32-true")),  # another precision
+                MeasuredRun(step_shape(flatten(other)), "baseline", 1e-3, 1.0, device="NVIDIA H200",
+                            settings=step_settings(flatten(other)))]  # FLOPs not rebuilt from its params
+    [row] = plan_rows([spec], measured=measured)
+    assert (row["basis"], row["measured_runs"], row["flops_per_second"]) == ("measured rate", 3, pytest.approx(2e14))
+    assert row["train_s"] == pytest.approx(row["flops"] / 2e14)
+    assert (row["setup_s"], row["setup_basis"]) == (6.0, "measured")
+    assert row["eval_s"] == pytest.approx(row["eval_flops"] / (EVAL_TF32_UTILISATION * 989e12 / 2) + EVAL_FIXED_S)
+    assert row["seconds"] == pytest.approx(row["train_s"] + 6.0 + row["eval_s"])
+    lines = estimate_lines([row])
+    assert lines[1] == ("  from the rate measured on NVIDIA H200 (1 of 1 runs): training FLOPs (6 x parameters x "
+                        "tokens + attention) at 2e+14 FLOP/s, the median that 3 earlier run(s) of other shapes reached")
+    assert lines[2].startswith("  around training (1 of 1 runs): 6 s of set-up (measured) and ")
+    [given] = plan_rows([spec], flops_per_second=1e9, measured=measured)  # --flops-per-second wins over a rate
+    assert (given["basis"], given["flops_per_second"]) == ("flops", 1e9)
+
+
+def test_the_store_gives_this_machines_runs_and_its_gpus_runs_from_any_machine(tmp_path):
+    """measured_runs reads what a real run records: host and device tags, params, time/* metrics."""
+    from mlflow.entities import Metric, Param
+
+    from gatelab import tracking
+    from gatelab.model.params import count_parameters
+    from gatelab.progress import DEVICE_TAG, HOST_TAG
+    from gatelab.sweep.plan import measured_runs
+
+    [spec] = expand(load_sweep(write_sweep(tmp_path, {})))
+    experiment = spec.experiment
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracking.prepare_store(uri)
+    client = tracking.client(uri)
+    experiment_id = client.create_experiment(experiment.name)
+    params = [Param(key, str(value)) for key, value in flatten(experiment).items()]  # as TrackedRun.log_start
+    params.append(Param("model.total_params", str(count_parameters(resolve_model(experiment)))))
+    for host, device, step_s in (("here", None, 0.1), ("here", "NVIDIA H100 80GB HBM3", 0.2),
+                                 ("elsewhere", "NVIDIA H200", 0.3), ("elsewhere", "cpu", 0.4),
+                                 ("elsewhere", "NVIDIA H100 80GB HBM3", 0.5)):
+        tags = {HOST_TAG: host, tracking.STATUS_TAG: "finished", **({DEVICE_TAG: device} if device else {})}
+        run_id = client.create_run(experiment_id, tags=tags).info.run_id
+        for start in range(0, len(params), 100):  # MLflow takes 100 params a batch
+            client.log_batch(run_id, params=params[start:start + 100])
+        client.log_batch(run_id, metrics=[Metric(name, value, 0, 0) for name, value in
+                                          (("time/step_s", step_s), ("time/setup_s", 4.0), ("time/import_s", 7.0))])
+    found = measured_runs(uri, host="here", devices=["NVIDIA H200", "cpu"])  # a CPU's runs count from here only
+    assert sorted((run.seconds_per_step, run.device) for run in found) == [
+        (0.1, None), (0.2, "NVIDIA H100 80GB HBM3"), (0.3, "NVIDIA H200")]
+    [row] = plan_rows([spec])
+    for run in found:
+        assert run.flops_per_step == pytest.approx(row["flops"] / experiment.train.max_steps)  # rebuilt from params
+        assert (run.settings, run.setup_s, run.import_s) == (step_settings(flatten(experiment)), 4.0, 7.0)

@@ -262,17 +262,20 @@ def test_a_run_of_the_same_shape_measured_here_prices_the_plan(tmp_path):
     assert "FLOP/s" not in "\n".join(lines)
 
 
-def test_without_measurements_the_estimate_says_it_is_a_rough_guess_from_flops(tmp_path):
+def test_without_measurements_the_estimate_says_it_is_a_rough_guess_from_flops(tmp_path, monkeypatch):
     from gatelab.sweep.plan import CPU_FLOPS, estimate_lines, plan_rows
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the CPU's default, also on a GPU machine
     from gatelab.sweep.spec import expand, load_sweep
 
     rows = plan_rows(expand(load_sweep(write_sweep(tmp_path, {"grid": {"variant": ["baseline", "g1_elem_sig"]}}))))
     assert {row["basis"] for row in rows} == {"flops"}
-    assert rows[0]["seconds"] == pytest.approx(rows[0]["flops"] / CPU_FLOPS)
+    assert rows[0]["train_s"] == pytest.approx(rows[0]["flops"] / CPU_FLOPS)
+    assert rows[0]["seconds"] == pytest.approx(rows[0]["train_s"] + rows[0]["setup_s"] + rows[0]["eval_s"])
     lines = estimate_lines(rows, workers=2)
     assert lines[0].startswith("estimate: roughly ") and "on 2 workers" in lines[0]  # a FLOPs guess, not a bound
     assert lines[1].startswith("  a rough guess (2 of 2 runs): training FLOPs")
-    assert "start-up and evaluation not included" in lines[1]
+    assert lines[2].startswith("  around training (2 of 2 runs): ")  # start-up and evaluation are in it
 
 
 def test_measured_runs_are_read_back_from_the_store_for_this_machine_only(tmp_path):
