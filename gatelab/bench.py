@@ -15,6 +15,12 @@ What it measures, per experiment preset (tiny and tiny-moe by default):
   from a real `gatelab train` run in a child process;
 - with `--sweep`, a real sweep run with one worker and then two (wall time, fixed-cost share, throughput ratio).
 Training data are random tokens: the step's cost does not depend on them, and the bench needs no corpus.
+
+On a CUDA machine it is the GPU check of issue 30, which must end within 8 minutes on one H100 or H200: the options a
+user does not give take GPU_DEFAULTS (the small preset, three variants, shorter warm-ups), fp32 steps run on a cut
+batch, the compile-cache runs happen whatever the preset says, and the targets end with the GPU's own: MFU of the
+Lightning step, seconds of a run's evaluation, peak GPU memory of a run, and compiling from the cache (`gpu_figures`,
+`acceptance_checks`). `bench`'s docstring has the seconds each part is expected to take there.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -40,6 +46,7 @@ import torch
 
 from gatelab import host, tracking
 from gatelab.config import ExperimentConfig, load_experiment
+from gatelab.devices import device_name, evaluation_device
 from gatelab.errors import GatelabError
 
 DEFAULT_PRESETS = ("experiments/tiny.yaml", "experiments/tiny-moe.yaml")
@@ -47,6 +54,28 @@ DEFAULT_PRESETS = ("experiments/tiny.yaml", "experiments/tiny-moe.yaml")
 # the tiny-moe preset's own baseline).
 DEFAULT_VARIANTS = ("baseline", "g1_elem_sig", "g1_head_sig", "g2_elem_sig", "g5_elem_sig")
 PLAN_SWEEP, PLAN_EXPERIMENT = "sweeps/paper-table1.yaml", "experiments/paper-moe-15b.yaml"
+
+# `gatelab bench`'s options on a CUDA machine, for those the user does not give (`with_gpu_defaults`): the GPU preset
+# (tiny and tiny-moe are sized for 2 CPU cores and say nothing of a GPU), the two G1 variants the targets name, and
+# fewer timed steps and shorter warm-ups (a GPU step's time settles within a step or two and spreads by a few percent,
+# a shared CPU's by 20-35%). The child run keeps its 20 steps.
+GPU_DEFAULTS = {"presets": ("experiments/small.yaml",), "variants": "baseline,g1_elem_sig,g1_head_sig", "steps": 10,
+                "warmup": 2, "lightning_steps": 10}
+# Rows of the batch that fp32 steps take on a GPU (the fp32/bf16 ratio and the loss curves): a whole small batch
+# (64 x 1024) keeps about 75 GB of activations for the backward pass in fp32 (54 GB under bf16 autocast; counted with
+# saved-tensor hooks), more than an H100 holds beside the bench's other models, and 3 x 50 fp32 steps of it would take
+# two minutes of the GPU check's eight.
+GPU_FP32_ROWS = 16
+# Steps of those loss curves on a GPU (50 on a CPU): the three curves and an fp32 compile stay under half a minute.
+GPU_CURVE_STEPS = 20
+# Dense (not sparse) bf16 tensor-core FLOP/s by a pattern of the GPU's name (torch.cuda.get_device_name), first match
+# first: NVIDIA's datasheets. "NVIDIA H100 80GB HBM3" is the SXM card; the H100 NVL (another clock and power) and any
+# GPU not listed get no MFU rather than a guessed one.
+GPU_PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
+    (r"H200", 989e12), (r"H100 PCIe", 756e12), (r"H100(?! NVL)", 989e12), (r"A100", 312e12))
+# The length of the README's first experiment (sweeps/quickstart.yaml's train.max_steps): the run whose evaluation
+# share a user feels first.
+QUICKSTART_STEPS = 150
 
 
 @dataclass
@@ -101,6 +130,7 @@ class BenchReport:
     sweep: dict = field(default_factory=dict)
     plan_seconds: float | None = None
     gpu_estimates: list[dict] = field(default_factory=list)
+    gpu: dict = field(default_factory=dict)  # preset -> gpu_figures, on a GPU
     checks: list[dict] = field(default_factory=list)
     command: str = ""
 
@@ -116,12 +146,28 @@ def machine_facts() -> dict:
     facts = {"cpu": cpu, "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
              "torch_threads": torch.get_num_threads(), "fast_bf16_cpu": cpu_has_fast_bf16(),
              "torch": torch.__version__, "python": platform.python_version(),
-             "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+             "gpu": device_name(_device()) if _device().type == "cuda" else None}
     return facts
 
 
 def _device() -> torch.device:
-    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    """The current CUDA device where there is one, else the CPU (not Apple's GPU: `_sync` does not wait for it)."""
+    return evaluation_device(accelerator="cuda")
+
+
+def gpu_peak_flops(name: str | None) -> float | None:
+    """The dense bf16 peak of a GPU by its name (GPU_PEAK_BF16_FLOPS); None for a GPU not in the table, or none."""
+    if not name:
+        return None
+    return next((peak for pattern, peak in GPU_PEAK_BF16_FLOPS if re.search(pattern, name, re.IGNORECASE)), None)
+
+
+def with_gpu_defaults(options: dict, given: Collection[str]) -> dict:
+    """`gatelab bench`'s options (by parameter name) with GPU_DEFAULTS for those not in `given`, on a machine with
+    CUDA; elsewhere, or for an option the user gave, as they are."""
+    if not torch.cuda.is_available():
+        return options
+    return options | {name: value for name, value in GPU_DEFAULTS.items() if name not in given}
 
 
 def _sync() -> None:
@@ -189,15 +235,16 @@ def plain_step(experiment: ExperimentConfig, precision: str) -> Callable[[], Non
     return step
 
 
-def loss_curves(experiment: ExperimentConfig, steps: int = 50) -> dict:
+def loss_curves(experiment: ExperimentConfig, steps: int = 50, rows: int | None = None) -> dict:
     """Per-step training losses of `steps` steps on the same batches: the step as it was before the faster one (whole
     logits and fp32 cross-entropy, torch's per-parameter AdamW, eager), and gatelab's step eager and compiled. Returns
     the curves and each one's largest relative difference to the one before. In fp32 whatever the preset's precision:
-    a check of the step's numerics, which bf16 rounding would drown."""
+    a check of the step's numerics, which bf16 rounding would drown. `rows`: batches of that many rows instead of the
+    preset's (GPU_FP32_ROWS on a GPU)."""
     from gatelab.model import resolve_model
     from gatelab.train.module import GatedLM, next_token_loss
 
-    experiment = experiment.with_train(precision="32-true")
+    experiment = experiment.with_train(precision="32-true", batch_size=rows or experiment.train.batch_size)
     train = experiment.train
 
     def curve(compile: bool, before: bool) -> list[float]:
@@ -229,7 +276,7 @@ def loss_curves(experiment: ExperimentConfig, steps: int = 50) -> dict:
     before = curve(compile=False, before=True)
     curves = {"before": before, "eager": curve(compile=False, before=False), "compiled": curve(compile=True,
                                                                                             before=False)}
-    return {"steps": steps, "curves": curves,
+    return {"steps": steps, "batch_size": experiment.train.batch_size, "curves": curves,
             "max_relative_difference": {name: max(abs(a - b) / abs(a) for a, b in zip(before, losses))
                                         for name, losses in curves.items() if name != "before"}}
 
@@ -437,6 +484,17 @@ def profile_groups(rows: list[dict]) -> list[dict]:
 PEER_LABEL = "transformers Qwen3ForCausalLM"
 
 
+def fits_in_memory(step: Callable[[], None]) -> bool:
+    """Whether one step runs without running out of GPU memory. For transformers' Qwen3 step on a GPU: gatelab's own
+    small step peaks at about 51 GB of an H100's 80, and Qwen3's at that batch has not been measured (its RMSNorm
+    upcasts to fp32), so a peer that does not fit is left out instead of ending the bench."""
+    try:
+        step()
+    except torch.cuda.OutOfMemoryError:
+        return False
+    return True
+
+
 def transformers_step(experiment: ExperimentConfig, precision: str) -> Callable[[], None] | None:
     """A training step of transformers' Qwen3ForCausalLM (the library a user would otherwise pick) at the preset's
     shapes: the same batches, loss (fp32 cross-entropy of the logits), AdamW, clipping and precision, eager as
@@ -478,10 +536,25 @@ def transformers_step(experiment: ExperimentConfig, precision: str) -> Callable[
     return step
 
 
-def compile_cost(preset: str, steps: int, folder: Path) -> dict:
+# The end-of-run evaluation cut to a few windows: the compile runs time their first steps, not their evaluation, and
+# each of the two would otherwise pay a full one (up to 20 s on a GPU, about 10 s for tiny on 2 CPU cores).
+LIGHT_EVALUATION = ("eval.max_windows_per_domain=1", "eval.long_context_multipliers=[1]", "eval.blimp=false",
+                    "eval.in_context_examples=1", "eval.probe_batches=1")
+
+
+def measures_compile_cache(experiment: ExperimentConfig, device: torch.device) -> bool:
+    """Whether the bench runs `compile_cost` for a preset: where the preset compiles, and on every GPU, where the
+    target (the second run of a shape compiles in under 10 s) is about inductor's cache, which a GPU sweep that turns
+    compiling on leans on whatever the preset says."""
+    return experiment.train.compile or device.type == "cuda"
+
+
+def compile_cost(preset: str, steps: int, folder: Path, evaluate_second: bool = False) -> dict:
     """Two real `gatelab train` runs of the same shapes (seeds 0 and 1) with `train.compile` on, one after the other
     in one fresh runs folder: the first compiles, the second should load inductor's cache (gatelab.train.compiling).
-    Each run's compile seconds and cache counts are read from its own log line."""
+    Each run's compile seconds and cache counts are read from its own log line, with its wall seconds. Both evaluate
+    lightly (LIGHT_EVALUATION), except the second where `evaluate_second`: on a GPU it is also the bench's one real
+    run (`run_cost_of`), which saves a child process of about a minute of the GPU check's eight."""
     from gatelab.train.compiling import CACHE_VARIABLE, COMPILED_LINE
 
     environment = {k: v for k, v in os.environ.items() if k != CACHE_VARIABLE}
@@ -490,13 +563,17 @@ def compile_cost(preset: str, steps: int, folder: Path) -> dict:
     for seed in (0, 1):
         command = [sys.executable, "-m", "gatelab", "train", str(Path(preset).resolve()), "--runs-dir", str(folder),
                    "--set", f"train.max_steps={steps}", "--set", "train.compile=true", "--set", f"seed={seed}"]
+        if not (evaluate_second and seed == 1):
+            command += [word for setting in LIGHT_EVALUATION for word in ("--set", setting)]
+        started = time.perf_counter()
         result = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=3600, env=environment)
+        wall = time.perf_counter() - started
         found = COMPILED_LINE.search(result.stdout)
         if result.returncode != 0 or not found:
             raise GatelabError(f"`{' '.join(command)}` failed ({result.returncode}) or said nothing of compiling:\n"
                                f"{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
         runs.append({"seed": seed, "compile_s": float(found[1]), "graphs_loaded": int(found[2]),
-                     "graphs_compiled": int(found[3]), "line": found[0]})
+                     "graphs_compiled": int(found[3]), "line": found[0], "wall_s": wall})
     return {"preset": preset, "steps": steps, "runs": runs, "cache": str(folder / "compile-cache")}
 
 
@@ -550,10 +627,10 @@ def _child(command: list[str], cwd: Path, timeout: float = 3600) -> float:
     return time.perf_counter() - started
 
 
-def _run_timings(runs_dir: Path) -> list[dict[str, float]]:
-    """The `time/*` and `memory/*` metrics of every finished run in a runs folder's MLflow store."""
+def _run_timings(runs_dir: Path, seed: int | None = None) -> list[dict[str, float]]:
+    """The `time/*` and `memory/*` metrics of every finished run in a runs folder's MLflow store (of one seed's)."""
     store = tracking.RunStore(f"sqlite:///{runs_dir / 'mlflow.db'}", runs_dir)
-    return store.finished_run_metrics(("time/", "memory/"))
+    return store.finished_run_metrics(("time/", "memory/"), seed=seed)
 
 
 def run_cost(preset: str, steps: int, step_s: float, preset_steps: int, folder: Path) -> dict:
@@ -561,14 +638,20 @@ def run_cost(preset: str, steps: int, step_s: float, preset_steps: int, folder: 
     part (everything but training) against the preset's full training time at the measured step time."""
     command = [sys.executable, "-m", "gatelab", "train", str(Path(preset).resolve()), "--quiet",
                "--runs-dir", str(folder), "--set", f"train.max_steps={steps}"]
-    wall = _child(command, cwd=folder)
-    timings = _run_timings(folder)
+    return run_cost_of(preset, steps, _child(command, cwd=folder), step_s, preset_steps, folder)
+
+
+def run_cost_of(preset: str, steps: int, wall: float, step_s: float, preset_steps: int, folder: Path,
+                seed: int | None = None, compiled: bool = False) -> dict:
+    """`run_cost`'s figures of a run that finished in `folder` (the one of `seed`) in `wall` seconds."""
+    timings = _run_timings(folder, seed)
     phases = timings[0] if timings else {}
     peak = phases.get("memory/peak_rss_gb", math.nan) * 1e9  # the run's own figure: a child's maxrss counts forks
     train_s = phases.get("time/train_s")
     fixed_s = wall - train_s if train_s is not None else None
     full_train_s = preset_steps * step_s
-    return {"preset": preset, "steps": steps, "wall_s": wall, "peak_rss_bytes": peak,
+    return {"preset": preset, "steps": steps, "wall_s": wall, "peak_rss_bytes": peak, "compiled": compiled,
+            "peak_gpu_gb": phases.get("memory/peak_gpu_gb"),  # gatelab.train.run.peak_memory; none on a CPU
             "phases": {k.removeprefix("time/"): v for k, v in phases.items() if k.startswith("time/")},
             "fixed_s": fixed_s, "preset_steps": preset_steps, "preset_train_s_at_measured_step": full_train_s,
             "fixed_share_of_preset_run": fixed_s / (fixed_s + full_train_s) if fixed_s is not None else None}
@@ -655,7 +738,25 @@ def validate(presets: list[Path], variants: list[str], sweep: Path | None) -> No
 
 def bench(presets: list[Path], variants: list[str], warmup: int, measured: int, lightning_steps_count: int,
           run_steps: int, sweep: Path | None, bf16_steps: int, log=print) -> BenchReport:
-    """Every measurement, in this order, printing progress with `log`."""
+    """Every measurement, in this order, printing progress with `log`.
+
+    On a GPU it must end within 8 minutes (issue 30). Expected seconds of each part on one H100 or H200 for the small
+    preset with GPU_DEFAULTS, from: process start and imports 10-15 s, CUDA and cuBLAS start 2-5 s, an eager bf16
+    step 0.25 s, a compiled one 0.21 s after a first compile of about 15 s (3 s from the cache), an fp32 step 0.8 s
+    (0.2 s on GPU_FP32_ROWS rows), an evaluation of at most 20 s, a 90M-parameter model built on the CPU about 0.7 s:
+
+        start, imports, CUDA                                                                      20
+        variants: baseline, g1_elem_sig, g1_head_sig and Qwen3, 3 untimed + 10 timed rounds       15
+        Lightning against the plain loop: 3 blocks of 10 + 10 steps, a Trainer each (~3 s)       25
+        eager against compiled: a 15 s compile, then 13 rounds of 3 steps                         25
+        bf16 against fp32 on 16 rows: 11 rounds                                                    5
+        loss curves: 3 x 20 fp32 steps on 16 rows (GPU_CURVE_STEPS), a 15 s fp32 compile          27
+        op profile; GEMM shapes, and the GEMMs interleaved with 12 steps                          12
+        two compiled child runs of 20 steps: 50 with LIGHT_EVALUATION, then from the cache
+          with the full evaluation, which is also the one real run (start 20, setup 10, 5, 20)   105
+        sweep plan (a child process), GPU estimates                                               15
+        total                                                                           about 250 (4.2 min)
+    """
     validate(presets, variants, sweep)
     # Every variant's compiled blocks stay live here, side by side: more graphs of Block.forward than dynamo keeps by
     # default (8), past which it would run the rest eager (a training run compiles one variant: see
@@ -663,6 +764,8 @@ def bench(presets: list[Path], variants: list[str], warmup: int, measured: int, 
     torch._dynamo.config.recompile_limit = 64
     report = BenchReport(machine=machine_facts())
     root = host.repo_root()
+    device = _device()
+    cuda = device.type == "cuda"
     from gatelab.train.module import resolve_precision
 
     for preset in presets:
@@ -680,6 +783,10 @@ def bench(presets: list[Path], variants: list[str], warmup: int, measured: int, 
                                  if importlib.util.find_spec("transformers") is None
                                  else "not compared: Qwen3ForCausalLM is a dense model with QK-norm, this preset "
                                       "is not")
+        elif cuda and not fits_in_memory(peer):
+            peer = None
+            torch.cuda.empty_cache()
+            report.peer[name] = f"not compared: its step at this batch runs out of {report.machine['gpu']}'s memory"
         else:
             log(f"{name}: with {PEER_LABEL} at the same shapes, interleaved")
             steps[PEER_LABEL] = peer
@@ -692,6 +799,7 @@ def bench(presets: list[Path], variants: list[str], warmup: int, measured: int, 
             interval = None if variant == "baseline" else ratio_interval(seconds, times["baseline"], paired=True)
             report.steps.append(StepFigures(name, variant, precision, median, tokens / median, len(seconds),
                                             median / base_s, "baseline", _spread(seconds), flops_ratio, interval))
+        del steps, peer  # their models and AdamW states: off the GPU before the next steps
 
         log(f"{name}: gatelab's Lightning step against the plain loop ({precision})")
         plain_times: list[float] = []
@@ -723,9 +831,12 @@ def bench(presets: list[Path], variants: list[str], warmup: int, measured: int, 
                                             ratio_interval=ratio_interval(times[setting], times["preset"], True)))
         eager_s = plain_s * statistics.median(times["eager"]) / statistics.median(times["preset"])
         other = "bf16-mixed" if precision == "32-true" else "32-true"
-        bf16_slow = not (report.machine["fast_bf16_cpu"] or torch.cuda.is_available())
+        bf16_slow = not (report.machine["fast_bf16_cpu"] or cuda)
         rounds = bf16_steps if bf16_slow else measured  # emulated bf16 takes ~20x longer a step: fewer rounds
-        times = time_interleaved({"preset": eager_step, "other": plain_step(eager, other)}, 1, rounds)
+        # on a GPU the ratio of the two precisions on at most GPU_FP32_ROWS rows: a whole batch may not fit in fp32
+        cut = eager.with_train(batch_size=min(GPU_FP32_ROWS, eager.train.batch_size)) if cuda else None
+        times = time_interleaved({"preset": plain_step(cut, precision) if cut else eager_step,
+                                  "other": plain_step(cut or eager, other)}, 1, rounds)
         ratio = statistics.median(times["other"]) / statistics.median(times["preset"])
         other_s = eager_s * ratio  # the interleaved ratio, on the many-step median of the preset's precision
         report.steps.append(StepFigures(name, f"plain {other} eager", other, other_s, tokens / other_s, rounds,
@@ -735,8 +846,11 @@ def bench(presets: list[Path], variants: list[str], warmup: int, measured: int, 
         report.steps.append(StepFigures(name, "gatelab preset", precision, lightning_s, tokens / lightning_s,
                                         len(lightning_times), lightning_s / fp32_s, "plain 32-true eager"))
 
-        log(f"{name}: a 50-step fp32 loss curve of the step before the faster one, and of this one eager and compiled")
-        report.numerics[name] = loss_curves(base)
+        rows = min(GPU_FP32_ROWS, base.train.batch_size) if cuda else None
+        curve_steps = GPU_CURVE_STEPS if cuda else 50
+        log(f"{name}: a {curve_steps}-step fp32 loss curve of the step before the faster one, and of this one eager "
+            "and compiled" + (f" ({rows} rows a batch)" if rows else ""))
+        report.numerics[name] = loss_curves(base, steps=curve_steps, rows=rows)
 
         log(f"{name}: profile of the step by op")
         report.profile[name] = op_profile(plain)
@@ -754,14 +868,24 @@ def bench(presets: list[Path], variants: list[str], warmup: int, measured: int, 
                                        max(0.0, 1 - gemm_s / step_s), square_gemm_flops(dtype), len(shapes),
                                        interval and (scale * interval[0], scale * interval[1])))
 
-        log(f"{name}: one real run of {run_steps} steps in a child process (fixed costs, peak memory)")
-        with tempfile.TemporaryDirectory() as folder:
-            report.run_cost[name] = run_cost(str(preset), run_steps, lightning_s, base.train.max_steps,
-                                             Path(folder))
-        if base.train.compile:
-            log(f"{name}: compiling, twice in one runs folder (the second run should load the first's cache)")
+        if not cuda:
+            log(f"{name}: one real run of {run_steps} steps in a child process (fixed costs, evaluation, peak memory)")
             with tempfile.TemporaryDirectory() as folder:
-                report.compile_cost[name] = compile_cost(str(preset), 5, Path(folder))
+                report.run_cost[name] = run_cost(str(preset), run_steps, lightning_s, base.train.max_steps,
+                                                 Path(folder))
+        if measures_compile_cache(base, device):
+            log(f"{name}: compiling, twice in one runs folder (the second run should load the first's cache)"
+                + ("" if base.train.compile else "; the preset trains eager, a GPU sweep may compile")
+                + ("; the second, compiled from the cache, is also the one real run of "
+                   f"{run_steps} steps (fixed costs, evaluation, peak memory)" if cuda else ""))
+            steps_each = run_steps if cuda else 5
+            with tempfile.TemporaryDirectory() as folder:
+                report.compile_cost[name] = compiling = compile_cost(str(preset), steps_each, Path(folder),
+                                                                     evaluate_second=cuda)
+                if cuda:
+                    report.run_cost[name] = run_cost_of(str(preset), steps_each, compiling["runs"][1]["wall_s"],
+                                                        lightning_s, base.train.max_steps, Path(folder), seed=1,
+                                                        compiled=True)
 
     log("sweep plan over the paper-scale preset")
     report.plan_seconds = plan_seconds(root)
@@ -771,8 +895,48 @@ def bench(presets: list[Path], variants: list[str], warmup: int, measured: int, 
         log(f"{sweep}: one worker, then two (this takes as long as the sweep, twice)")
         with tempfile.TemporaryDirectory() as folder:
             report.sweep = sweep_cost(str(sweep), Path(folder))
+    report.gpu = gpu_figures(report)
     report.checks = acceptance_checks(report)
     return report
+
+
+def gpu_figures(report: BenchReport) -> dict[str, dict]:
+    """Per preset measured on a GPU: MFU (model FLOPs a step, the plan's count, / the median step time / the GPU's
+    dense bf16 peak) of gatelab's Lightning step, the step it trains with, and of the plain loop beside it; and from the
+    real child run (`run_cost`) its evaluation seconds, their share of a quick-start-length run (QUICKSTART_STEPS steps
+    at the Lightning step time plus the child run's fixed costs, evaluation included) and its peak GPU memory. Empty on
+    a CPU; None for what was not measured, MFU included on a GPU not in GPU_PEAK_BF16_FLOPS."""
+    gpu = report.machine.get("gpu")
+    if not gpu:
+        return {}
+    peak = gpu_peak_flops(gpu)
+    by = {(s.preset, s.label): s for s in report.steps}
+    flops = {g.preset: g.model_flops_per_step for g in report.gemm}
+    figures = {}
+    for preset in dict.fromkeys(s.preset for s in report.steps):
+        lightning = by.get((preset, "lightning"))
+        plain = by.get((preset, lightning.ratio_to)) if lightning else None
+
+        def mfu(row: StepFigures | None) -> float | None:
+            return None if row is None or peak is None or preset not in flops else flops[preset] / row.step_s / peak
+
+        cost = report.run_cost.get(preset, {})
+        eval_s, fixed_s = cost.get("phases", {}).get("eval_s"), cost.get("fixed_s")
+        run_s = fixed_s + QUICKSTART_STEPS * lightning.step_s if fixed_s is not None and lightning else None
+        figures[preset] = {
+            "gpu": gpu, "peak_flops": peak, "model_flops_per_step": flops.get(preset),
+            "lightning_step_s": lightning and lightning.step_s, "mfu_lightning": mfu(lightning),
+            "plain_step_s": plain and plain.step_s, "mfu_plain": mfu(plain),
+            "eval_s": eval_s, "fixed_s": fixed_s, "quickstart_run_s": run_s,
+            "eval_share_of_quickstart_run": eval_s / run_s if eval_s is not None and run_s else None,
+            "peak_gpu_gb": cost.get("peak_gpu_gb")}
+    return figures
+
+
+def _cached_compile_s(compiling: dict | None) -> float | None:
+    """The second compile run's seconds, where it loaded graphs from the first's cache (else it says nothing of it)."""
+    second = compiling and compiling["runs"][1]
+    return second["compile_s"] if second and second["graphs_loaded"] else None
 
 
 def acceptance_checks(report: BenchReport) -> list[dict]:
@@ -803,10 +967,8 @@ def acceptance_checks(report: BenchReport) -> list[dict]:
     for variant, limit in (("g1_elem_sig", 1.05), ("g1_head_sig", 1.02)):
         row = by.get((tiny, variant))
         check(f"tiny: {variant} step / baseline step", row and row.ratio, limit, interval=row and row.ratio_interval)
-    compiling = report.compile_cost.get(tiny)
     check("tiny: compile seconds of the second run of a shape (cache loaded)",
-          compiling and compiling["runs"][1]["compile_s"] if compiling and compiling["runs"][1]["graphs_loaded"]
-          else None, 10.0, unit="s")
+          _cached_compile_s(report.compile_cost.get(tiny)), 10.0, unit="s")
     for preset, numerics in report.numerics.items():
         for setting, difference in numerics["max_relative_difference"].items():
             check(f"{preset}: {numerics['steps']}-step loss curve, {setting}: largest relative difference to the step "
@@ -823,6 +985,18 @@ def acceptance_checks(report: BenchReport) -> list[dict]:
     if cost:
         check("tiny: peak memory of a run (GB)", cost["peak_rss_bytes"] / 1e9, 2.0, unit="GB")
     check("sweep plan over the paper-scale preset (s)", report.plan_seconds, 5.0, unit="s")
+    # Last, so that the bench ends with them: the GPU's targets (issues 30 and 31), per preset measured on it. MFU and
+    # peak memory are not expected to hold yet (about 0.2 and 51 GB for small on an H200).
+    for preset, gpu in gpu_figures(report).items():
+        peak = gpu["peak_flops"]
+        against = (f"{gpu['gpu']}: dense bf16 peak {peak / 1e12:.0f} TFLOP/s" if peak
+                   else f"{gpu['gpu']} is not in the bench's table of peaks")
+        check(f"{preset}, GPU: MFU of gatelab's Lightning training step ({against})", gpu["mfu_lightning"], 0.40,
+              at_most=False, unit="")
+        check(f"{preset}, GPU: evaluation seconds of a run", gpu["eval_s"], 20.0, unit="s")
+        check(f"{preset}, GPU: peak GPU memory of a run (GB)", gpu["peak_gpu_gb"], 32.0, unit="GB")
+        check(f"{preset}, GPU: compile seconds of the second run of a shape (cache loaded)",
+              _cached_compile_s(report.compile_cost.get(preset)), 10.0, unit="s")
     return checks
 
 
@@ -839,23 +1013,77 @@ def _interval(interval) -> str:
     return "" if not interval else f"{_fmt(interval[0])}-{_fmt(interval[1])}"
 
 
-def to_markdown(report: BenchReport) -> str:
-    m = report.machine
-    lines = ["# gatelab bench", "", f"`{report.command}`", "",
-             f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']} ({m['torch_threads']} threads), "
-             f"fast bf16 on the CPU: {'yes' if m['fast_bf16_cpu'] else 'no'}, GPU: {m['gpu'] or 'none'}.", "",
-             "## Targets", "",
+def targets_markdown(report: BenchReport) -> list[str]:
+    """The targets and whether each holds: near the top of bench.md, and again at the end of what the command prints
+    (after the GPU figures, on a GPU), where a reader of the terminal looks."""
+    lines = ["## Targets", "",
              "A step-time ratio's 95% interval is a bootstrap over its timed steps (interleaved rounds resampled whole): "
-             "where it reaches across the limit, whether the target holds in one run is down to the run's noise.", "",
-             "| target | measured | 95% interval | limit | holds |", "|---|---|---|---|---|"]
+             "where it reaches across the limit, whether the target holds in one run is down to the run's noise."]
+    if report.machine.get("gpu"):
+        lines[-1] += (" The rows named GPU come last: the targets of a GPU run (issues 30 and 31); the rows named "
+                      "tiny are the CPU's.")
+    lines += ["", "| target | measured | 95% interval | limit | holds |", "|---|---|---|---|---|"]
     for c in report.checks:
         holds = {True: "yes", False: "**no**", None: "not measured"}[c["holds"]]
         holds += " (within noise)" if c.get("within_noise") else ""
         lines.append(f"| {c['target']} | {_fmt(c['measured'])} | {_interval(c.get('interval'))} | "
                      f"{'≤' if c['at_most'] else '≥'} {c['limit']} | {holds} |")
+    return lines
+
+
+def gpu_markdown(report: BenchReport) -> list[str]:
+    """The figures behind the GPU's targets (gpu_figures); nothing on a CPU."""
+    figures = gpu_figures(report)
+    if not figures:
+        return []
+    lines = ["## On the GPU", "",
+             "MFU: model FLOPs a step (the plan's count) / the median step time / the GPU's dense bf16 peak, of "
+             "gatelab's Lightning step (as it trains) and of the plain loop. Evaluation, fixed costs (all but "
+             "training: start, imports, setup, evaluation) and peak memory: the real child run. Evaluation share: of "
+             f"a run of {QUICKSTART_STEPS} steps (the quick start's length) at the Lightning step time, plus those "
+             "fixed costs.",
+             "",
+             "| preset | GPU | peak TFLOP/s | model GFLOP/step | Lightning step (ms) | MFU | plain step (ms) | MFU | "
+             f"evaluation (s) | fixed (s) | evaluation share of a {QUICKSTART_STEPS}-step run | peak GPU memory (GB) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    def ms(seconds: float | None) -> str:
+        return _fmt(seconds and seconds * 1e3)
+
+    for preset, g in figures.items():
+        lines.append(f"| {preset} | {g['gpu']} | {_fmt(g['peak_flops'] and g['peak_flops'] / 1e12)} | "
+                     f"{_fmt(g['model_flops_per_step'] and g['model_flops_per_step'] / 1e9, 5)} | "
+                     f"{ms(g['lightning_step_s'])} | {_fmt(g['mfu_lightning'], 2)} | {ms(g['plain_step_s'])} | "
+                     f"{_fmt(g['mfu_plain'], 2)} | {_fmt(g['eval_s'])} | {_fmt(g['fixed_s'])} | "
+                     f"{_percent(g['eval_share_of_quickstart_run'])} | {_fmt(g['peak_gpu_gb'])} |")
+    if any(g["peak_flops"] is None for g in figures.values()):
+        lines += ["", "MFU not measured: this GPU is not in the bench's table of dense bf16 peaks "
+                      "(gatelab.bench.GPU_PEAK_BF16_FLOPS)."]
+    return lines
+
+
+def summary_markdown(report: BenchReport) -> str:
+    """What `gatelab bench` prints last: the GPU figures (on a GPU), then the targets."""
+    lines = gpu_markdown(report)
+    return "\n".join(lines + [""] * bool(lines) + targets_markdown(report)) + "\n"
+
+
+def _percent(share: float | None) -> str:
+    return "n/a" if share is None else f"{share:.0%}"
+
+
+def to_markdown(report: BenchReport) -> str:
+    m = report.machine
+    lines = ["# gatelab bench", "", f"`{report.command}`", "",
+             f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']} ({m['torch_threads']} threads), "
+             f"fast bf16 on the CPU: {'yes' if m['fast_bf16_cpu'] else 'no'}, GPU: {m['gpu'] or 'none'}.", ""]
+    lines += targets_markdown(report)
+    gpu = gpu_markdown(report)
+    lines += [""] * bool(gpu) + gpu
     lines += ["", "## Step times (median of interleaved steps)", "",
               "A variant's FLOP ratio is its model FLOPs per step over baseline's: the step-time ratio a step bound by "
-              "its FLOPs would have.", "",
+              "its FLOPs would have." + (f" On a GPU the fp32 row's ratio to the preset's precision is measured on at "
+                                         f"most {GPU_FP32_ROWS} rows of the batch (a whole batch may not fit in fp32)."
+                                         if m.get("gpu") else ""), "",
               "| preset | what | precision | step (ms) | tokens/s | ratio | 95% interval | to | FLOP ratio | "
               "spread p10-p90 | steps |",
               "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -892,7 +1120,8 @@ def to_markdown(report: BenchReport) -> str:
                              f"{run['graphs_loaded']} | {run['graphs_compiled']} |")
     for preset, numerics in report.numerics.items():
         curves = numerics["curves"]
-        lines += ["", f"## Numerics: {preset}, {numerics['steps']} training steps on the same batches (fp32)", "",
+        rows = f", {numerics['batch_size']} rows a batch" if "batch_size" in numerics else ""
+        lines += ["", f"## Numerics: {preset}, {numerics['steps']} training steps on the same batches (fp32{rows})", "",
                   "The step before the faster one (whole logits, per-parameter AdamW, eager) against this one.", "",
                   "| step | before | eager | compiled |", "|---|---|---|---|"]
         for index in sorted({i for i in (0, 9, 19, 29, 39) if i < numerics["steps"]} | {numerics["steps"] - 1}):
@@ -905,7 +1134,8 @@ def to_markdown(report: BenchReport) -> str:
               "peak RSS (GB) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, c in report.run_cost.items():
         p = c["phases"]
-        lines.append(f"| {name} | {c['steps']} | {c['wall_s']:.1f} | {_fmt(p.get('import_s'))} | "
+        lines.append(f"| {name}{' (compiled, from the cache)' if c.get('compiled') else ''} | {c['steps']} | "
+                     f"{c['wall_s']:.1f} | {_fmt(p.get('import_s'))} | "
                      f"{_fmt(p.get('setup_s'))} | {_fmt(p.get('train_s'))} | {_fmt(p.get('eval_s'))} | "
                      f"{_fmt(c['fixed_s'])} | {_fmt(c['fixed_share_of_preset_run'])} | "
                      f"{c['peak_rss_bytes'] / 1e9:.2f} |")

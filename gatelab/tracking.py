@@ -451,11 +451,12 @@ class RunStore:
         return self.client.get_experiment(experiment).artifact_location or ""
 
     @_reported
-    def finished_run_metrics(self, prefixes: tuple[str, ...]) -> list[dict[str, float]]:
-        """For every run of every experiment that gatelab recorded as finished, its metrics whose names start with one
-        of `prefixes`."""
+    def finished_run_metrics(self, prefixes: tuple[str, ...], seed: int | None = None) -> list[dict[str, float]]:
+        """For every run of every experiment that gatelab recorded as finished (of one seed), its metrics whose names
+        start with one of `prefixes`."""
         experiments = [e.experiment_id for e in self.client.search_experiments()]
-        runs = self.client.search_runs(experiments, f"tags.`{STATUS_TAG}` = 'finished'")
+        query = f"tags.`{STATUS_TAG}` = 'finished'" + (f" AND tags.`{SEED_TAG}` = '{seed}'" if seed is not None else "")
+        runs = self.client.search_runs(experiments, query)
         return [{k: v for k, v in run.data.metrics.items() if k.startswith(prefixes)} for run in runs]
 
     @_reported

@@ -253,3 +253,193 @@ def test_bad_input_ends_in_one_message_before_measuring(arguments, message, tmp_
     assert message in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "out").exists()
     assert "lightning imported: False" in result.stdout  # answered before the 5 s of Lightning's imports
+
+
+# --- on a GPU (no GPU here: hand-made reports, and torch.cuda.is_available mocked) ---------------------------------
+
+
+@pytest.mark.parametrize("name, peak", [
+    ("NVIDIA H100 80GB HBM3", 989e12),  # the SXM card's name
+    ("NVIDIA H100 PCIe", 756e12),
+    ("NVIDIA H200", 989e12),
+    ("NVIDIA A100-SXM4-80GB", 312e12),
+    ("NVIDIA A100-PCIE-40GB", 312e12),
+    ("NVIDIA H100 NVL", None),  # another clock and power than the SXM card: no guessed peak
+    ("NVIDIA GeForce RTX 4090", None),
+    (None, None),
+])
+def test_a_gpu_s_dense_bf16_peak_is_looked_up_by_its_name(name, peak):
+    assert bench.gpu_peak_flops(name) == peak
+
+
+SMALL_GPU_MACHINE = {"cpu": "cpu", "cores": 16, "torch_threads": 16, "fast_bf16_cpu": True, "torch": "2",
+                     "gpu": "NVIDIA H200"}
+
+
+def _gpu_report(gpu: str | None = "NVIDIA H200", compiling: dict | None = None) -> bench.BenchReport:
+    """What the bench measures of the small preset on a GPU: plain step 0.22 s, Lightning step 0.25 s, 5e13 FLOPs a
+    step; a child run with 18 s of evaluation within 40 s of fixed costs and 51 GB of peak GPU memory."""
+    steps = [bench.StepFigures("small", "plain bf16-mixed", "bf16-mixed", 0.22, 1.0, 24),
+             bench.StepFigures("small", "lightning", "bf16-mixed", 0.25, 1.0, 24, 0.25 / 0.22, "plain bf16-mixed")]
+    run = {"preset": "small", "steps": 20, "wall_s": 45.0, "peak_rss_bytes": 6e9, "peak_gpu_gb": 51.0,
+           "phases": {"import_s": 12.0, "setup_s": 10.0, "train_s": 5.0, "eval_s": 18.0}, "fixed_s": 40.0,
+           "preset_steps": 20000, "preset_train_s_at_measured_step": 5000.0, "fixed_share_of_preset_run": 0.008}
+    report = bench.BenchReport(machine={**SMALL_GPU_MACHINE, "gpu": gpu}, steps=steps, run_cost={"small": run},
+                               gemm=[bench.GemmFigures("small", "bf16-mixed", 5e13, 5e13 / 0.22, 4e14, 0.1, 0.5, 6e14,
+                                                       80)], plan_seconds=3.0)
+    if compiling is not None:
+        report.compile_cost = {"small": compiling}
+    return report
+
+
+def test_a_gpu_run_ends_with_mfu_evaluation_memory_and_compile_cache_checks():
+    report = _gpu_report(compiling={**_compiling(second_s=3.0, loaded=4), "preset": "small"})
+    checks = bench.acceptance_checks(report)
+    gpu_rows = checks[-4:]
+    assert all(c["target"].startswith("small, GPU: ") for c in gpu_rows)
+    assert not any(", GPU: " in c["target"] for c in checks[:-4])  # the CPU's rows come first, unchanged
+    mfu, evaluation, memory, compiling = gpu_rows
+    assert "NVIDIA H200: dense bf16 peak 989 TFLOP/s" in mfu["target"]
+    assert mfu["measured"] == pytest.approx(5e13 / 0.25 / 989e12)  # the Lightning step, not the plain one
+    assert (mfu["limit"], mfu["at_most"], mfu["holds"]) == (0.40, False, False)  # ~0.2: does not hold yet
+    assert (evaluation["measured"], evaluation["limit"], evaluation["holds"]) == (18.0, 20.0, True)
+    assert (memory["measured"], memory["limit"], memory["holds"]) == (51.0, 32.0, False)
+    assert (compiling["measured"], compiling["limit"], compiling["holds"]) == (3.0, 10.0, True)
+    figures = bench.gpu_figures(report)["small"]
+    assert figures["mfu_plain"] == pytest.approx(5e13 / 0.22 / 989e12)
+    # 150 steps at the Lightning step's 0.25 s, plus the run's 40 s of fixed costs (the 18 s of evaluation in them)
+    assert figures["eval_share_of_quickstart_run"] == pytest.approx(18.0 / (40.0 + 150 * 0.25))
+
+
+def test_an_unknown_gpu_has_no_mfu_and_says_so_and_its_other_checks_still_count():
+    report = _gpu_report(gpu="NVIDIA GeForce RTX 4090")
+    checks = {c["target"]: c for c in bench.acceptance_checks(report)}
+    [mfu] = [c for target, c in checks.items() if "MFU" in target]
+    assert "NVIDIA GeForce RTX 4090 is not in the bench's table of peaks" in mfu["target"]
+    assert mfu["measured"] is None and mfu["holds"] is None
+    assert checks["small, GPU: evaluation seconds of a run"]["holds"] is True
+    # no compile runs recorded: the row is there all the same, not measured
+    assert checks["small, GPU: compile seconds of the second run of a shape (cache loaded)"]["holds"] is None
+    report.checks = list(checks.values())
+    assert "MFU not measured: this GPU is not in the bench's table" in bench.to_markdown(report)
+
+
+def test_a_cpu_run_has_no_gpu_checks():
+    report = _gpu_report(gpu=None)
+    assert bench.gpu_figures(report) == {}
+    assert not any("GPU" in c["target"] for c in bench.acceptance_checks(report))
+    report.checks = bench.acceptance_checks(report)
+    assert "## On the GPU" not in bench.to_markdown(report)
+
+
+def test_the_compile_cache_is_measured_on_a_gpu_even_for_a_preset_that_trains_eager():
+    small, tiny = (load_experiment(REPO / "experiments" / f"{name}.yaml") for name in ("small", "tiny"))
+    assert not small.train.compile and tiny.train.compile
+    assert bench.measures_compile_cache(small, torch.device("cuda"))
+    assert not bench.measures_compile_cache(small, torch.device("cpu"))
+    assert bench.measures_compile_cache(tiny, torch.device("cpu"))
+
+
+def test_the_summary_printed_last_ends_with_the_gpu_targets(tmp_path):
+    report = _gpu_report(compiling={**_compiling(second_s=3.0, loaded=4), "preset": "small"})
+    report.checks = bench.acceptance_checks(report)
+    summary = bench.summary_markdown(report)
+    assert summary.index("## On the GPU") < summary.index("## Targets")
+    assert summary.rstrip().splitlines()[-1] == (
+        "| small, GPU: compile seconds of the second run of a shape (cache loaded) | 3 |  | ≤ 10.0 | yes |")
+    assert "| small, GPU: peak GPU memory of a run (GB) | 51 |  | ≤ 32.0 | **no** |" in summary
+    assert "| small | NVIDIA H200 | 989 | 50000 | 250 | 0.2 | 220 | 0.23 | 18 | 40 | 23% | 51 |" in summary
+    bench.write(report, tmp_path)
+    assert "## On the GPU" in (tmp_path / "bench.md").read_text()
+
+
+def test_a_run_s_cost_reads_its_evaluation_and_peak_gpu_memory_from_its_metrics(monkeypatch, tmp_path):
+    monkeypatch.setattr(bench, "_child", lambda command, cwd, timeout=3600: 45.0)
+    monkeypatch.setattr(bench, "_run_timings", lambda runs_dir, seed=None: [
+        {"time/import_s": 12.0, "time/setup_s": 10.0, "time/train_s": 5.0, "time/eval_s": 18.0,
+         "memory/peak_rss_gb": 6.0, "memory/peak_gpu_gb": 51.0}])
+    cost = bench.run_cost("experiments/small.yaml", 20, 0.25, 20000, tmp_path)
+    assert cost["phases"]["eval_s"] == 18.0 and cost["peak_gpu_gb"] == 51.0 and cost["fixed_s"] == 40.0
+    monkeypatch.setattr(bench, "_run_timings", lambda runs_dir, seed=None: [{"time/train_s": 5.0, "memory/peak_rss_gb": 1.0}])
+    assert bench.run_cost("experiments/tiny.yaml", 20, 0.25, 300, tmp_path)["peak_gpu_gb"] is None  # a CPU run
+
+
+def test_on_a_gpu_the_second_compile_run_evaluates_in_full_and_is_the_one_real_run(monkeypatch, tmp_path):
+    """The GPU check saves a child process: the run that loads the cache is also the run whose evaluation seconds and
+    peak memory the targets read (seed 1's, not the first compile run's)."""
+    import subprocess
+    from types import SimpleNamespace
+
+    commands, asked = [], []
+
+    def child(command, **kwargs):
+        commands.append(command)
+        loaded = 4 if len(commands) == 2 else 0
+        return SimpleNamespace(returncode=0, stderr="",
+                               stdout=f"compiled in 3.0 s: {loaded} graph(s) loaded from the cache, {4 - loaded} compiled")
+
+    monkeypatch.setattr(subprocess, "run", child)
+    compiling = bench.compile_cost("experiments/small.yaml", 20, tmp_path, evaluate_second=True)
+    light = [setting for setting in bench.LIGHT_EVALUATION]
+    assert all(setting in commands[0] for setting in light)  # the first only compiles: a light evaluation
+    assert not any(setting in commands[1] for setting in light)  # the second evaluates as a run does
+    assert [run["graphs_loaded"] for run in compiling["runs"]] == [0, 4] and compiling["runs"][1]["wall_s"] >= 0
+
+    def timings(runs_dir, seed=None):
+        asked.append(seed)
+        return [{"time/train_s": 5.0, "time/eval_s": 17.0, "memory/peak_rss_gb": 6.0, "memory/peak_gpu_gb": 30.0}]
+
+    monkeypatch.setattr(bench, "_run_timings", timings)
+    cost = bench.run_cost_of("experiments/small.yaml", 20, 50.0, 0.25, 20000, tmp_path, seed=1, compiled=True)
+    assert asked == [1] and cost["phases"]["eval_s"] == 17.0 and cost["fixed_s"] == 45.0 and cost["compiled"]
+
+
+def test_a_step_that_runs_out_of_gpu_memory_does_not_fit():
+    def out_of_memory() -> None:
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 GiB")
+
+    assert not bench.fits_in_memory(out_of_memory)
+    assert bench.fits_in_memory(lambda: None)
+
+
+def test_gpu_defaults_replace_only_the_options_not_given_and_only_with_cuda(monkeypatch):
+    options = {"presets": bench.DEFAULT_PRESETS, "variants": "baseline,g2_elem_sig", "steps": 20, "warmup": 3,
+               "lightning_steps": 12}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert bench.with_gpu_defaults(options, given=set()) == options
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert bench.with_gpu_defaults(options, given={"variants"}) == {
+        "presets": ("experiments/small.yaml",), "variants": "baseline,g2_elem_sig", "steps": 10, "warmup": 2,
+        "lightning_steps": 10}
+
+
+@pytest.mark.parametrize("cuda", [False, True])
+def test_the_bench_command_takes_gpu_defaults_with_cuda_for_what_it_is_not_given(monkeypatch, tmp_path, cuda):
+    """Through the command line, so that what counts as given is typer's parameter source: `--warmup 3` is given even
+    where 3 is the CPU's default, and stays 3 with CUDA."""
+    from typer.testing import CliRunner
+
+    from gatelab import progress
+    from gatelab.cli import app
+
+    called = {}
+
+    def measured(presets, variants, warmup, steps, lightning_steps, run_steps, sweep, bf16_steps, log):
+        called.update(presets=presets, variants=variants, warmup=warmup, lightning_steps=lightning_steps, steps=steps)
+        report = _gpu_report(gpu="NVIDIA H200" if cuda else None)
+        report.checks = bench.acceptance_checks(report)
+        return report
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(bench, "bench", measured)
+    monkeypatch.setattr(progress, "silence_noise", lambda: None)
+    result = CliRunner().invoke(app, ["bench", "--warmup", "3", "--steps", "7", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    presets = ("small",) if cuda else ("tiny", "tiny-moe")
+    variants = ["baseline", "g1_elem_sig", "g1_head_sig"] + ([] if cuda else ["g2_elem_sig", "g5_elem_sig"])
+    assert called == {"presets": [REPO / "experiments" / f"{p}.yaml" for p in presets], "warmup": 3, "steps": 7,
+                      "variants": variants, "lightning_steps": 10 if cuda else 12}
+    # the output ends with the targets, the GPU's last where there is one
+    last = result.output.rstrip().splitlines()[-1]
+    assert last.startswith("| small, GPU: compile seconds" if cuda else "| sweep plan over the paper-scale preset")
+    assert ("CUDA: GPU defaults for the options not given: presets experiments/small.yaml" in result.output) == cuda

@@ -307,3 +307,16 @@ def test_logged_metrics_are_sent_in_batches_of_at_most_1000_in_order(tmp_path):
     steps, values = tracked.metric_history("train/loss")
     assert steps == list(range(2500)) and values[-1] == pytest.approx(1 / 2500)
     assert tracked.metric_history("train/spike") == ([3, 7], [2.5, 2.6])
+
+
+def test_finished_run_metrics_can_be_read_for_one_seed(tmp_path):
+    """`gatelab bench` reads the second of two runs in one folder (seed 1) as its one real run."""
+    uri = tracking.default_tracking_uri(tmp_path)
+    for seed, eval_s in ((0, 1.0), (1, 17.0)):
+        tracked = tracking.TrackedRun(uri, tmp_path, "bench", f"hash{seed}")
+        tracked.open(resuming=False, tags={tracking.SEED_TAG: str(seed)}, run_name=f"s{seed}")
+        tracked.log_metrics({"time/eval_s": eval_s, "ppl/avg": 3.0}, step=1)
+        tracked.end("finished")
+    store = tracking.RunStore(uri, tmp_path)
+    assert sorted(m["time/eval_s"] for m in store.finished_run_metrics(("time/",))) == [1.0, 17.0]
+    assert store.finished_run_metrics(("time/",), seed=1) == [{"time/eval_s": 17.0}]
