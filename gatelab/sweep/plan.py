@@ -494,6 +494,8 @@ def plan_rows(specs: Sequence[RunSpec], paper: str | None = None, flops_per_seco
 
 
 def plan_totals(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Sums over the runs; `seconds` is the runs' own, `wall_s` what one worker takes for them all: the runs, and the
+    imports of its one process (what `estimate_lines` prints for one worker)."""
     seconds = sum(row["seconds"] * row["trials"] for row in rows)
     return {
         "runs": sum(row["trials"] for row in rows),
@@ -501,7 +503,17 @@ def plan_totals(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "flops": sum(row["flops"] * row["trials"] for row in rows),
         "seconds": seconds,
         "hours": seconds / 3600,
+        "wall_s": wall_seconds(rows),
     }
+
+
+def wall_seconds(rows: Sequence[dict[str, Any]], workers: int = 1) -> float:
+    """The estimated wall time of `rows` on `workers` processes side by side: the runs' seconds shared out (never less
+    than the longest run), plus the imports, which each process pays once at the same time as the others."""
+    if not rows:
+        return 0.0
+    seconds = sum(row["seconds"] * row["trials"] for row in rows)
+    return max(seconds / workers, max(row["seconds"] for row in rows)) + max(row["import_s"] for row in rows)
 
 
 def _index_ranges(indices: Sequence[int]) -> str:
@@ -630,7 +642,6 @@ def estimate_lines(rows: Sequence[dict[str, Any]], workers: int = 1, what: str =
     totals = plan_totals(rows)
     per_run = totals["seconds"] / totals["runs"]
     shared = f" on {workers} workers" if workers > 1 else ""
-    longest = max(row["seconds"] for row in rows)
     imports = max(row["import_s"] for row in rows)
     measured = [row for row in rows if row["basis"] == "measured"]
     rated = [row for row in rows if row["basis"] == "measured rate"]
@@ -639,7 +650,7 @@ def estimate_lines(rows: Sequence[dict[str, Any]], workers: int = 1, what: str =
     # cores, against the guess's 1.0 s; under load, 2-5x longer), so it is labelled a rough guess, not a bound; so is a
     # measured rate, which carries an estimated evaluation and another shape's efficiency.
     about = "roughly" if guessed or rated else "about"
-    lines = [f"estimate: {about} {format_duration(max(totals['seconds'] / workers, longest) + imports)} for "
+    lines = [f"estimate: {about} {format_duration(wall_seconds(rows, workers))} for "
              f"{totals['runs']} {what}run(s){shared}, {format_duration(per_run)} a run"]
     if measured:
         steps = statistics.median(row["measured_step_s"] for row in measured)

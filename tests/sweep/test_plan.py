@@ -88,7 +88,7 @@ def test_plan_json_shape(tmp_path, capsys):
     cli_plan(path, as_json=True)
     plan = json.loads(capsys.readouterr().out)
     assert {"runs", "totals"} <= set(plan)
-    assert set(plan["totals"]) == {"runs", "tokens", "flops", "seconds", "hours"}
+    assert set(plan["totals"]) == {"runs", "tokens", "flops", "seconds", "hours", "wall_s"}
     row = plan["runs"][3]
     assert {"index", "label", "hash", "variant", "seed", "overrides", "total_params", "added_params", "active_params",
             "tokens", "flops", "flops_per_second", "seconds", "trials", "paper_added_m", "corpus_tokens", "corpus_count",
@@ -367,3 +367,11 @@ def test_the_store_gives_this_machines_runs_and_its_gpus_runs_from_any_machine(t
     for run in found:
         assert run.flops_per_step == pytest.approx(row["flops"] / experiment.train.max_steps)  # rebuilt from params
         assert (run.settings, run.setup_s, run.import_s) == (step_settings(flatten(experiment)), 4.0, 7.0)
+
+
+def test_the_json_total_is_the_wall_time_the_estimate_prints(tmp_path):
+    """`gatelab sweep plan --json` gives what one worker takes, imports once included, as the printed estimate does."""
+    rows = plan_rows(expand(load_sweep(write_sweep(tmp_path, {"grid": {"variant": ["baseline", "g1_elem_sig"]}}))))
+    totals = plan_totals(rows)
+    assert totals["wall_s"] == pytest.approx(rows[0]["seconds"] + rows[1]["seconds"] + rows[0]["import_s"])
+    assert estimate_lines(rows)[0].startswith(f"estimate: roughly {format_duration(totals['wall_s'])} for 2 run(s)")
