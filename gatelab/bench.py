@@ -46,7 +46,7 @@ import torch
 
 from gatelab import host, tracking
 from gatelab.config import ExperimentConfig, load_experiment
-from gatelab.devices import device_name, evaluation_device
+from gatelab.devices import device_name, evaluation_device, gpu_peak
 from gatelab.errors import GatelabError
 
 DEFAULT_PRESETS = ("experiments/tiny.yaml", "experiments/tiny-moe.yaml")
@@ -68,11 +68,6 @@ GPU_DEFAULTS = {"presets": ("experiments/small.yaml",), "variants": "baseline,g1
 GPU_FP32_ROWS = 16
 # Steps of those loss curves on a GPU (50 on a CPU): the three curves and an fp32 compile stay under half a minute.
 GPU_CURVE_STEPS = 20
-# Dense (not sparse) bf16 tensor-core FLOP/s by a pattern of the GPU's name (torch.cuda.get_device_name), first match
-# first: NVIDIA's datasheets. "NVIDIA H100 80GB HBM3" is the SXM card; the H100 NVL (another clock and power) and any
-# GPU not listed get no MFU rather than a guessed one.
-GPU_PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
-    (r"H200", 989e12), (r"H100 PCIe", 756e12), (r"H100(?! NVL)", 989e12), (r"A100", 312e12))
 # The length of the README's first experiment (sweeps/quickstart.yaml's train.max_steps): the run whose evaluation
 # share a user feels first.
 QUICKSTART_STEPS = 150
@@ -156,10 +151,10 @@ def _device() -> torch.device:
 
 
 def gpu_peak_flops(name: str | None) -> float | None:
-    """The dense bf16 peak of a GPU by its name (GPU_PEAK_BF16_FLOPS); None for a GPU not in the table, or none."""
-    if not name:
-        return None
-    return next((peak for pattern, peak in GPU_PEAK_BF16_FLOPS if re.search(pattern, name, re.IGNORECASE)), None)
+    """The dense bf16 peak of a GPU by its name (`gatelab.devices.GPU_PEAKS`, which the plan prices GPUs by); None for
+    a GPU not in the table, or none."""
+    peak = gpu_peak(name)
+    return peak and peak.bf16_flops
 
 
 def with_gpu_defaults(options: dict, given: Collection[str]) -> dict:
@@ -905,7 +900,7 @@ def gpu_figures(report: BenchReport) -> dict[str, dict]:
     dense bf16 peak) of gatelab's Lightning step, the step it trains with, and of the plain loop beside it; and from the
     real child run (`run_cost`) its evaluation seconds, their share of a quick-start-length run (QUICKSTART_STEPS steps
     at the Lightning step time plus the child run's fixed costs, evaluation included) and its peak GPU memory. Empty on
-    a CPU; None for what was not measured, MFU included on a GPU not in GPU_PEAK_BF16_FLOPS."""
+    a CPU; None for what was not measured, MFU included on a GPU not in gatelab.devices.GPU_PEAKS."""
     gpu = report.machine.get("gpu")
     if not gpu:
         return {}
@@ -990,7 +985,7 @@ def acceptance_checks(report: BenchReport) -> list[dict]:
     for preset, gpu in gpu_figures(report).items():
         peak = gpu["peak_flops"]
         against = (f"{gpu['gpu']}: dense bf16 peak {peak / 1e12:.0f} TFLOP/s" if peak
-                   else f"{gpu['gpu']} is not in the bench's table of peaks")
+                   else f"{gpu['gpu']} is not in gatelab's table of GPU peaks")
         check(f"{preset}, GPU: MFU of gatelab's Lightning training step ({against})", gpu["mfu_lightning"], 0.40,
               at_most=False, unit="")
         check(f"{preset}, GPU: evaluation seconds of a run", gpu["eval_s"], 20.0, unit="s")
@@ -1056,8 +1051,8 @@ def gpu_markdown(report: BenchReport) -> list[str]:
                      f"{_fmt(g['mfu_plain'], 2)} | {_fmt(g['eval_s'])} | {_fmt(g['fixed_s'])} | "
                      f"{_percent(g['eval_share_of_quickstart_run'])} | {_fmt(g['peak_gpu_gb'])} |")
     if any(g["peak_flops"] is None for g in figures.values()):
-        lines += ["", "MFU not measured: this GPU is not in the bench's table of dense bf16 peaks "
-                      "(gatelab.bench.GPU_PEAK_BF16_FLOPS)."]
+        lines += ["", "MFU not measured: this GPU is not in gatelab's table of GPU peaks "
+                      "(gatelab.devices.GPU_PEAKS)."]
     return lines
 
 

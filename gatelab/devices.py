@@ -8,8 +8,10 @@ and evaluated "wherever the model is" evaluated on the host's cores: minutes ins
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
@@ -83,4 +85,39 @@ def evaluation_precision(device: torch.device) -> Iterator[None]:
         torch.backends.cuda.matmul.allow_tf32 = before
 
 
-__all__ = ["device_name", "evaluation_batch_size", "evaluation_device", "evaluation_precision"]
+@dataclass(frozen=True)
+class GpuPeak:
+    """A GPU's dense peak FLOP/s, for the device a name matches (`pattern`, searched in `torch.cuda.get_device_name()`:
+    "NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA A100-SXM4-80GB")."""
+
+    pattern: str
+    bf16_flops: float  # tensor cores, without 2:4 sparsity (NVIDIA's datasheets print twice that "with sparsity")
+    fp32_flops: float  # CUDA cores, no TF32
+
+
+# NVIDIA's datasheets (dense bf16 is half the "with sparsity" figure): H100 SXM 1,979 / 67 TFLOP/s fp32, H100 PCIe
+# 1,513 / 51, H100 NVL 1,671 / 60, H200 SXM as H100 SXM, H200 NVL as H100 NVL, HGX B200 4,500 / 75, A100 624 / 19.5,
+# L40S 733 / 91.6, A10 250 / 31.2. The first pattern that matches wins, so variants come before their family; whole
+# words, so A10 is not A100 or A10G. `gatelab sweep plan` prices a GPU by it, `gatelab bench` reports MFU against it.
+GPU_PEAKS = (
+    GpuPeak(r"\bH100\b.*\bPCIe\b", 756e12, 51e12),
+    GpuPeak(r"\bH100\b.*\bNVL\b", 835e12, 60e12),
+    GpuPeak(r"\bH100\b", 989e12, 67e12),
+    GpuPeak(r"\bH200\b.*\bNVL\b", 835e12, 60e12),
+    GpuPeak(r"\bH200\b", 989e12, 67e12),
+    GpuPeak(r"\bB200\b", 2250e12, 75e12),
+    GpuPeak(r"\bA100\b", 312e12, 19.5e12),
+    GpuPeak(r"\bL40S\b", 362e12, 91.6e12),
+    GpuPeak(r"\bA10\b", 125e12, 31.2e12),
+)
+
+
+def gpu_peak(name: str | None) -> GpuPeak | None:
+    """The peaks of the GPU a `device_name` names (GPU_PEAKS); None for a GPU not in the table, or none: gatelab then
+    assumes nothing of its own (the plan prices it as an H100 and says so, the bench leaves its MFU unmeasured)."""
+    if not name:
+        return None
+    return next((peak for peak in GPU_PEAKS if re.search(peak.pattern, name, re.IGNORECASE)), None)
+
+
+__all__ = ["GPU_PEAKS", "GpuPeak", "device_name", "evaluation_batch_size", "evaluation_device", "evaluation_precision", "gpu_peak"]

@@ -264,7 +264,8 @@ def test_bad_input_ends_in_one_message_before_measuring(arguments, message, tmp_
     ("NVIDIA H200", 989e12),
     ("NVIDIA A100-SXM4-80GB", 312e12),
     ("NVIDIA A100-PCIE-40GB", 312e12),
-    ("NVIDIA H100 NVL", None),  # another clock and power than the SXM card: no guessed peak
+    ("NVIDIA H100 NVL", 835e12),  # another clock and power than the SXM card
+    ("NVIDIA A10G", None),  # not an A10: whole words
     ("NVIDIA GeForce RTX 4090", None),
     (None, None),
 ])
@@ -315,13 +316,13 @@ def test_an_unknown_gpu_has_no_mfu_and_says_so_and_its_other_checks_still_count(
     report = _gpu_report(gpu="NVIDIA GeForce RTX 4090")
     checks = {c["target"]: c for c in bench.acceptance_checks(report)}
     [mfu] = [c for target, c in checks.items() if "MFU" in target]
-    assert "NVIDIA GeForce RTX 4090 is not in the bench's table of peaks" in mfu["target"]
+    assert "NVIDIA GeForce RTX 4090 is not in gatelab's table of GPU peaks" in mfu["target"]
     assert mfu["measured"] is None and mfu["holds"] is None
     assert checks["small, GPU: evaluation seconds of a run"]["holds"] is True
     # no compile runs recorded: the row is there all the same, not measured
     assert checks["small, GPU: compile seconds of the second run of a shape (cache loaded)"]["holds"] is None
     report.checks = list(checks.values())
-    assert "MFU not measured: this GPU is not in the bench's table" in bench.to_markdown(report)
+    assert "MFU not measured: this GPU is not in gatelab's table" in bench.to_markdown(report)
 
 
 def test_a_cpu_run_has_no_gpu_checks():

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import ast
 import json
-import re
 import socket
 import statistics
 import sys
@@ -53,6 +52,7 @@ from gatelab import paper as paper_tables
 from gatelab.config import DataConfig, ExperimentConfig, ModelConfig, flatten, set_dotted
 from gatelab.data.budget import CorpusCounter, format_tokens, repeat_warning
 from gatelab.data.corpora import HELDOUT_FRACTION
+from gatelab.devices import GPU_PEAKS, gpu_peak
 from gatelab.progress import DEVICE_TAG, DONE, HOST_TAG, format_duration, step_time
 from gatelab.sweep.spec import RunSpec, format_value, load_sweep
 
@@ -79,31 +79,6 @@ FP32_UTILISATION = 0.3
 EVAL_TF32_UTILISATION = 0.1
 
 
-@dataclass(frozen=True)
-class GpuPeak:
-    """A GPU's dense peak FLOP/s, for the device a name matches (`pattern`, searched in `torch.cuda.get_device_name()`:
-    "NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA A100-SXM4-80GB")."""
-
-    pattern: str
-    bf16_flops: float  # tensor cores, without 2:4 sparsity (NVIDIA's datasheets print twice that "with sparsity")
-    fp32_flops: float  # CUDA cores, no TF32
-
-
-# NVIDIA's datasheets (dense bf16 is half the "with sparsity" figure): H100 SXM 1,979 / 67 TFLOP/s fp32, H100 PCIe
-# 1,513 / 51, H100 NVL 1,671 / 60, H200 SXM as H100 SXM, H200 NVL as H100 NVL, HGX B200 4,500 / 75, A100 624 / 19.5,
-# L40S 733 / 91.6, A10 250 / 31.2. The first pattern that matches wins, so variants come before their family; whole
-# words, so A10 is not A100 or A10G (an unknown GPU gets GPU_FLOPS, labelled so).
-GPU_PEAKS = (
-    GpuPeak(r"\bH100\b.*\bPCIe\b", 756e12, 51e12),
-    GpuPeak(r"\bH100\b.*\bNVL\b", 835e12, 60e12),
-    GpuPeak(r"\bH100\b", 989e12, 67e12),
-    GpuPeak(r"\bH200\b.*\bNVL\b", 835e12, 60e12),
-    GpuPeak(r"\bH200\b", 989e12, 67e12),
-    GpuPeak(r"\bB200\b", 2250e12, 75e12),
-    GpuPeak(r"\bA100\b", 312e12, 19.5e12),
-    GpuPeak(r"\bL40S\b", 362e12, 91.6e12),
-    GpuPeak(r"\bA10\b", 125e12, 31.2e12),
-)
 
 # Seconds outside the steps where no run has measured them: imports once a process, set-up (data, tokenizer, model,
 # MLflow) once a run. CPU: the medians of the 14 `gatelab bench` child runs under results/bench/*/bench.json (import
@@ -211,10 +186,6 @@ def plan_device(experiment: ExperimentConfig) -> str | None:
     if accelerator == "mps" or (accelerator == "auto" and torch.backends.mps.is_available()):
         return "mps"
     return "cpu"
-
-
-def gpu_peak(device: str) -> GpuPeak | None:
-    return next((peak for peak in GPU_PEAKS if re.search(peak.pattern, device, re.IGNORECASE)), None)
 
 
 @dataclass(frozen=True)
@@ -756,10 +727,10 @@ def cli_plan(sweep_path: Path, experiment: Path | None = None, as_json: bool = F
 
 
 __all__ = [
-    "CPU_EVAL_FLOPS", "CPU_FLOPS", "DEFAULT_MFU", "EVAL_FIXED_S", "EVAL_TF32_UTILISATION", "FP32_UTILISATION", "GPU_FLOPS", "GPU_PEAKS",
-    "RATE_SETTINGS", "STEP_SHAPE", "DeviceDefaults", "GpuPeak", "MeasuredRate", "MeasuredRun", "MeasuredStep",
+    "CPU_EVAL_FLOPS", "CPU_FLOPS", "DEFAULT_MFU", "EVAL_FIXED_S", "EVAL_TF32_UTILISATION", "FP32_UTILISATION", "GPU_FLOPS",
+    "RATE_SETTINGS", "STEP_SHAPE", "DeviceDefaults", "MeasuredRate", "MeasuredRun", "MeasuredStep",
     "ParameterCounter", "active_parameters", "cli_plan", "corpus_warnings", "device_defaults", "estimate_lines",
-    "evaluation_flops", "gpu_peak", "measured_rate", "measured_runs", "measured_step", "on_device", "plan_device",
+    "evaluation_flops", "measured_rate", "measured_runs", "measured_step", "on_device", "plan_device",
     "plan_json", "plan_rows", "plan_totals", "recorded_step_flops", "render_plan", "step_settings", "step_shape",
     "sweep_measurements", "sweep_run_estimate", "training_flops",
 ]
