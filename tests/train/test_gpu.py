@@ -124,4 +124,4 @@ def test_bf16_training_and_tf32_evaluation_agree_with_fp32(tmp_path):
         autocast = perplexity(model, windows, 8)
     print(f"ppl: fp32 {strict:.6f}, TF32 {tf32:.6f} ({tf32 / strict - 1:+.2e}), bf16 autocast {autocast:.6f} "
           f"({autocast / strict - 1:+.2e})")
-    assert tf32 == pytest.approx(strict, rel=1e-4)
+    assert tf32 == pytest.approx(strict, rel=1e-3)  # the gated variants' differences are about 1e-2
