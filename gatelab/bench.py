@@ -560,12 +560,10 @@ def compile_cost(preset: str, steps: int, folder: Path, evaluate_second: bool = 
                    "--set", f"train.max_steps={steps}", "--set", "train.compile=true", "--set", f"seed={seed}"]
         if not (evaluate_second and seed == 1):
             command += [word for setting in LIGHT_EVALUATION for word in ("--set", setting)]
-        started = time.perf_counter()
-        result = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=3600, env=environment)
-        wall = time.perf_counter() - started
+        wall, result = _timed_child(command, folder, env=environment)
         found = COMPILED_LINE.search(result.stdout)
-        if result.returncode != 0 or not found:
-            raise GatelabError(f"`{' '.join(command)}` failed ({result.returncode}) or said nothing of compiling:\n"
+        if not found:
+            raise GatelabError(f"`{' '.join(command)}` said nothing of compiling:\n"
                                f"{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
         runs.append({"seed": seed, "compile_s": float(found[1]), "graphs_loaded": int(found[2]),
                      "graphs_compiled": int(found[3]), "line": found[0], "wall_s": wall})
@@ -614,12 +612,18 @@ def model_flops_per_step(experiment: ExperimentConfig) -> float:
 
 def _child(command: list[str], cwd: Path, timeout: float = 3600) -> float:
     """Wall seconds of a command that must succeed."""
+    return _timed_child(command, cwd, timeout)[0]
+
+
+def _timed_child(command: list[str], cwd: Path, timeout: float = 3600,
+                 env: dict[str, str] | None = None) -> tuple[float, subprocess.CompletedProcess]:
+    """(wall seconds, what it printed) of a command that must succeed."""
     started = time.perf_counter()
-    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
     if result.returncode != 0:
         raise GatelabError(f"`{' '.join(command)}` failed ({result.returncode}):\n{result.stdout[-2000:]}"
                            f"\n{result.stderr[-4000:]}")
-    return time.perf_counter() - started
+    return time.perf_counter() - started, result
 
 
 def _run_timings(runs_dir: Path, seed: int | None = None) -> list[dict[str, float]]:

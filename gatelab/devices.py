@@ -67,6 +67,16 @@ def evaluation_batch_size(configured: int, train_batch_size: int, device: torch.
     return max(configured, train_batch_size)
 
 
+def rows_for_length(batch_size: int, seq_len: int, length: int, device: torch.device) -> int:
+    """Rows of one forward pass over sequences of `length` tokens, where `batch_size` rows of `seq_len` (the training
+    length) is the evaluation's batch: on a GPU as many tokens as that batch holds, so that a benchmark of short
+    sentences fills the device instead of launching thousands of small forward passes; on a CPU `batch_size`
+    (nothing changes there). Padding never changes a score, so neither does the batching (up to rounding)."""
+    if device.type == "cpu":
+        return batch_size
+    return max(batch_size, batch_size * seq_len // max(1, length))
+
+
 @contextmanager
 def evaluation_precision(device: torch.device) -> Iterator[None]:
     """Within the block, an fp32 model's matrix products on a CUDA device run on TF32 tensor cores (10-bit mantissas,
@@ -120,4 +130,5 @@ def gpu_peak(name: str | None) -> GpuPeak | None:
     return next((peak for peak in GPU_PEAKS if re.search(peak.pattern, name, re.IGNORECASE)), None)
 
 
-__all__ = ["GPU_PEAKS", "GpuPeak", "device_name", "evaluation_batch_size", "evaluation_device", "evaluation_precision", "gpu_peak"]
+__all__ = ["GPU_PEAKS", "GpuPeak", "device_name", "evaluation_batch_size", "evaluation_device", "evaluation_precision", "gpu_peak",
+           "rows_for_length"]

@@ -63,3 +63,12 @@ def test_evaluation_batches_change_only_off_the_cpu():
     assert evaluation_batch_size(16, 64, torch.device("cpu")) == 16  # a CPU keeps eval.batch_size
     assert evaluation_batch_size(32, 64, torch.device("cuda", 0)) == 64  # a GPU takes at least the training batch
     assert evaluation_batch_size(128, 64, torch.device("cuda", 0)) == 128
+
+
+def test_short_sequences_fill_a_gpu_batch_by_tokens_and_keep_the_cpus_rows():
+    from gatelab.devices import rows_for_length
+
+    assert rows_for_length(16, 1024, 20, torch.device("cpu")) == 16
+    assert rows_for_length(16, 1024, 32, torch.device("cuda", 0)) == 512  # 16 x 1024 tokens
+    assert rows_for_length(16, 1024, 1024, torch.device("cuda", 0)) == 16
+    assert rows_for_length(16, 1024, 4096, torch.device("cuda", 0)) == 16  # never fewer than configured

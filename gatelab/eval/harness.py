@@ -36,7 +36,7 @@ from gatelab import tracking
 from gatelab.config import ModelConfig, experiment_from_dict
 from gatelab.errors import GatelabError, redact
 from gatelab.eval.benchmarks import PACKAGED_BLIMP, load_blimp
-from gatelab.devices import evaluation_device
+from gatelab.devices import evaluation_device, rows_for_length
 from gatelab.eval.metrics import evaluation_mode, model_device
 
 log = logging.getLogger(__name__)
@@ -387,14 +387,11 @@ class GatelabLM(LM):
         return list(zip(logprob, greedy))
 
     def _batches(self, windows: list) -> Iterator[list]:
-        """Windows (longest first) in batches of `batch_size` rows; on a GPU, rows of `batch_size` x the training
-        length in tokens, so that a benchmark of short sentences fills the device instead of launching thousands of
-        small forward passes. Padding never changes a score, so neither does the batching (up to rounding)."""
+        """Windows (longest first) in batches of `batch_size` rows; on a GPU, of as many tokens as `batch_size` rows
+        of the training length (`rows_for_length`, by each batch's longest window)."""
         start = 0
         while start < len(windows):
-            rows = self.batch_size
-            if self._device.type != "cpu":
-                rows = max(rows, self.batch_size * self.max_length // max(1, len(windows[start][1])))
+            rows = rows_for_length(self.batch_size, self.max_length, len(windows[start][1]), self._device)
             yield windows[start: start + rows]
             start += rows
 

@@ -174,18 +174,15 @@ def evaluation_flops(experiment: ExperimentConfig, model: ModelConfig, active: i
 
 def plan_device(experiment: ExperimentConfig) -> str | None:
     """The device a run of `experiment` would train on here, named as runs tag theirs (`gatelab.devices.device_name`):
-    the GPU torch sees, for train.accelerator gpu, cuda or auto where CUDA is available; None for gpu or cuda where it
-    is not (a login node planning for its GPU nodes); else "mps" where Lightning would pick Apple's GPU, or "cpu"."""
-    import torch
+    the one `gatelab.devices.evaluation_device` picks for its train.accelerator (the GPU torch sees, Apple's GPU, or
+    the CPU); None for gpu or cuda where there is no GPU (a login node planning for its GPU nodes), "mps" for mps."""
+    from gatelab.devices import device_name, evaluation_device
 
     accelerator = experiment.train.accelerator
-    if accelerator in ("gpu", "cuda", "auto") and torch.cuda.is_available():
-        return torch.cuda.get_device_name()
-    if accelerator in ("gpu", "cuda"):
-        return None
-    if accelerator == "mps" or (accelerator == "auto" and torch.backends.mps.is_available()):
-        return "mps"
-    return "cpu"
+    device = evaluation_device(None, accelerator)
+    if device.type == "cpu" and accelerator in ("gpu", "cuda", "mps"):
+        return "mps" if accelerator == "mps" else None
+    return device_name(device)
 
 
 @dataclass(frozen=True)

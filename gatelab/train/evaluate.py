@@ -17,7 +17,7 @@ from gatelab.data.datasets import (
     unigram_perplexity,
 )
 from gatelab.data.synthetic import DOMAIN as BIGRAM_BACKCOPY, BigramBackcopy
-from gatelab.devices import evaluation_batch_size, evaluation_precision
+from gatelab.devices import evaluation_batch_size, evaluation_precision, rows_for_length
 from gatelab.eval.benchmarks import PACKAGED_BLIMP, load_blimp, run_in_context_suite, score_blimp
 from gatelab.eval.metrics import domain_perplexities, evaluation_mode, long_context_perplexity, model_device
 from gatelab.eval.probes import FirstTokenShareByQuery, probe_model
@@ -53,8 +53,8 @@ def _evaluate(model, device: torch.device, experiment: ExperimentConfig, tokeniz
     evaluation, seq_len = experiment.eval, experiment.data.seq_len
     batch_size = evaluation_batch_size(evaluation.batch_size, experiment.train.batch_size, device)
     # BLiMP's sentences are a few dozen tokens, not seq_len: on a GPU a batch holds about as many tokens as one of
-    # the training length would (a CPU keeps its configured rows: nothing changes there).
-    sentence_batch_size = batch_size if device.type == "cpu" else batch_size * max(1, seq_len // 32)
+    # the training length (at 32 tokens a sentence)
+    sentence_batch_size = rows_for_length(batch_size, seq_len, 32, device)
     metrics: dict[str, float] = {}
     windows = {d: torch.from_numpy(heldout_windows(corpus, d, seq_len, evaluation.max_windows_per_domain))
                for d in domains}

@@ -194,9 +194,9 @@ class _PhaseClock:
         compiled = next((c for c in trainer.callbacks if isinstance(c, CompileReport)), None)
         if compiled is not None and compiled.compile_s is not None:
             self.seconds["time/compile_s"] = compiled.compile_s
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
+        if (peak := _peak_gpu_gb()) is not None:
             # Training's own peak: `memory/peak_gpu_gb`, read at the end, also holds the evaluation's batches.
-            self.seconds["memory/peak_gpu_train_gb"] = torch.cuda.max_memory_allocated() / 1e9
+            self.seconds["memory/peak_gpu_train_gb"] = peak
 
     def log(self, tracked: TrackedRun, step: int) -> None:
         tracked.log_metrics(self.seconds | peak_memory(), step)
@@ -207,9 +207,16 @@ def peak_memory() -> dict[str, float]:
     see `host.peak_rss_gb`); `memory/peak_gpu_gb`: the most CUDA memory torch held during this run (training and
     evaluation), where there is a GPU."""
     memory = {"memory/peak_rss_gb": host.peak_rss_gb()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        memory["memory/peak_gpu_gb"] = torch.cuda.max_memory_allocated() / 1e9
+    if (peak := _peak_gpu_gb()) is not None:
+        memory["memory/peak_gpu_gb"] = peak
     return memory
+
+
+def _peak_gpu_gb() -> float | None:
+    """The most CUDA memory torch held since the last reset, in GB; None where CUDA was never used here."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.max_memory_allocated() / 1e9
+    return None
 
 
 def _check_strategy(experiment: ExperimentConfig) -> None:

@@ -45,6 +45,7 @@ from tests.helpers import MOE, REPO, SHIPPED_SWEEPS, write_sweep
 def _gpu(monkeypatch, name: str | None) -> None:
     """torch sees one GPU called `name` (None: none), as far as plan_device asks."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: name is not None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
 
 
