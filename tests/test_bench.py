@@ -334,11 +334,18 @@ def test_a_cpu_run_has_no_gpu_checks():
 
 
 def test_the_compile_cache_is_measured_on_a_gpu_even_for_a_preset_that_trains_eager():
-    small, tiny = (load_experiment(REPO / "experiments" / f"{name}.yaml") for name in ("small", "tiny"))
-    assert not small.train.compile and tiny.train.compile
-    assert bench.measures_compile_cache(small, torch.device("cuda"))
-    assert not bench.measures_compile_cache(small, torch.device("cpu"))
+    small_moe, tiny = (load_experiment(REPO / "experiments" / f"{name}.yaml") for name in ("small-moe", "tiny"))
+    assert not small_moe.train.compile and tiny.train.compile
+    assert bench.measures_compile_cache(small_moe, torch.device("cuda"))
+    assert not bench.measures_compile_cache(small_moe, torch.device("cpu"))
     assert bench.measures_compile_cache(tiny, torch.device("cpu"))
+
+
+def test_the_dense_gpu_presets_train_compiled():
+    """Issue 31: torch.compile on by default where the step runs on a GPU (MoE's routing syncs with the host and
+    stays eager)."""
+    for name in ("small", "small-fineweb", "paper-dense-1.7b"):  # read as YAML: small-fineweb names a tokenizer file
+        assert yaml.safe_load((REPO / "experiments" / f"{name}.yaml").read_text())["train"]["compile"] is True, name
 
 
 def test_the_summary_printed_last_ends_with_the_gpu_targets(tmp_path):
@@ -437,10 +444,49 @@ def test_the_bench_command_takes_gpu_defaults_with_cuda_for_what_it_is_not_given
     result = CliRunner().invoke(app, ["bench", "--warmup", "3", "--steps", "7", "--out", str(tmp_path / "out")])
     assert result.exit_code == 0, result.output
     presets = ("small",) if cuda else ("tiny", "tiny-moe")
-    variants = ["baseline", "g1_elem_sig", "g1_head_sig"] + ([] if cuda else ["g2_elem_sig", "g5_elem_sig"])
+    variants = list(bench.GPU_VARIANTS) if cuda else ["baseline", "g1_elem_sig", "g1_head_sig", "g2_elem_sig",
+                                                      "g5_elem_sig"]
     assert called == {"presets": [REPO / "experiments" / f"{p}.yaml" for p in presets], "warmup": 3, "steps": 7,
                       "variants": variants, "lightning_steps": 10 if cuda else 12}
     # the output ends with the targets, the GPU's last where there is one
     last = result.output.rstrip().splitlines()[-1]
     assert last.startswith("| small, GPU: compile seconds" if cuda else "| sweep plan over the paper-scale preset")
     assert ("CUDA: GPU defaults for the options not given: presets experiments/small.yaml" in result.output) == cuda
+
+
+def test_on_a_gpu_the_bench_times_every_g1_variant_and_profiles_one_of_each_gate_family():
+    from gatelab.variants import VARIANTS
+
+    assert set(bench.GPU_VARIANTS) <= set(VARIANTS)
+    assert {v for v in VARIANTS if v.startswith("g1_")} <= set(bench.GPU_VARIANTS)
+    assert bench.kernel_profile_variants(list(bench.GPU_VARIANTS)) == [
+        "baseline", "g1_elem_sig", "g1_head_sig", "g2_elem_sig", "g3_elem_sig", "g4_elem_sig", "g5_elem_sig"]
+    assert bench.kernel_profile_variants(["baseline", "sandwich_norm", "ctrl_scale_0p5"]) == ["baseline"]
+
+
+def test_each_g1_variant_on_a_gpu_is_held_to_its_flop_ratio_within_3_percent():
+    report = _gpu_report()
+    report.steps += [
+        bench.StepFigures("small", "g1_elem_sig", "bf16-mixed", 0.1055, 1.0, 10, 1.055, "baseline", 0.01, 1.0345,
+                          (1.04, 1.07)),
+        bench.StepFigures("small", "g1_head_sig", "bf16-mixed", 0.1100, 1.0, 10, 1.10, "baseline", 0.01, 1.0022,
+                          (1.09, 1.11))]
+    checks = {c["target"].split(": ")[1].split(" step")[0]: c for c in bench.acceptance_checks(report)
+              if "over its FLOP ratio" in c["target"]}
+    assert set(checks) == {"g1_elem_sig", "g1_head_sig"}
+    assert checks["g1_elem_sig"]["holds"] and checks["g1_elem_sig"]["measured"] == pytest.approx(1.055 / 1.0345)
+    assert checks["g1_head_sig"]["holds"] is False
+    assert checks["g1_head_sig"]["interval"] == pytest.approx((1.09 / 1.0022, 1.11 / 1.0022))
+
+
+def test_bench_md_shows_each_profiled_step_s_cuda_kernels_and_idle_gaps():
+    from gatelab.gpu_profile import KernelInterval, kernel_summary
+
+    report = _gpu_report()
+    timeline = [KernelInterval("nvjet_tst_192x192_64x4_2x1_v_bz_coopB_TNT", 0.0, 80.0),
+                KernelInterval("triton_poi_fused_mul_sigmoid_0", 100.0, 110.0)]
+    report.kernels = {"small": {"baseline": kernel_summary(timeline, steps=1)}}
+    markdown = bench.to_markdown(report)
+    section = markdown[markdown.index("CUDA kernels of a small baseline step (NVIDIA H200"):]
+    assert "matmul" in section and "Triton" in section and "nvjet_tst_192x192" in section
+    assert "18.2%" in section  # 20 us idle of a 110 us window

@@ -10,7 +10,6 @@ from collections.abc import Iterator
 
 import lightning as L
 import torch
-import torch.nn.functional as F
 from torch.utils.data import DataLoader, IterableDataset
 
 from gatelab.config import ExperimentConfig, ModelConfig, TrainConfig
@@ -18,37 +17,7 @@ from gatelab.data.datasets import PackedDataset
 from gatelab.errors import GatelabError
 from gatelab.host import cpu_info
 from gatelab.model import build_model
-
-
-def next_token_loss(logits_BTV: torch.Tensor, targets_BT: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy in nats, computed in fp32 whatever the logits' dtype."""
-    return F.cross_entropy(logits_BTV.flatten(0, 1).float(), targets_BT.flatten())
-
-
-def whole_logits_loss(hidden_BTD: torch.Tensor, head_weight_VD: torch.Tensor, targets_BT: torch.Tensor) -> torch.Tensor:
-    """`next_token_loss` of the whole logits (under autocast, and what `train.compile` compiles there)."""
-    return next_token_loss(F.linear(hidden_BTD, head_weight_VD), targets_BT)
-
-
-def head_loss(hidden_BTD: torch.Tensor, head_weight_VD: torch.Tensor, targets_BT: torch.Tensor) -> torch.Tensor:
-    """`next_token_loss(hidden_BTD @ head_weight_VD.T, targets_BT)`, by torch's chunked linear cross-entropy.
-
-    Each chunk of tokens gets its logits, loss and logit gradient in the forward pass, so the (B*T, V) logits, their
-    log-softmax and their gradient are never whole tensors: on CPU those were fresh 64 MB allocations every step at the
-    tiny preset, paid in page faults. On CPU a chunk's logits take 8 MB (512 tokens at V = 4096 measured 10% faster a
-    step than torch's 128-token default); on GPUs torch's own chunking. Under autocast the logits are made whole in
-    the autocast dtype, as `lm_head` makes them: the chunked op returns its loss in its inputs' dtype, and a bf16
-    loss is 0.1% off, more than the differences the sweeps measure."""
-    if torch.is_autocast_enabled(hidden_BTD.device.type):
-        return whole_logits_loss(hidden_BTD, head_weight_VD, targets_BT)
-    options = torch.nn.LinearCrossEntropyOptions()
-    if hidden_BTD.device.type == "cpu":
-        rows = 1 << max(6, min(12, (CPU_CHUNK_LOGIT_BYTES // (4 * head_weight_VD.shape[0])).bit_length() - 1))
-        options = torch.nn.LinearCrossEntropyOptions(chunking_method=None, batch_chunk_size=rows)
-    return F.linear_cross_entropy(hidden_BTD.flatten(0, 1), head_weight_VD, targets_BT.flatten(), options=options)
-
-
-CPU_CHUNK_LOGIT_BYTES = 8 << 20
+from gatelab.train.head_loss import head_loss, next_token_loss, whole_logits_loss
 
 
 def lr_at(step: int, peak: float, floor: float, warmup: int, total: int) -> float:
@@ -92,10 +61,10 @@ class GatedLM(L.LightningModule):
 
     def train_head_loss(self, hidden_BTD: torch.Tensor, head_weight_VD: torch.Tensor, targets_BT: torch.Tensor
                         ) -> torch.Tensor:
-        """The next-token loss of the final hidden states. Under autocast with `train.compile`: inductor's fused
-        cross-entropy of the whole logits, which eager training makes whole there too (0.77x the tiny step in bf16,
-        results/bench/). In full precision: `head_loss`, chunked, compiled or not (faster than the compiled whole
-        logits in fp32 at the tiny preset, 290 against 307 ms a step, and its memory stays flat as logits grow)."""
+        """The next-token loss of the final hidden states (gatelab.train.head_loss). Under autocast with
+        `train.compile`: inductor's fused cross-entropy of the whole low-precision logits (0.77x the tiny step in bf16
+        on a CPU, results/bench/). Otherwise `head_loss`, chunked, compiled or not (in fp32 faster than the compiled
+        whole logits at the tiny preset, 290 against 307 ms a step, and its memory stays flat as logits grow)."""
         if self.compiled_head_loss is not None and torch.is_autocast_enabled(hidden_BTD.device.type):
             return self.compiled_head_loss(hidden_BTD, head_weight_VD, targets_BT)
         return head_loss(hidden_BTD, head_weight_VD, targets_BT)
@@ -142,10 +111,22 @@ class GatedLM(L.LightningModule):
         if "val/loss" in self.trainer.callback_metrics:
             self.log("val/ppl", torch.exp(self.trainer.callback_metrics["val/loss"]))
 
-    def on_before_optimizer_step(self, optimizer) -> None:
-        # Before clipping. Foreach norms: a few kernels for all parameters rather than one per parameter.
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """Clips by the global norm and logs that norm, one foreach norm for both (Lightning's clipping and a logged
+        norm took two). Clipping here rather than in Lightning's mixed-precision plugin lets bf16-mixed train with
+        torch's fused AdamW, which the plugin refuses to clip for (it unscales 16-mixed's gradients itself). Under FSDP
+        Lightning's own clipping (a shard's norm is not the model's)."""
         grads = [p.grad for p in self.parameters() if p.grad is not None]
-        self.log("train/grad_norm", torch.nn.utils.get_total_norm(grads))
+        if self.experiment.train.strategy == "fsdp" or (gradient_clip_algorithm or "norm") != "norm":
+            self.log("train/grad_norm", torch.nn.utils.get_total_norm(grads))
+            if gradient_clip_val:
+                self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+            return
+        if gradient_clip_val:
+            norm = torch.nn.utils.clip_grad_norm_(self.parameters(), gradient_clip_val, foreach=True)
+        else:
+            norm = torch.nn.utils.get_total_norm(grads, foreach=True)
+        self.log("train/grad_norm", norm)
 
     def configure_optimizers(self):
         train = self.experiment.train
@@ -155,12 +136,14 @@ class GatedLM(L.LightningModule):
             is_weight = parameter.ndim >= 2 and (not gate_logits or train.decay_gate_logits)
             (decay if is_weight else no_decay).append(parameter)  # no_decay: norms and gate logits
         # torch's fused AdamW (one kernel over all parameters, CPU and GPU): on the CPU its default is a loop of
-        # per-parameter ops, 3-7% of a tiny step (`gatelab bench`'s profile). Not under mixed precision: Lightning's
-        # mixed-precision plugin refuses gradient clipping with an optimizer that unscales gradients itself, as the
-        # fused one does for 16-mixed's GradScaler (bf16-mixed included, though it has no scaler).
+        # per-parameter ops, 3-7% of a tiny step (`gatelab bench`'s profile); on a GPU the default's foreach kernels
+        # run one pass per moment and update. Not with 16-mixed's GradScaler, whose unscaling the fused optimizer does
+        # inside its step, after the gradients were clipped (`configure_gradient_clipping` clips for bf16-mixed), nor
+        # under FSDP's mixed precision, whose clipping is Lightning's.
         precision = self._trainer.precision if self._trainer is not None \
             else resolve_precision(train.precision, train.accelerator, moe=self.model.config.ffn == "moe")
-        fused = self.device.type in ("cpu", "cuda") and "mixed" not in precision
+        fused = self.device.type in ("cpu", "cuda") and (
+            "mixed" not in precision or (precision == "bf16-mixed" and train.strategy != "fsdp"))
         optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": train.weight_decay},
                                        {"params": no_decay, "weight_decay": 0.0}], lr=train.lr, betas=train.betas,
                                       fused=fused)

@@ -12,7 +12,7 @@ import yaml
 
 from gatelab.config import load_experiment, spec_hash
 from gatelab.model import build_model, resolve_model
-from gatelab.train import compiling, module
+from gatelab.train import compiling, head_loss as head_loss_module, module
 from gatelab.train.module import GatedLM, head_loss, lr_at, next_token_loss
 from tests.helpers import MICRO, write_micro_experiment
 
@@ -65,7 +65,7 @@ def _training_loss(lm, input_ids_BT, targets_BT):
 @pytest.fixture()
 def small_chunks(monkeypatch):
     """Chunks of 32 tokens at the micro vocabulary (512), so a micro batch (128 tokens) is cut into four."""
-    monkeypatch.setattr(module, "CPU_CHUNK_LOGIT_BYTES", 4 * 512 * 32)
+    monkeypatch.setattr(head_loss_module, "CPU_CHUNK_LOGIT_BYTES", 4 * 512 * 32)
 
 
 @pytest.mark.parametrize("tie_embeddings", [True, False])
@@ -85,14 +85,48 @@ def test_the_chunked_head_loss_has_the_loss_and_gradients_of_whole_logits(tmp_pa
         torch.testing.assert_close(chunked_grad, whole_grad, rtol=1e-4, atol=1e-7)
 
 
-def test_under_autocast_the_head_loss_is_fp32_from_whole_low_precision_logits():
-    hidden_BTD = torch.randn(2, 8, 16)
-    weight_VD = torch.randn(64, 16) * 0.1
-    targets_BT = torch.randint(0, 64, (2, 8))
+@pytest.mark.parametrize("tokens", [16, 200])
+def test_under_autocast_the_head_loss_is_fp32_with_the_loss_and_gradients_of_whole_low_precision_logits(tokens):
+    """`LowPrecisionChunkedLoss` (chunks of 64 tokens: one chunk, and four with a short last one) against autocast's
+    whole bf16 logits and fp32 cross-entropy, the eager step before it."""
+    generator = torch.Generator().manual_seed(0)
+    hidden_BTD = torch.randn(2, tokens // 2, 96, generator=generator, requires_grad=True)
+    weight_VD = (torch.randn(512, 96, generator=generator) * 0.1).requires_grad_()
+    targets_BT = torch.randint(0, 512, (2, tokens // 2), generator=generator)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         loss = head_loss(hidden_BTD, weight_VD, targets_BT)
         reference = next_token_loss(torch.nn.functional.linear(hidden_BTD, weight_VD), targets_BT)
-    assert loss.dtype == torch.float32 and loss.item() == reference.item()
+    assert loss.dtype == torch.float32
+    assert loss.item() == pytest.approx(reference.item(), rel=1e-6)
+    grads = torch.autograd.grad(3.0 * loss, [hidden_BTD, weight_VD])  # a scaled loss: the saved gradients scale
+    reference_grads = torch.autograd.grad(3.0 * reference, [hidden_BTD, weight_VD])
+    for grad, reference_grad in zip(grads, reference_grads):
+        assert grad.dtype == torch.float32
+        torch.testing.assert_close(grad, reference_grad, rtol=2e-2, atol=2e-4)
+
+
+def test_the_low_precision_chunks_never_hold_whole_fp32_logits(small_chunks):
+    """The largest tensor the chunked loss makes is one chunk's fp32 logits, not the whole batch's."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class LargestFp32(TorchDispatchMode):
+        largest = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for tensor in out if isinstance(out, (tuple, list)) else [out]:
+                if isinstance(tensor, torch.Tensor) and tensor.dtype == torch.float32:
+                    LargestFp32.largest = max(LargestFp32.largest, tensor.numel())
+            return out
+
+    tokens, vocab = 1024, 512
+    hidden_BTD = torch.randn(4, tokens // 4, 32, requires_grad=True)
+    weight_VD = (torch.randn(vocab, 32) * 0.1).requires_grad_()
+    targets_BT = torch.randint(0, vocab, (4, tokens // 4))
+    with torch.autocast("cpu", dtype=torch.bfloat16), LargestFp32():
+        head_loss(hidden_BTD, weight_VD, targets_BT).backward()
+    rows = head_loss_module.chunk_rows(vocab, hidden_BTD.device)
+    assert rows < tokens and LargestFp32.largest == rows * vocab
 
 
 def test_a_50_step_loss_curve_of_the_faster_step_matches_the_step_before_it(tmp_path, small_chunks):
@@ -157,9 +191,9 @@ def test_the_second_run_of_a_shape_loads_the_first_run_s_compiled_graphs(tmp_pat
 
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
 def test_lightning_trains_with_gradient_clipping_at_each_precision(tmp_path, precision):
-    """Lightning's mixed-precision plugin refuses to clip the gradients of an optimizer that unscales them itself (the
-    fused AdamW): the fused one only where no mixed precision is on (`auto` is bf16-mixed on GPUs and on CPUs with fast
-    bf16)."""
+    """gatelab clips the gradients itself (`configure_gradient_clipping`), so bf16-mixed trains with the fused AdamW,
+    which Lightning's mixed-precision plugin refuses to clip for; 16-mixed keeps the unfused one, whose gradients
+    Lightning's GradScaler unscales before they are clipped."""
     import lightning as L
 
     experiment = _micro(tmp_path, grad_clip=1.0, max_steps=2)
@@ -170,7 +204,7 @@ def test_lightning_trains_with_gradient_clipping_at_each_precision(tmp_path, pre
     before = [p.detach().clone() for p in lm.parameters()]
     trainer.fit(lm, train_dataloaders=torch.utils.data.DataLoader(_batches(experiment, 2), batch_size=None))
     assert trainer.global_step == 2
-    assert trainer.optimizers[0].defaults["fused"] == (precision == "32-true")
+    assert trainer.optimizers[0].defaults["fused"]
     assert all(torch.isfinite(p).all() for p in lm.parameters())
     assert any(not torch.equal(a, b) for a, b in zip(before, lm.parameters()))
 
@@ -287,3 +321,27 @@ def test_a_compiled_run_too_short_to_time_the_compiling_still_says_what_the_cach
 def test_a_run_that_timed_its_compiling_says_it_once(tmp_path):
     report, lines = _compile_report_after(4, tmp_path / "cache")
     assert len(lines) == 1 and compiling.COMPILED_LINE.search(lines[0]) and report.compile_s is not None
+
+
+@pytest.mark.parametrize(("precision", "strategy", "fused"), [("32-true", "auto", True), ("bf16-mixed", "auto", True),
+                                                             ("16-mixed", "auto", False), ("bf16-mixed", "fsdp", False)])
+def test_adamw_is_fused_unless_a_grad_scaler_or_fsdp_clips(tmp_path, precision, strategy, fused):
+    """(Lightning turns 16-mixed into bf16-mixed on a CPU, so the rule is read off the module, not a CPU Trainer.)"""
+    experiment = _micro(tmp_path).with_train(precision=precision, strategy=strategy)
+    optimizer = GatedLM(experiment, resolve_model(experiment)).configure_optimizers()["optimizer"]
+    assert bool(optimizer.defaults["fused"]) == fused
+
+
+@pytest.mark.parametrize("clip", [0.5, 0.0])
+def test_gradients_are_clipped_to_the_global_norm_which_is_logged_before_clipping(tmp_path, clip):
+    experiment = _micro(tmp_path, grad_clip=clip or 1.0)
+    lm = GatedLM(experiment, resolve_model(experiment))
+    input_ids_BT, targets_BT = _batches(experiment, 1)[0]
+    (100.0 * lm.training_loss(input_ids_BT, targets_BT)[1]).backward()
+    before = torch.nn.utils.get_total_norm([p.grad for p in lm.parameters()])
+    logged = {}
+    lm.log = lambda name, value, **kwargs: logged.__setitem__(name, value)
+    lm.configure_gradient_clipping(None, clip or None, "norm")
+    after = torch.nn.utils.get_total_norm([p.grad for p in lm.parameters()])
+    assert logged["train/grad_norm"].item() == pytest.approx(before.item(), rel=1e-6) and before > 1.0
+    assert after.item() == pytest.approx(clip if clip else before.item(), rel=1e-4)
