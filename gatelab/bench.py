@@ -660,6 +660,7 @@ def run_cost_of(preset: str, steps: int, wall: float, step_s: float, preset_step
     full_train_s = preset_steps * step_s
     return {"preset": preset, "steps": steps, "wall_s": wall, "peak_rss_bytes": peak, "compiled": compiled,
             "peak_gpu_gb": phases.get("memory/peak_gpu_gb"),  # gatelab.train.run.peak_memory; none on a CPU
+            "peak_gpu_train_gb": phases.get("memory/peak_gpu_train_gb"),  # training's alone, before evaluation
             "phases": {k.removeprefix("time/"): v for k, v in phases.items() if k.startswith("time/")},
             "fixed_s": fixed_s, "preset_steps": preset_steps, "preset_train_s_at_measured_step": full_train_s,
             "fixed_share_of_preset_run": fixed_s / (fixed_s + full_train_s) if fixed_s is not None else None}
@@ -958,7 +959,7 @@ def gpu_figures(report: BenchReport) -> dict[str, dict]:
             "plain_step_s": plain and plain.step_s, "mfu_plain": mfu(plain),
             "eval_s": eval_s, "fixed_s": fixed_s, "quickstart_run_s": run_s,
             "eval_share_of_quickstart_run": eval_s / run_s if eval_s is not None and run_s else None,
-            "peak_gpu_gb": cost.get("peak_gpu_gb")}
+            "peak_gpu_gb": cost.get("peak_gpu_gb"), "peak_gpu_train_gb": cost.get("peak_gpu_train_gb")}
     return figures
 
 
@@ -1079,8 +1080,9 @@ def gpu_markdown(report: BenchReport) -> list[str]:
              "fixed costs.",
              "",
              "| preset | GPU | peak TFLOP/s | model GFLOP/step | Lightning step (ms) | MFU | plain step (ms) | MFU | "
-             f"evaluation (s) | fixed (s) | evaluation share of a {QUICKSTART_STEPS}-step run | peak GPU memory (GB) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"evaluation (s) | fixed (s) | evaluation share of a {QUICKSTART_STEPS}-step run | peak GPU memory (GB) | "
+             "of which training (GB) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     def ms(seconds: float | None) -> str:
         return _fmt(seconds and seconds * 1e3)
 
@@ -1089,7 +1091,8 @@ def gpu_markdown(report: BenchReport) -> list[str]:
                      f"{_fmt(g['model_flops_per_step'] and g['model_flops_per_step'] / 1e9, 5)} | "
                      f"{ms(g['lightning_step_s'])} | {_fmt(g['mfu_lightning'], 2)} | {ms(g['plain_step_s'])} | "
                      f"{_fmt(g['mfu_plain'], 2)} | {_fmt(g['eval_s'])} | {_fmt(g['fixed_s'])} | "
-                     f"{_percent(g['eval_share_of_quickstart_run'])} | {_fmt(g['peak_gpu_gb'])} |")
+                     f"{_percent(g['eval_share_of_quickstart_run'])} | {_fmt(g['peak_gpu_gb'])} | "
+                     f"{_fmt(g['peak_gpu_train_gb'])} |")
     if any(g["peak_flops"] is None for g in figures.values()):
         lines += ["", "MFU not measured: this GPU is not in gatelab's table of GPU peaks "
                       "(gatelab.devices.GPU_PEAKS)."]
