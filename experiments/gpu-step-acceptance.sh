@@ -5,10 +5,12 @@
 #                           minute, outside these 9 minutes: give the call a timeout_s of 600)
 #   bash experiments/gpu-step-acceptance.sh     on a GPU machine where gatelab is installed
 # It runs, in order:
-#   1. pytest -m gpu on the tests a GPU decides (SDPA's flash/cuDNN kernel alone for every variant, the kernel
-#      profile, evaluation on the device): at most 80 s
-#   2. gatelab bench experiments/small.yaml with the GPU defaults (baseline, every G1 variant and one of each other
-#      gate position, compiled; CUDA kernel profiles; a real run): what is left of 9 minutes, about 6.5 expected
+#   1. pytest -m gpu on the tests of the step a GPU decides (SDPA's flash/cuDNN kernel alone for every variant, the
+#      kernel profile, no host sync in a step eager, compiled and with CUDA graphs): at most 120 s
+#   2. gatelab bench experiments/small.yaml --parts variants,compile,run with the GPU defaults (baseline, every G1
+#      variant and one of each other gate position, compiled, with the CUDA kernel profiles; the Lightning step and
+#      its kernels; eager, compiled and CUDA graphs side by side; the real runs for peak memory): what is left of 9
+#      minutes, about 5.5 expected (the bench's docstring, less the loss curves, op profile and GEMM rate)
 # and ends with one line per acceptance line of issue 31: PASS, FAIL or NOT RUN, with its figure, also in
 # $OUT/acceptance.txt ($OUT: default ./gpu-acceptance). $OUT/bench/ holds bench.md and bench.json to commit under
 # results/bench/<gpu name>/ with a README of where the time goes (bench.md's kernel tables); the logs are in
@@ -35,10 +37,11 @@ step() {  # step NAME LIMIT_S COMMAND...: output to $LOGS/NAME.log, status to $L
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$LOGS/gpu.txt" \
   || echo "no nvidia-smi: the GPU lines will read NOT RUN"
-step pytest 80 python3 -m pytest -m gpu -q -p no:cacheprovider tests/model/test_sdpa_path.py \
-  tests/test_gpu_profile.py tests/train/test_gpu.py
+step pytest 120 python3 -m pytest -m gpu -q -p no:cacheprovider tests/model/test_sdpa_path.py \
+  tests/test_gpu_profile.py \
+  tests/train/test_gpu.py::test_a_training_step_on_the_gpu_never_waits_for_the_gpu_between_logging_steps
 step bench $(( 540 - ($(date +%s) - T0) > 60 ? 540 - ($(date +%s) - T0) : 60 )) \
-  gatelab bench "$PRESET" ${BENCH_ARGS:-} --out "$OUT/bench"
+  gatelab bench "$PRESET" --parts variants,compile,run ${BENCH_ARGS:-} --out "$OUT/bench"
 
 python3 - "$LOGS" "$OUT" <<'EOF'
 """Each acceptance line of issue 31 from bench.json and the pytest log: PASS, FAIL or NOT RUN, with its figure."""

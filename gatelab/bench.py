@@ -48,7 +48,7 @@ from gatelab import host, tracking
 from gatelab.config import ExperimentConfig, load_experiment
 from gatelab.devices import device_name, evaluation_device, gpu_peak
 from gatelab.errors import GatelabError
-from gatelab.gpu_profile import kernel_markdown, kernel_profile
+from gatelab.gpu_profile import kernel_markdown, kernel_profile, lightning_kernel_profile
 
 DEFAULT_PRESETS = ("experiments/tiny.yaml", "experiments/tiny-moe.yaml")
 # One variant of each gate family: G1 elementwise and headwise, G2, G5 (the MoE backbone is
@@ -79,6 +79,12 @@ GPU_CURVE_STEPS = 20
 # The length of the README's first experiment (sweeps/quickstart.yaml's train.max_steps): the run whose evaluation
 # share a user feels first.
 QUICKSTART_STEPS = 150
+# The parts of `bench` a run may leave out (`gatelab bench --parts`); the Lightning step against the plain loop, the
+# sweep plan and the GPU estimates always run. variants: every variant against baseline (and the CUDA kernel profiles);
+# compile: eager against compiled (and CUDA graphs on a GPU), and the other precision; numerics: the loss curves;
+# profile: the op profile and the GEMM rate; run: the real child runs (fixed costs, evaluation, peak memory, compiling
+# from the cache).
+PARTS = ("variants", "compile", "numerics", "profile", "run")
 
 
 @dataclass
@@ -135,6 +141,8 @@ class BenchReport:
     gpu_estimates: list[dict] = field(default_factory=list)
     gpu: dict = field(default_factory=dict)  # preset -> gpu_figures, on a GPU
     kernels: dict = field(default_factory=dict)  # preset -> variant -> gpu_profile.kernel_summary, on a GPU
+    notes: list = field(default_factory=list)  # what was not measured, and why
+    model_flops: dict = field(default_factory=dict)  # preset -> model FLOPs a step (the plan's count)
     checks: list[dict] = field(default_factory=list)
     command: str = ""
 
@@ -239,6 +247,20 @@ def plain_step(experiment: ExperimentConfig, precision: str) -> Callable[[], Non
     return step
 
 
+def cuda_graph_step(experiment: ExperimentConfig, precision: str) -> Callable[[], None] | str:
+    """`plain_step` compiled with `train.compile_mode: reduce-overhead` (CUDA graphs), after two steps that record
+    and replay its graphs; or why it cannot run (CUDA graph trees refuse some programs: the bench goes on without)."""
+    try:
+        step = plain_step(experiment.with_train(compile=True, compile_mode="reduce-overhead"), precision)
+        for _ in range(2):
+            step()
+        _sync()
+        return step
+    except Exception as error:  # noqa: BLE001 - any failure of CUDA graphs is a finding to report, not a crash
+        torch.cuda.empty_cache()
+        return f"not timed: train.compile_mode reduce-overhead failed ({type(error).__name__}: {str(error)[:200]})"
+
+
 def loss_curves(experiment: ExperimentConfig, steps: int = 50, rows: int | None = None) -> dict:
     """Per-step training losses of `steps` steps on the same batches: the step as it was before the faster one (whole
     logits and fp32 cross-entropy, torch's per-parameter AdamW, eager), and gatelab's step eager and compiled. Returns
@@ -327,7 +349,8 @@ def _spread(times: list[float]) -> float:
     return float((high - low) / statistics.median(times))
 
 
-def lightning_steps(experiment: ExperimentConfig, precision: str, steps: int, folder: Path) -> list[float]:
+def lightning_steps(experiment: ExperimentConfig, precision: str, steps: int, folder: Path,
+                    callbacks: Collection = ()) -> list[float]:
     """Seconds per step of gatelab's Lightning training: its module, data module, Trainer settings, stability monitor
     and an MLflow logger writing to a SQLite store, as in `gatelab train` (quiet, no checkpoint)."""
     import lightning as L  # here, not at the top: a bad argument to `gatelab bench` is answered without Lightning
@@ -356,7 +379,7 @@ def lightning_steps(experiment: ExperimentConfig, precision: str, steps: int, fo
     trainer = L.Trainer(
         max_steps=steps, accelerator=train.accelerator, devices=1, precision=precision,
         gradient_clip_val=train.grad_clip or None, logger=logger, log_every_n_steps=train.log_every,
-        callbacks=[StabilityMonitor.from_config(train), timer],
+        callbacks=[StabilityMonitor.from_config(train), timer, *callbacks],
         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0,
         limit_val_batches=0, default_root_dir=folder, use_distributed_sampler=False,
     )
@@ -746,8 +769,9 @@ def validate(presets: list[Path], variants: list[str], sweep: Path | None) -> No
 
 
 def bench(presets: list[Path], variants: list[str], warmup: int, measured: int, lightning_steps_count: int,
-          run_steps: int, sweep: Path | None, bf16_steps: int, log=print) -> BenchReport:
-    """Every measurement, in this order, printing progress with `log`.
+          run_steps: int, sweep: Path | None, bf16_steps: int, log=print, parts: Collection[str] = PARTS
+          ) -> BenchReport:
+    """Every measurement, in this order, printing progress with `log`; of the optional ones (PARTS) those in `parts`.
 
     On a GPU it must end within 8 minutes (issue 30; issue 31's acceptance script gives it 7.5 of its 9). Expected
     seconds of each part on one H100 or H200 for the small preset with GPU_DEFAULTS (15 variants, compiled), from:
@@ -787,37 +811,41 @@ def bench(presets: list[Path], variants: list[str], warmup: int, measured: int, 
         name = base.name
         tokens = base.train.batch_size * base.data.seq_len
         compiled = "compiled" if base.train.compile else "eager"
-        log(f"{name}: variants {', '.join(variants)} at {precision} ({compiled}), {measured} interleaved steps each")
-        experiments = {v: load_experiment(preset, [f"variant={v}"]) for v in variants}
-        steps = {v: plain_step(experiment, precision) for v, experiment in experiments.items()}
-        peer = transformers_step(base, precision)
-        if peer is None:
-            report.peer[name] = ("not compared: transformers is not installed (pip install -e \".[compare]\")"
-                                 if importlib.util.find_spec("transformers") is None
-                                 else "not compared: Qwen3ForCausalLM is a dense model with QK-norm, this preset "
-                                      "is not")
-        elif cuda and not fits_in_memory(peer):
-            peer = None
-            torch.cuda.empty_cache()
-            report.peer[name] = f"not compared: its step at this batch runs out of {report.machine['gpu']}'s memory"
-        else:
-            log(f"{name}: with {PEER_LABEL} at the same shapes, interleaved")
-            steps[PEER_LABEL] = peer
-        times = time_interleaved(steps, warmup + 1, measured)  # one more round: the first compiles
-        # both ratios to the "baseline" row (the preset itself may name another variant)
-        base_s, base_flops = statistics.median(times["baseline"]), model_flops_per_step(experiments["baseline"])
-        for variant, seconds in times.items():
-            median = statistics.median(seconds)
-            flops_ratio = model_flops_per_step(experiments[variant]) / base_flops if variant in experiments else None
-            interval = None if variant == "baseline" else ratio_interval(seconds, times["baseline"], paired=True)
-            report.steps.append(StepFigures(name, variant, precision, median, tokens / median, len(seconds),
-                                            median / base_s, "baseline", _spread(seconds), flops_ratio, interval))
-        if cuda:
-            report.kernels[name] = {}
-            for variant in kernel_profile_variants(list(experiments)):
-                log(f"{name}: CUDA kernels of a {variant} step (torch.profiler: kernels, their share, idle gaps)")
-                report.kernels[name][variant] = kernel_profile(steps[variant])
-        del steps, peer  # their models and AdamW states: off the GPU before the next steps
+        report.model_flops[name] = model_flops_per_step(base)
+        if "variants" in parts:
+            log(f"{name}: variants {', '.join(variants)} at {precision} ({compiled}), {measured} interleaved steps "
+                "each")
+            experiments = {v: load_experiment(preset, [f"variant={v}"]) for v in variants}
+            steps = {v: plain_step(experiment, precision) for v, experiment in experiments.items()}
+            peer = transformers_step(base, precision)
+            if peer is None:
+                report.peer[name] = ("not compared: transformers is not installed (pip install -e \".[compare]\")"
+                                     if importlib.util.find_spec("transformers") is None
+                                     else "not compared: Qwen3ForCausalLM is a dense model with QK-norm, this preset "
+                                          "is not")
+            elif cuda and not fits_in_memory(peer):
+                peer = None
+                torch.cuda.empty_cache()
+                report.peer[name] = f"not compared: its step at this batch runs out of {report.machine['gpu']}'s memory"
+            else:
+                log(f"{name}: with {PEER_LABEL} at the same shapes, interleaved")
+                steps[PEER_LABEL] = peer
+            times = time_interleaved(steps, warmup + 1, measured)  # one more round: the first compiles
+            # both ratios to the "baseline" row (the preset itself may name another variant)
+            base_s, base_flops = statistics.median(times["baseline"]), model_flops_per_step(experiments["baseline"])
+            for variant, seconds in times.items():
+                median = statistics.median(seconds)
+                flops_ratio = (model_flops_per_step(experiments[variant]) / base_flops if variant in experiments
+                               else None)
+                interval = None if variant == "baseline" else ratio_interval(seconds, times["baseline"], paired=True)
+                report.steps.append(StepFigures(name, variant, precision, median, tokens / median, len(seconds),
+                                                median / base_s, "baseline", _spread(seconds), flops_ratio, interval))
+            if cuda:
+                report.kernels[name] = {}
+                for variant in kernel_profile_variants(list(experiments)):
+                    log(f"{name}: CUDA kernels of a {variant} step (torch.profiler: kernels, their share, idle gaps)")
+                    report.kernels[name][f"{variant}, plain loop"] = kernel_profile(steps[variant])
+            del steps, peer  # their models and AdamW states: off the GPU before the next steps
 
         log(f"{name}: gatelab's Lightning step against the plain loop ({precision})")
         plain_times: list[float] = []
@@ -827,6 +855,12 @@ def bench(presets: list[Path], variants: list[str], warmup: int, measured: int, 
             for _ in range(3):  # three blocks of each, alternating, so drift hits both
                 lightning_times += lightning_steps(base, precision, lightning_steps_count, Path(folder))[warmup:]
                 plain_times += time_interleaved({"plain": plain}, warmup, lightning_steps_count - warmup)["plain"]
+            if cuda:
+                log(f"{name}: CUDA kernels of gatelab's Lightning step ({base.variant}): data loader, logging and "
+                    "optimizer included")
+                kernels = lightning_kernel_profile(first=warmup + 1, steps=3)
+                lightning_steps(base, precision, warmup + 5, Path(folder), callbacks=[kernels])
+                report.kernels.setdefault(name, {})[f"{base.variant}, gatelab's Lightning step"] = kernels.summary
         plain_s, lightning_s = statistics.median(plain_times), statistics.median(lightning_times)
         plain_label = f"plain {precision}"
         report.steps.append(StepFigures(name, plain_label, precision, plain_s, tokens / plain_s, len(plain_times),
@@ -836,74 +870,88 @@ def bench(presets: list[Path], variants: list[str], warmup: int, measured: int, 
                                         _spread(lightning_times),
                                         ratio_interval=ratio_interval(lightning_times, plain_times, paired=False)))
 
-        log(f"{name}: eager against torch.compile, then bf16 autocast against fp32 (eager, interleaved)")
-        eager = base.with_train(compile=False)
-        eager_step = plain_step(eager, precision)
-        times = time_interleaved({"eager": eager_step, "compiled": plain_step(base.with_train(compile=True), precision),
-                                  "preset": plain}, warmup + 1, measured)  # one more round: the first compiles
-        for setting in ("eager", "compiled"):
-            seconds = statistics.median(times[setting])
-            report.steps.append(StepFigures(name, f"plain {precision} {setting}", precision, seconds,
-                                            tokens / seconds, measured, seconds / statistics.median(times["preset"]),
-                                            plain_label, _spread(times[setting]),
-                                            ratio_interval=ratio_interval(times[setting], times["preset"], True)))
-        eager_s = plain_s * statistics.median(times["eager"]) / statistics.median(times["preset"])
-        other = "bf16-mixed" if precision == "32-true" else "32-true"
-        bf16_slow = not (report.machine["fast_bf16_cpu"] or cuda)
-        rounds = bf16_steps if bf16_slow else measured  # emulated bf16 takes ~20x longer a step: fewer rounds
-        # on a GPU the ratio of the two precisions on at most GPU_FP32_ROWS rows: a whole batch may not fit in fp32
-        cut = eager.with_train(batch_size=min(GPU_FP32_ROWS, eager.train.batch_size)) if cuda else None
-        times = time_interleaved({"preset": plain_step(cut, precision) if cut else eager_step,
-                                  "other": plain_step(cut or eager, other)}, 1, rounds)
-        ratio = statistics.median(times["other"]) / statistics.median(times["preset"])
-        other_s = eager_s * ratio  # the interleaved ratio, on the many-step median of the preset's precision
-        report.steps.append(StepFigures(name, f"plain {other} eager", other, other_s, tokens / other_s, rounds,
-                                        ratio, f"plain {precision} eager", _spread(times["other"]),
-                                        ratio_interval=ratio_interval(times["other"], times["preset"], True)))
-        fp32_s = eager_s if precision == "32-true" else other_s
-        report.steps.append(StepFigures(name, "gatelab preset", precision, lightning_s, tokens / lightning_s,
-                                        len(lightning_times), lightning_s / fp32_s, "plain 32-true eager"))
+        if "compile" in parts:
+            log(f"{name}: eager against torch.compile" + (" and torch.compile with CUDA graphs" if cuda else "")
+                + ", then bf16 autocast against fp32 (eager, interleaved)")
+            eager = base.with_train(compile=False)
+            eager_step = plain_step(eager, precision)
+            settings = {"eager": eager_step, "compiled": plain_step(base.with_train(compile=True), precision),
+                        "preset": plain}
+            if cuda:
+                graphed = cuda_graph_step(base, precision)
+                if isinstance(graphed, str):
+                    report.notes.append(f"{name}: compiled with CUDA graphs {graphed}")
+                else:
+                    settings["compiled, CUDA graphs"] = graphed
+            times = time_interleaved(settings, warmup + 1, measured)  # one more round: the first compiles
+            for setting in [s for s in settings if s != "preset"]:
+                seconds = statistics.median(times[setting])
+                report.steps.append(StepFigures(name, f"plain {precision} {setting}", precision, seconds,
+                                                tokens / seconds, measured,
+                                                seconds / statistics.median(times["preset"]),
+                                                plain_label, _spread(times[setting]),
+                                                ratio_interval=ratio_interval(times[setting], times["preset"], True)))
+            eager_s = plain_s * statistics.median(times["eager"]) / statistics.median(times["preset"])
+            other = "bf16-mixed" if precision == "32-true" else "32-true"
+            bf16_slow = not (report.machine["fast_bf16_cpu"] or cuda)
+            rounds = bf16_steps if bf16_slow else measured  # emulated bf16 takes ~20x longer a step: fewer rounds
+            # on a GPU the ratio of the two precisions on at most GPU_FP32_ROWS rows: a whole batch may not fit in fp32
+            cut = eager.with_train(batch_size=min(GPU_FP32_ROWS, eager.train.batch_size)) if cuda else None
+            times = time_interleaved({"preset": plain_step(cut, precision) if cut else eager_step,
+                                      "other": plain_step(cut or eager, other)}, 1, rounds)
+            ratio = statistics.median(times["other"]) / statistics.median(times["preset"])
+            other_s = eager_s * ratio  # the interleaved ratio, on the many-step median of the preset's precision
+            report.steps.append(StepFigures(name, f"plain {other} eager", other, other_s, tokens / other_s, rounds,
+                                            ratio, f"plain {precision} eager", _spread(times["other"]),
+                                            ratio_interval=ratio_interval(times["other"], times["preset"], True)))
+            fp32_s = eager_s if precision == "32-true" else other_s
+            report.steps.append(StepFigures(name, "gatelab preset", precision, lightning_s, tokens / lightning_s,
+                                            len(lightning_times), lightning_s / fp32_s, "plain 32-true eager"))
 
-        rows = min(GPU_FP32_ROWS, base.train.batch_size) if cuda else None
-        curve_steps = GPU_CURVE_STEPS if cuda else 50
-        log(f"{name}: a {curve_steps}-step fp32 loss curve of the step before the faster one, and of this one eager "
-            "and compiled" + (f" ({rows} rows a batch)" if rows else ""))
-        report.numerics[name] = loss_curves(base, steps=curve_steps, rows=rows)
+        if "numerics" in parts:
+            rows = min(GPU_FP32_ROWS, base.train.batch_size) if cuda else None
+            curve_steps = GPU_CURVE_STEPS if cuda else 50
+            log(f"{name}: a {curve_steps}-step fp32 loss curve of the step before the faster one, and of this one "
+                "eager and compiled" + (f" ({rows} rows a batch)" if rows else ""))
+            report.numerics[name] = loss_curves(base, steps=curve_steps, rows=rows)
 
-        log(f"{name}: profile of the step by op")
-        report.profile[name] = op_profile(plain)
+        if "profile" in parts:
+            log(f"{name}: profile of the step by op")
+            report.profile[name] = op_profile(plain)
 
-        log(f"{name}: GEMM shapes of one step, and this machine's rate on them (interleaved with the step)")
-        dtype = _matmul_dtype(precision)
-        shapes = gemm_shapes(plain, dtype)
-        gemms, gemm_flops = gemm_pass(shapes)
-        times = time_interleaved({"step": plain, "gemms": gemms}, warmup, measured)
-        step_s, gemm_s = statistics.median(times["step"]), statistics.median(times["gemms"])
-        flops = model_flops_per_step(base)
-        interval = ratio_interval(times["gemms"], times["step"], paired=True)  # gemm_s / step_s
-        scale = flops / gemm_flops
-        report.gemm.append(GemmFigures(name, precision, flops, flops / step_s, gemm_flops / gemm_s, gemm_s,
-                                       max(0.0, 1 - gemm_s / step_s), square_gemm_flops(dtype), len(shapes),
-                                       interval and (scale * interval[0], scale * interval[1])))
+            log(f"{name}: GEMM shapes of one step, and this machine's rate on them (interleaved with the step)")
+            dtype = _matmul_dtype(precision)
+            shapes = gemm_shapes(plain, dtype)
+            gemms, gemm_flops = gemm_pass(shapes)
+            times = time_interleaved({"step": plain, "gemms": gemms}, warmup, measured)
+            step_s, gemm_s = statistics.median(times["step"]), statistics.median(times["gemms"])
+            flops = model_flops_per_step(base)
+            interval = ratio_interval(times["gemms"], times["step"], paired=True)  # gemm_s / step_s
+            scale = flops / gemm_flops
+            report.gemm.append(GemmFigures(name, precision, flops, flops / step_s, gemm_flops / gemm_s, gemm_s,
+                                           max(0.0, 1 - gemm_s / step_s), square_gemm_flops(dtype), len(shapes),
+                                           interval and (scale * interval[0], scale * interval[1])))
 
-        if not cuda:
-            log(f"{name}: one real run of {run_steps} steps in a child process (fixed costs, evaluation, peak memory)")
-            with tempfile.TemporaryDirectory() as folder:
-                report.run_cost[name] = run_cost(str(preset), run_steps, lightning_s, base.train.max_steps,
-                                                 Path(folder))
-        if measures_compile_cache(base, device):
-            log(f"{name}: compiling, twice in one runs folder (the second run should load the first's cache)"
-                + ("" if base.train.compile else "; the preset trains eager, a GPU sweep may compile")
-                + ("; the second, compiled from the cache, is also the one real run of "
-                   f"{run_steps} steps (fixed costs, evaluation, peak memory)" if cuda else ""))
-            steps_each = run_steps if cuda else 5
-            with tempfile.TemporaryDirectory() as folder:
-                report.compile_cost[name] = compiling = compile_cost(str(preset), steps_each, Path(folder),
-                                                                     evaluate_second=cuda)
-                if cuda:
-                    report.run_cost[name] = run_cost_of(str(preset), steps_each, compiling["runs"][1]["wall_s"],
-                                                        lightning_s, base.train.max_steps, Path(folder), seed=1,
-                                                        compiled=True)
+        if "run" in parts:
+            if not cuda:
+                log(f"{name}: one real run of {run_steps} steps in a child process (fixed costs, evaluation, peak "
+                    "memory)")
+                with tempfile.TemporaryDirectory() as folder:
+                    report.run_cost[name] = run_cost(str(preset), run_steps, lightning_s, base.train.max_steps,
+                                                     Path(folder))
+            if measures_compile_cache(base, device):
+                log(f"{name}: compiling, twice in one runs folder (the second run should load the first's cache)"
+                    + ("" if base.train.compile else "; the preset trains eager, a GPU sweep may compile")
+                    + ("; the second, compiled from the cache, is also the one real run of "
+                       f"{run_steps} steps (fixed costs, evaluation, peak memory)" if cuda else ""))
+                steps_each = run_steps if cuda else 5
+                with tempfile.TemporaryDirectory() as folder:
+                    report.compile_cost[name] = compiling = compile_cost(str(preset), steps_each, Path(folder),
+                                                                         evaluate_second=cuda)
+                    if cuda:
+                        report.run_cost[name] = run_cost_of(str(preset), steps_each, compiling["runs"][1]["wall_s"],
+                                                            lightning_s, base.train.max_steps, Path(folder), seed=1,
+                                                            compiled=True)
 
     log("sweep plan over the paper-scale preset")
     report.plan_seconds = plan_seconds(root)
@@ -941,7 +989,7 @@ def gpu_figures(report: BenchReport) -> dict[str, dict]:
         return {}
     peak = gpu_peak_flops(gpu)
     by = {(s.preset, s.label): s for s in report.steps}
-    flops = {g.preset: g.model_flops_per_step for g in report.gemm}
+    flops = {g.preset: g.model_flops_per_step for g in report.gemm} | report.model_flops
     figures = {}
     for preset in dict.fromkeys(s.preset for s in report.steps):
         lightning = by.get((preset, "lightning"))
@@ -1149,10 +1197,12 @@ def to_markdown(report: BenchReport) -> str:
                          f"{row['calls_per_step']:.0f} |")
     for preset, by_variant in report.kernels.items():
         for variant, summary in by_variant.items():
-            lines += [""] + kernel_markdown(summary, f"CUDA kernels of a {preset} {variant} step "
+            lines += [""] + kernel_markdown(summary, f"CUDA kernels of a {preset} step: {variant} "
                                                      f"({report.machine.get('gpu')}, torch.profiler)")
     for preset, why in report.peer.items():
         lines += ["", f"{preset}: {PEER_LABEL} {why}."]
+    for note in report.notes:
+        lines += ["", f"{note}."]
     if report.compile_cost:
         lines += ["", "## Compiling, twice in one runs folder (real `gatelab train` runs)", "",
                   "| preset | run | compile (s) | graphs loaded from the cache | graphs compiled |", "|---|---|---|---|---|"]

@@ -611,6 +611,9 @@ def bench(
     scratch: Annotated[Optional[Path], typer.Option(help="--data: folder for its corpora (about 2 GB; default "
                                                          "beside the data directory)")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="--data: small sizes, a minute or two")] = False,
+    parts: Annotated[str, typer.Option(help="comma-separated parts to measure beside the Lightning step: variants, "
+                                            "compile, numerics, profile, run (default: all)")] = ",".join(
+        ("variants", "compile", "numerics", "profile", "run")),
 ) -> None:
     """Throughput and overhead: variants against baseline, Lightning against a plain loop, fp32 against bf16,
     FLOP/s against this machine's GEMM rate, fixed costs and peak memory of a run, GPU estimates. It ends with the
@@ -645,10 +648,14 @@ def bench(
     if lightning_steps <= warmup + 1:
         _fail(GatelabError(f"--lightning-steps ({lightning_steps}) must exceed --warmup ({warmup}) by at least 2: "
                            "each Lightning block times the steps after its warm-up"))
+    chosen_parts = [part.strip() for part in parts.split(",") if part.strip()]
+    if unknown := [part for part in chosen_parts if part not in bench_module.PARTS]:
+        _fail(GatelabError(f"--parts: {', '.join(unknown)} is not one of {', '.join(bench_module.PARTS)}"))
     chosen_presets = presets if "presets" in given else [repo_root() / p for p in presets]
     try:
         report = bench_module.bench(chosen_presets, [v.strip() for v in variants.split(",") if v.strip()], warmup,
-                                    steps, lightning_steps, run_steps, sweep, bf16_steps, log=log)
+                                    steps, lightning_steps, run_steps, sweep, bf16_steps, log=log,
+                                    parts=chosen_parts)
     except GatelabError as error:
         _fail(error)
     _write_bench(bench_module, report, out, as_json)

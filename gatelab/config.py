@@ -293,6 +293,11 @@ class TrainConfig(StrictModel):
     # identity (spec_hash): the same batches and model, losses equal to float rounding. Off by default; tiny.yaml
     # turns it on, where `gatelab bench` measured it to pay (results/bench/).
     compile: bool = False
+    # torch.compile's mode for those regions: "reduce-overhead" adds CUDA graphs (each compiled block replayed as one
+    # graph launch: pays where the GPU waits on kernel launches; `gatelab bench` times it beside the default on a GPU),
+    # "max-autotune-no-cudagraphs" benchmarks GEMM and Triton configurations while compiling (minutes). A speed
+    # setting like `compile`, not part of a run's identity.
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
     # Weight decay on input-independent gate logits (a 2-D (H, D) tensor, decayed by an ndim rule until the fix; decay
     # pulls them to 0, a score of 0.5, which is not what the paper's "no weight decay on gates" set-up does). Off: the
     # logits go with the norms into the group without decay. The first-pass sweeps of results/tiny set it true.
@@ -575,6 +580,7 @@ def spec_hash(experiment: ExperimentConfig) -> str:
     # A speed setting: the same computation, to float rounding. Held at its old default so that runs recorded before a
     # preset turned it on keep their hashes, and a sweep may turn it on or off without training anything again.
     payload["train"]["compile"] = False
+    del payload["train"]["compile_mode"]
     _drop_keys_added_later(payload, experiment)
     if experiment.eval.lm_eval is None:
         del payload["eval"]["lm_eval"]  # as for `task` below: runs recorded before the key existed keep their hashes

@@ -192,6 +192,50 @@ def kernel_profile(step: Callable[[], None], steps: int = 3) -> dict:
     return kernel_summary(device_work(trace.events(), torch.cuda.current_device()), steps)
 
 
+class LightningKernelProfile:
+    """A Lightning callback: `kernel_summary` of training steps `first` to `first + steps - 1` of a fit, the real step
+    with its data loader, logging, clipping and optimizer. The window ends where step `first + steps` starts, so the
+    wait for its batch counts as idle. Made by `lightning_kernel_profile` (Lightning is imported only there)."""
+
+    def __init__(self, first: int = 3, steps: int = 3) -> None:
+        self.first, self.steps = first, steps
+        self.summary: dict | None = None
+        self._profile = None
+        self._quiet = None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        from gatelab.bench import kineto_markers_dropped
+
+        if batch_idx == self.first:
+            torch.cuda.synchronize()
+            self._quiet = kineto_markers_dropped()
+            self._quiet.__enter__()
+            self._profile = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+            self._profile.start()
+        elif batch_idx == self.first + self.steps:
+            self._stop(self.steps)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if self._profile is not None:  # the fit ended inside the window: the steps it had
+            self._stop(max(1, trainer.global_step - self.first))
+
+    def _stop(self, steps: int) -> None:
+        torch.cuda.synchronize()
+        self._profile.stop()
+        self._quiet.__exit__(None, None, None)
+        self.summary = kernel_summary(device_work(self._profile.events(), torch.cuda.current_device()), steps)
+        self._profile = None
+
+
+def lightning_kernel_profile(first: int = 3, steps: int = 3):
+    """A `LightningKernelProfile` that Lightning takes as a callback."""
+    import lightning as L
+
+    return type("LightningKernelProfileCallback", (LightningKernelProfile, L.Callback), {})(first, steps)
+
+
 def kernel_markdown(summary: dict, title: str) -> list[str]:
     """Markdown lines: `title`, the step's window, busy and idle time, then tables of groups, the 10 slowest kernels
     and the largest gaps (as bench.to_markdown's tables)."""

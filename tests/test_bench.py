@@ -432,7 +432,7 @@ def test_the_bench_command_takes_gpu_defaults_with_cuda_for_what_it_is_not_given
 
     called = {}
 
-    def measured(presets, variants, warmup, steps, lightning_steps, run_steps, sweep, bf16_steps, log):
+    def measured(presets, variants, warmup, steps, lightning_steps, run_steps, sweep, bf16_steps, log, parts):
         called.update(presets=presets, variants=variants, warmup=warmup, lightning_steps=lightning_steps, steps=steps)
         report = _gpu_report(gpu="NVIDIA H200" if cuda else None)
         report.checks = bench.acceptance_checks(report)
@@ -485,8 +485,27 @@ def test_bench_md_shows_each_profiled_step_s_cuda_kernels_and_idle_gaps():
     report = _gpu_report()
     timeline = [KernelInterval("nvjet_tst_192x192_64x4_2x1_v_bz_coopB_TNT", 0.0, 80.0),
                 KernelInterval("triton_poi_fused_mul_sigmoid_0", 100.0, 110.0)]
-    report.kernels = {"small": {"baseline": kernel_summary(timeline, steps=1)}}
+    report.kernels = {"small": {"baseline, plain loop": kernel_summary(timeline, steps=1)}}
     markdown = bench.to_markdown(report)
-    section = markdown[markdown.index("CUDA kernels of a small baseline step (NVIDIA H200"):]
+    section = markdown[markdown.index("CUDA kernels of a small step: baseline, plain loop (NVIDIA H200"):]
     assert "matmul" in section and "Triton" in section and "nvjet_tst_192x192" in section
     assert "18.2%" in section  # 20 us idle of a 110 us window
+
+
+def test_bench_parts_not_offered_are_refused_before_anything_is_measured(monkeypatch, tmp_path):
+    from typer.testing import CliRunner
+
+    from gatelab.cli import app
+
+    monkeypatch.setattr(bench, "bench", lambda *args, **kwargs: pytest.fail("measured despite a bad --parts"))
+    result = CliRunner().invoke(app, ["bench", "--parts", "variants,kernels", "--out", str(tmp_path / "out")])
+    assert result.exit_code != 0
+    assert "--parts: kernels is not one of variants, compile, numerics, profile, run" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_a_bench_of_the_lightning_step_alone_still_gives_its_mfu():
+    """`--parts` without profile: the MFU's FLOP count comes from the preset, not from the GEMM part."""
+    report = _gpu_report()
+    report.gemm, report.model_flops = [], {"small": 5e13}
+    assert bench.gpu_figures(report)["small"]["mfu_lightning"] == pytest.approx(5e13 / 0.25 / 989e12)

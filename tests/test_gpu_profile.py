@@ -242,3 +242,33 @@ def test_kernel_profile_of_a_real_training_step():
     # optimizer.step's record_function range also shows on the GPU timeline (gpu_user_annotation): not a kernel
     assert not any(row["kernel"].startswith("Optimizer.") for row in summary["kernels"])
     assert all(row["calls_per_step"] >= 1 for row in summary["kernels"])
+
+
+def test_the_lightning_callback_profiles_the_steps_it_names_in_a_real_fit(tmp_path, monkeypatch):
+    """On a CPU, with CUDA's calls stood in for: the profiler starts at step `first`, stops where step
+    `first + steps` starts, and the summary covers `steps` steps (no CUDA kernels here: zero of them)."""
+    import lightning as L
+
+    from gatelab import bench, gpu_profile
+    from gatelab.config import load_experiment
+    from tests.helpers import write_micro_experiment
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    started_at, stopped_at = [], []
+    real_start, real_stop = torch.profiler.profile.start, torch.profiler.profile.stop
+    steps_seen = []
+
+    class Steps(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            steps_seen.append(batch_idx)
+
+    monkeypatch.setattr(torch.profiler.profile, "start", lambda self: started_at.append(steps_seen[-1]) or
+                        real_start(self))
+    monkeypatch.setattr(torch.profiler.profile, "stop", lambda self: stopped_at.append(steps_seen[-1]) or
+                        real_stop(self))
+    experiment = load_experiment(write_micro_experiment(tmp_path))
+    kernels = gpu_profile.lightning_kernel_profile(first=2, steps=3)
+    bench.lightning_steps(experiment, "32-true", 7, tmp_path, callbacks=[Steps(), kernels])
+    assert (started_at, stopped_at) == ([2], [5])
+    assert kernels.summary["steps"] == 3 and kernels.summary["kernels"] == []

@@ -41,12 +41,15 @@ class GatedLM(L.LightningModule):
             # compiling takes a quarter of a whole-model compile. A plain list, not submodules: the state dict's keys
             # stay as they are; evaluation and probes call the blocks themselves, eager. The head loss is a second
             # region (see `train_head_loss`).
-            compiled_blocks = [torch.compile(block) for block in self.model.blocks]
+            mode = None if experiment.train.compile_mode == "default" else experiment.train.compile_mode
+            compiled_blocks = [torch.compile(block, mode=mode) for block in self.model.blocks]
             self.train_hidden_states = functools.partial(self.model.hidden_states, blocks=compiled_blocks)
-            self.compiled_head_loss = torch.compile(whole_logits_loss)
+            self.compiled_head_loss = torch.compile(whole_logits_loss, mode=mode)
         else:
             self.compiled_head_loss = None
         self.moe = model_config.moe
+        self.cuda_graphs = experiment.train.compile and experiment.train.compile_mode in ("reduce-overhead",
+                                                                                          "max-autotune")
         self._step_started = time.perf_counter()
 
     def forward(self, input_ids_BT: torch.Tensor) -> torch.Tensor:
@@ -55,6 +58,9 @@ class GatedLM(L.LightningModule):
     def training_loss(self, input_ids_BT: torch.Tensor, targets_BT: torch.Tensor
                       ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
         """(next-token loss, the loss to minimise: that plus the MoE auxiliary losses, the auxiliary losses)."""
+        if self.cuda_graphs:
+            # A new training step: CUDA graph trees may reuse the memory of the previous step's graph outputs.
+            torch.compiler.cudagraph_mark_step_begin()
         hidden_BTD, aux = self.train_hidden_states(input_ids_BT)
         loss = self.train_head_loss(hidden_BTD, self.model.lm_head.weight, targets_BT)
         return loss, self.with_aux_losses(loss, aux), aux

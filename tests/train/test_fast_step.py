@@ -345,3 +345,21 @@ def test_gradients_are_clipped_to_the_global_norm_which_is_logged_before_clippin
     after = torch.nn.utils.get_total_norm([p.grad for p in lm.parameters()])
     assert logged["train/grad_norm"].item() == pytest.approx(before.item(), rel=1e-6) and before > 1.0
     assert after.item() == pytest.approx(clip if clip else before.item(), rel=1e-4)
+
+
+def test_the_compile_mode_is_a_speed_setting_and_only_cuda_graph_modes_mark_steps(tmp_path):
+    eager = _micro(tmp_path, compile=False)
+    graphed = eager.with_train(compile=True, compile_mode="reduce-overhead")
+    assert spec_hash(graphed) == spec_hash(eager)
+    assert GatedLM(graphed, resolve_model(graphed)).cuda_graphs
+    tuned = eager.with_train(compile=True, compile_mode="max-autotune-no-cudagraphs")
+    assert not GatedLM(tuned, resolve_model(tuned)).cuda_graphs
+    assert not GatedLM(eager.with_train(compile_mode="reduce-overhead"), resolve_model(eager)).cuda_graphs  # eager
+
+
+def test_a_compile_mode_not_offered_is_named_with_the_choices(tmp_path):
+    from gatelab.errors import GatelabError
+
+    with pytest.raises(GatelabError, match="compile_mode") as caught:
+        load_experiment(write_micro_experiment(tmp_path, compile_mode="fast"))
+    assert "reduce-overhead" in str(caught.value)

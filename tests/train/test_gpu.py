@@ -125,3 +125,48 @@ def test_bf16_training_and_tf32_evaluation_agree_with_fp32(tmp_path):
     print(f"ppl: fp32 {strict:.6f}, TF32 {tf32:.6f} ({tf32 / strict - 1:+.2e}), bf16 autocast {autocast:.6f} "
           f"({autocast / strict - 1:+.2e})")
     assert tf32 == pytest.approx(strict, rel=1e-3)  # the gated variants' differences are about 1e-2
+
+
+class _NoSyncInSteps(L.Callback):
+    """Turns torch's CUDA sync debug mode to "error" for training steps `first` to `last`: any read of a GPU value
+    back to the host in them (an .item(), a bool of a tensor, a nonzero) raises with its traceback."""
+
+    def __init__(self, first: int, last: int) -> None:
+        self.first, self.last, self.checked = first, last, 0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.first <= batch_idx <= self.last:
+            torch.cuda.synchronize()  # before the mode: what earlier steps queued is no part of this one
+            torch.cuda.set_sync_debug_mode("error")
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if torch.cuda.get_sync_debug_mode():
+            torch.cuda.set_sync_debug_mode("default")
+            self.checked += 1
+
+
+@pytest.mark.parametrize("compile_mode", [None, "default", "reduce-overhead"])
+def test_a_training_step_on_the_gpu_never_waits_for_the_gpu_between_logging_steps(tmp_path, compile_mode):
+    """Issue 31: no host synchronisation in the step (Lightning's loop, gatelab's module, clipping, fused AdamW, the
+    stability monitor), eager, compiled, and compiled with CUDA graphs."""
+    from gatelab.config import load_experiment
+    from gatelab.model import resolve_model
+    from gatelab.bench import random_windows
+    from gatelab.train.module import GatedLM, StabilityMonitor, TextData
+
+    experiment = load_experiment(write_micro_experiment(tmp_path, precision="bf16-mixed", accelerator="gpu",
+                                                        compile=compile_mode is not None,
+                                                        compile_mode=compile_mode or "default", grad_clip=1.0))
+    train = experiment.train
+    watcher = _NoSyncInSteps(3, 6)
+    trainer = L.Trainer(max_steps=8, accelerator="gpu", devices=1, precision="bf16-mixed", gradient_clip_val=1.0,
+                        log_every_n_steps=100, callbacks=[StabilityMonitor.from_config(train), watcher], logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        num_sanity_val_steps=0, limit_val_batches=0, default_root_dir=tmp_path)
+    windows = random_windows(experiment.model.vocab_size, experiment.data.seq_len, tokens=1 << 14)
+    try:
+        trainer.fit(GatedLM(experiment, resolve_model(experiment)),
+                    datamodule=TextData(windows, train.batch_size, steps_per_epoch=8))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert trainer.global_step == 8 and watcher.checked == 4
