@@ -89,9 +89,11 @@ closing = ((logs / "pytest.log").read_text().strip().splitlines() or [""])[-1] i
     else ""
 status = (logs / "pytest.status").read_text().strip() if (logs / "pytest.status").exists() else None
 line(None if status is None else status == "0" and " passed" in closing and "skipped" not in closing,
-     "pytest -m gpu: the SDPA path of every variant, the kernel profile, evaluation on the device", closing)
+     "pytest -m gpu: every variant on SDPA's flash/cuDNN kernel, the kernel profile, no host sync in a step", closing)
 bench_status = (logs / "bench.status").read_text().strip() if (logs / "bench.status").exists() else None
-line(None if bench_status is None else bench_status == "0", "gatelab bench finished", f"exit {bench_status}")
+line(None if bench_status is None else bench_status == "0" and report.get("complete"),
+     "gatelab bench finished within the time left",
+     f"exit {bench_status}" + ("" if report.get("complete") else "; bench.json holds the parts it finished"))
 print("\n".join(["", "issue 31, GPU acceptance:", *lines]))
 (out / "acceptance.txt").write_text("\n".join(lines) + "\n")
 sys.exit(0 if all(not l.startswith("FAIL") for l in lines) else 1)

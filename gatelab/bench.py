@@ -143,6 +143,7 @@ class BenchReport:
     kernels: dict = field(default_factory=dict)  # preset -> variant -> gpu_profile.kernel_summary, on a GPU
     notes: list = field(default_factory=list)  # what was not measured, and why
     model_flops: dict = field(default_factory=dict)  # preset -> model FLOPs a step (the plan's count)
+    complete: bool = False  # False in what `bench` saves between its parts
     checks: list[dict] = field(default_factory=list)
     command: str = ""
 
@@ -769,9 +770,11 @@ def validate(presets: list[Path], variants: list[str], sweep: Path | None) -> No
 
 
 def bench(presets: list[Path], variants: list[str], warmup: int, measured: int, lightning_steps_count: int,
-          run_steps: int, sweep: Path | None, bf16_steps: int, log=print, parts: Collection[str] = PARTS
-          ) -> BenchReport:
+          run_steps: int, sweep: Path | None, bf16_steps: int, log=print, parts: Collection[str] = PARTS,
+          save: Callable[[BenchReport], object] | None = None) -> BenchReport:
     """Every measurement, in this order, printing progress with `log`; of the optional ones (PARTS) those in `parts`.
+    `save` gets the report so far after each part (marked partial), so a bench cut off by a time limit keeps what it
+    measured.
 
     On a GPU it must end within 8 minutes (issue 30; issue 31's acceptance script gives it 7.5 of its 9). Expected
     seconds of each part on one H100 or H200 for the small preset with GPU_DEFAULTS (15 variants, compiled), from:
@@ -800,6 +803,12 @@ def bench(presets: list[Path], variants: list[str], warmup: int, measured: int, 
     # gatelab.train.compiling.forget_earlier_graphs).
     torch._dynamo.config.recompile_limit = 64
     report = BenchReport(machine=machine_facts())
+
+    def part_done() -> None:
+        if save is not None:
+            report.gpu, report.checks = gpu_figures(report), acceptance_checks(report)
+            save(report)
+
     root = host.repo_root()
     device = _device()
     cuda = device.type == "cuda"
@@ -847,6 +856,7 @@ def bench(presets: list[Path], variants: list[str], warmup: int, measured: int, 
                     report.kernels[name][f"{variant}, plain loop"] = kernel_profile(steps[variant])
             del steps, peer  # their models and AdamW states: off the GPU before the next steps
 
+        part_done()
         log(f"{name}: gatelab's Lightning step against the plain loop ({precision})")
         plain_times: list[float] = []
         lightning_times: list[float] = []
@@ -870,6 +880,7 @@ def bench(presets: list[Path], variants: list[str], warmup: int, measured: int, 
                                         _spread(lightning_times),
                                         ratio_interval=ratio_interval(lightning_times, plain_times, paired=False)))
 
+        part_done()
         if "compile" in parts:
             log(f"{name}: eager against torch.compile" + (" and torch.compile with CUDA graphs" if cuda else "")
                 + ", then bf16 autocast against fp32 (eager, interleaved)")
@@ -908,6 +919,7 @@ def bench(presets: list[Path], variants: list[str], warmup: int, measured: int, 
             report.steps.append(StepFigures(name, "gatelab preset", precision, lightning_s, tokens / lightning_s,
                                             len(lightning_times), lightning_s / fp32_s, "plain 32-true eager"))
 
+        part_done()
         if "numerics" in parts:
             rows = min(GPU_FP32_ROWS, base.train.batch_size) if cuda else None
             curve_steps = GPU_CURVE_STEPS if cuda else 50
@@ -915,6 +927,7 @@ def bench(presets: list[Path], variants: list[str], warmup: int, measured: int, 
                 "eager and compiled" + (f" ({rows} rows a batch)" if rows else ""))
             report.numerics[name] = loss_curves(base, steps=curve_steps, rows=rows)
 
+        part_done()
         if "profile" in parts:
             log(f"{name}: profile of the step by op")
             report.profile[name] = op_profile(plain)
@@ -932,6 +945,7 @@ def bench(presets: list[Path], variants: list[str], warmup: int, measured: int, 
                                            max(0.0, 1 - gemm_s / step_s), square_gemm_flops(dtype), len(shapes),
                                            interval and (scale * interval[0], scale * interval[1])))
 
+        part_done()
         if "run" in parts:
             if not cuda:
                 log(f"{name}: one real run of {run_steps} steps in a child process (fixed costs, evaluation, peak "
@@ -953,6 +967,7 @@ def bench(presets: list[Path], variants: list[str], warmup: int, measured: int, 
                                                             lightning_s, base.train.max_steps, Path(folder), seed=1,
                                                             compiled=True)
 
+        part_done()
     log("sweep plan over the paper-scale preset")
     report.plan_seconds = plan_seconds(root)
     for preset in ("experiments/small.yaml", "experiments/small-moe.yaml"):
@@ -963,6 +978,7 @@ def bench(presets: list[Path], variants: list[str], warmup: int, measured: int, 
             report.sweep = sweep_cost(str(sweep), Path(folder))
     report.gpu = gpu_figures(report)
     report.checks = acceptance_checks(report)
+    report.complete = True
     return report
 
 
@@ -1159,7 +1175,8 @@ def _percent(share: float | None) -> str:
 
 def to_markdown(report: BenchReport) -> str:
     m = report.machine
-    lines = ["# gatelab bench", "", f"`{report.command}`", "",
+    lines = ["# gatelab bench" + ("" if report.complete else " (partial: saved between parts, the bench had not ended)"),
+             "", f"`{report.command}`", "",
              f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']} ({m['torch_threads']} threads), "
              f"fast bf16 on the CPU: {'yes' if m['fast_bf16_cpu'] else 'no'}, GPU: {m['gpu'] or 'none'}.", ""]
     lines += targets_markdown(report)

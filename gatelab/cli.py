@@ -653,9 +653,15 @@ def bench(
         _fail(GatelabError(f"--parts: {', '.join(unknown)} is not one of {', '.join(bench_module.PARTS)}"))
     chosen_presets = presets if "presets" in given else [repo_root() / p for p in presets]
     try:
+        command = "gatelab bench " + shlex.join(sys.argv[2:])
+
+        def save(report) -> None:  # between parts: a bench cut off by a time limit keeps what it measured
+            report.command = command
+            bench_module.write(report, out)
+
         report = bench_module.bench(chosen_presets, [v.strip() for v in variants.split(",") if v.strip()], warmup,
                                     steps, lightning_steps, run_steps, sweep, bf16_steps, log=log,
-                                    parts=chosen_parts)
+                                    parts=chosen_parts, save=save)
     except GatelabError as error:
         _fail(error)
     _write_bench(bench_module, report, out, as_json)

@@ -432,10 +432,14 @@ def test_the_bench_command_takes_gpu_defaults_with_cuda_for_what_it_is_not_given
 
     called = {}
 
-    def measured(presets, variants, warmup, steps, lightning_steps, run_steps, sweep, bf16_steps, log, parts):
+    def measured(presets, variants, warmup, steps, lightning_steps, run_steps, sweep, bf16_steps, log, parts, save):
         called.update(presets=presets, variants=variants, warmup=warmup, lightning_steps=lightning_steps, steps=steps)
         report = _gpu_report(gpu="NVIDIA H200" if cuda else None)
         report.checks = bench.acceptance_checks(report)
+        save(report)  # as between two parts: what was measured so far is on disk, marked partial
+        partial = (tmp_path / "out" / "bench.md").read_text()
+        assert partial.startswith("# gatelab bench (partial") and "## Targets" in partial
+        report.complete = True
         return report
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
