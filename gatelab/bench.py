@@ -152,7 +152,7 @@ class BenchReport:
 
 
 def machine_facts() -> dict:
-    from gatelab.train.module import cpu_has_fast_bf16
+    from gatelab.host import cpu_has_fast_bf16
 
     names = re.findall(r"^model name\s*:\s*(.+)$", host.cpu_info(), re.M)
     cpu = names[0] if names else platform.processor() or platform.machine()
@@ -812,7 +812,7 @@ def bench(presets: list[Path], variants: list[str], warmup: int, measured: int, 
     root = host.repo_root()
     device = _device()
     cuda = device.type == "cuda"
-    from gatelab.train.module import resolve_precision
+    from gatelab.host import resolve_precision
 
     for preset in presets:
         base = load_experiment(preset)

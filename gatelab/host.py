@@ -6,6 +6,7 @@ Every reader degrades where /proc is missing (macOS): the caller gets None, Fals
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 
@@ -80,3 +81,28 @@ def cpu_info() -> str:
         return Path("/proc/cpuinfo").read_text()
     except OSError:
         return ""
+
+
+def cpu_has_fast_bf16() -> bool:
+    """Whether this CPU runs bf16 matmuls faster than fp32 ones, so that bf16 autocast pays: with AMX tiles, or with
+    AVX512-BF16 on an AMD CPU (an EPYC's tiny step: 517 ms eager in bf16 against 634 ms in fp32). An Intel CPU with
+    AVX512-BF16 but no AMX runs its bf16 GEMMs at about half its fp32 rate (a Xeon whose VM hides AMX: the compiled tiny
+    step took 602 ms in bf16 against 351 ms in fp32; results/bench/README.md). Elsewhere bf16 is emulated."""
+    info = cpu_info()
+    flags_line = re.search(r"^flags\s*:(.*)$", info, re.M)
+    flags = set(flags_line[1].split()) if flags_line else set()
+    return "amx_bf16" in flags or ("avx512_bf16" in flags and "AuthenticAMD" in info)
+
+
+def resolve_precision(precision: str, accelerator: str, moe: bool = False) -> str:
+    """`train.precision` as Lightning takes it; `auto`: bf16 (or fp16) mixed on a GPU; on a CPU with fast bf16, mixed
+    bf16 for dense models and fp32 for MoE ones, whose routing and small expert matmuls run slower in bf16 there
+    (tiny-moe's plain step: 585 against 1393 ms on an AMX Xeon, 710 against 905 ms on an AVX512-BF16 EPYC,
+    results/bench/); fp32 on other CPUs, where bf16 is emulated."""
+    if precision != "auto":
+        return precision
+    import torch  # here: the rest of this module is read by commands that answer before torch loads
+
+    if torch.cuda.is_available() and accelerator in ("auto", "gpu", "cuda"):
+        return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
+    return "bf16-mixed" if cpu_has_fast_bf16() and not moe else "32-true"

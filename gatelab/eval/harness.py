@@ -196,7 +196,7 @@ def _autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     and only costs digits."""
     if device.type != "cuda":
         return None
-    from gatelab.train.module import resolve_precision
+    from gatelab.host import resolve_precision
 
     return AUTOCAST_DTYPES.get(resolve_precision(precision, "cuda"))
 

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from gatelab.config import ExperimentConfig, ModelConfig, TrainConfig
 from gatelab.data.datasets import PackedDataset
 from gatelab.errors import GatelabError
-from gatelab.host import cpu_info
+from gatelab.host import resolve_precision
 from gatelab.model import build_model
 from gatelab.train.head_loss import head_loss, next_token_loss, whole_logits_loss
 
@@ -332,28 +332,5 @@ class StabilityMonitor(L.Callback):
         self._restored_losses, self._pending_losses = list(state.get("pending_losses", [])), []
 
 
-def cpu_has_fast_bf16() -> bool:
-    """Whether this CPU runs bf16 matmuls faster than fp32 ones, so that bf16 autocast pays: with AMX tiles, or with
-    AVX512-BF16 on an AMD CPU (an EPYC's tiny step: 517 ms eager in bf16 against 634 ms in fp32). An Intel CPU with
-    AVX512-BF16 but no AMX runs its bf16 GEMMs at about half its fp32 rate (a Xeon whose VM hides AMX: the compiled tiny
-    step took 602 ms in bf16 against 351 ms in fp32; results/bench/README.md). Elsewhere bf16 is emulated."""
-    info = cpu_info()
-    flags_line = re.search(r"^flags\s*:(.*)$", info, re.M)
-    flags = set(flags_line[1].split()) if flags_line else set()
-    return "amx_bf16" in flags or ("avx512_bf16" in flags and "AuthenticAMD" in info)
-
-
-def resolve_precision(precision: str, accelerator: str, moe: bool = False) -> str:
-    """`train.precision` as Lightning takes it; `auto`: bf16 (or fp16) mixed on a GPU; on a CPU with fast bf16, mixed
-    bf16 for dense models and fp32 for MoE ones, whose routing and small expert matmuls run slower in bf16 there
-    (tiny-moe's plain step: 585 against 1393 ms on an AMX Xeon, 710 against 905 ms on an AVX512-BF16 EPYC,
-    results/bench/); fp32 on other CPUs, where bf16 is emulated."""
-    if precision != "auto":
-        return precision
-    if torch.cuda.is_available() and accelerator in ("auto", "gpu", "cuda"):
-        return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
-    return "bf16-mixed" if cpu_has_fast_bf16() and not moe else "32-true"
-
-
 __all__ = ["GatedLM", "SpikeRule", "StabilityMonitor", "StepBatches", "TextData", "head_loss", "lr_at", "next_token_loss",
-           "resolve_precision", "whole_logits_loss"]
+           "whole_logits_loss"]

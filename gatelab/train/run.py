@@ -30,7 +30,8 @@ from gatelab.train.checkpoints import (DurableCheckpointIO, PublishAfterStepMetr
                                       set_aside_if_unreadable)
 from gatelab.train.compiling import CompileReport, cannot_compile, forget_earlier_graphs, share_cache
 from gatelab.train.memory import check_fits
-from gatelab.train.module import GatedLM, SpikeRule, StabilityMonitor, TextData, resolve_precision
+from gatelab.host import resolve_precision
+from gatelab.train.module import GatedLM, SpikeRule, StabilityMonitor, TextData
 from gatelab.train.ownership import Lease, OwnershipFence, RunOwnership, RunTakenOver
 
 

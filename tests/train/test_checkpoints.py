@@ -142,12 +142,12 @@ def test_a_signal_stops_the_run_as_killed_and_the_same_command_resumes_it(tmp_pa
 @pytest.mark.parametrize("fast_bf16, ffn, expected", [(True, "dense", "bf16-mixed"), (True, "moe", "32-true"),
                                                       (False, "dense", "32-true"), (False, "moe", "32-true")])
 def test_auto_precision_on_a_cpu_is_bf16_only_for_dense_models_with_fast_bf16(monkeypatch, fast_bf16, ffn, expected):
-    from gatelab.train import module
+    from gatelab import host
 
-    monkeypatch.setattr(module.torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(module, "cpu_has_fast_bf16", lambda: fast_bf16)
-    assert module.resolve_precision("auto", "auto", moe=ffn == "moe") == expected
-    assert module.resolve_precision("bf16-mixed", "cpu", moe=ffn == "moe") == "bf16-mixed"  # as the user set it
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(host, "cpu_has_fast_bf16", lambda: fast_bf16)
+    assert host.resolve_precision("auto", "auto", moe=ffn == "moe") == expected
+    assert host.resolve_precision("bf16-mixed", "cpu", moe=ffn == "moe") == "bf16-mixed"  # as the user set it
 
 
 def test_a_checkpoint_records_the_precision_its_run_trained_in(tmp_path):

@@ -217,9 +217,9 @@ def _cpuinfo(vendor: str, flags: str) -> str:
 def test_bf16_counts_as_fast_on_a_cpu_only_where_its_matmuls_beat_fp32(monkeypatch, vendor, flags, fast):
     """Measured (results/bench/README.md): AMX and AMD's AVX512-BF16 run bf16 GEMMs faster than fp32; Intel's
     AVX512-BF16 without AMX about half as fast. The flags line decides, not a flag's name elsewhere in the text."""
-    from gatelab.train import module
+    from gatelab import host
 
-    monkeypatch.setattr(module, "cpu_info", lambda: _cpuinfo(vendor, flags))
-    assert module.cpu_has_fast_bf16() is fast
-    monkeypatch.setattr(module, "cpu_info", lambda: "")  # no /proc/cpuinfo (macOS, Windows)
-    assert module.cpu_has_fast_bf16() is False
+    monkeypatch.setattr(host, "cpu_info", lambda: _cpuinfo(vendor, flags))
+    assert host.cpu_has_fast_bf16() is fast
+    monkeypatch.setattr(host, "cpu_info", lambda: "")  # no /proc/cpuinfo (macOS, Windows)
+    assert host.cpu_has_fast_bf16() is False
