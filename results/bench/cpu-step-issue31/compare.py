@@ -27,7 +27,10 @@ from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 from gatelab import bench
 from gatelab.config import load_experiment
-from gatelab.train.module import resolve_precision
+try:
+    from gatelab.host import resolve_precision  # where it lives since issue 32
+except ImportError:
+    from gatelab.train.module import resolve_precision
 experiment = load_experiment(Path(sys.argv[1]) / "experiments" / "tiny.yaml")
 precision = resolve_precision(experiment.train.precision, experiment.train.accelerator)
 with tempfile.TemporaryDirectory() as folder:
