@@ -2,13 +2,16 @@
 
 Every component choice is a `Literal` string so a config stays YAML-serialisable and a typo is answered with the valid
 values. Unknown keys are errors with a "did you mean". Errors name the file and the dotted key path.
+
+Validation here checks values and types only and reads no file but the YAML itself. What only the data's files can
+tell (a `data.tokenizer` file that loads, `model.vocab_size: auto`) is settled by `gatelab.data.resolve`, whose
+`load_experiment` and `experiment_from_dict` give the resolved config every run starts from, and a run's identity
+(`spec_hash`) is in `gatelab.data.identity`: it hashes the data's files.
 """
 
 from __future__ import annotations
 
 import difflib
-import hashlib
-import json
 import typing
 from pathlib import Path
 from typing import Any, Literal
@@ -106,7 +109,7 @@ class ModelConfig(StrictModel):
     """A pre-norm decoder-only transformer: RMSNorm, RoPE, SwiGLU, GQA, QK-norm; dense or MoE FFN."""
 
     # `auto`: the size of `data.tokenizer` (a file or Hub name) rounded up to a multiple of 128, set when the experiment
-    # is validated, so a run's params and spec hash record the integer.
+    # is resolved (gatelab.data.resolve), so a run's params and spec hash record the integer.
     vocab_size: PositiveInt | Literal["auto"]
     n_layers: PositiveInt
     d_model: PositiveInt
@@ -354,8 +357,8 @@ class ExperimentConfig(StrictModel):
         if self.data.task == "bigram_backcopy" and self.model.vocab_size == "auto":
             raise ValueError("model.vocab_size 'auto' takes the size of data.tokenizer, which data.task "
                              "'bigram_backcopy' does not use: give an integer")
-        if self.data.task == "text":
-            self._check_tokenizer()
+        if self.data.task == "text" and self.data.tokenizer == "bpe":
+            self._check_trained_bpe()
         if self.data.task == "bigram_backcopy":
             n_triggers = self.data.bigram_backcopy.n_triggers
             if self.model.vocab_size - 2 <= n_triggers + 2:
@@ -373,27 +376,16 @@ class ExperimentConfig(StrictModel):
         """This experiment with some `train` keys changed (settings chosen in code, not a user's overrides)."""
         return self.model_copy(update={"train": self.train.model_copy(update=changes)})
 
-    def _check_tokenizer(self) -> None:
-        data, model = self.data, self.model
-        if data.tokenizer == "bpe":
-            if model.vocab_size == "auto":
-                raise ValueError("model.vocab_size 'auto' needs data.tokenizer to be a tokenizer.json or a "
-                                 "Hugging Face name: with data.tokenizer 'bpe' the BPE is trained to model.vocab_size, "
-                                 "so give an integer")
-            if data.bos_token is not None or data.eos_token is not None:
-                raise ValueError("data.bos_token and data.eos_token apply to a tokenizer.json or Hugging Face "
-                                 "data.tokenizer; with 'bpe' documents are framed by <|bos|> and <|eos|>: unset them")
-            return
-        from gatelab.data.tokenizer import load_foreign_tokenizer
-
-        size = load_foreign_tokenizer(data.tokenizer, data.bos_token, data.eos_token).vocab_size  # GatelabError as is
-        rounded = -(-size // 128) * 128
-        if model.vocab_size == "auto":
-            model.vocab_size = rounded
-        elif size > model.vocab_size:
-            raise ValueError(f"data.tokenizer {data.tokenizer} has {size} tokens, more than model.vocab_size "
-                             f"({model.vocab_size}): set model.vocab_size to auto (or {rounded}, its size rounded up "
-                             "to a multiple of 128)")
+    def _check_trained_bpe(self) -> None:
+        """The trained BPE's settings; a tokenizer file or Hub name is checked when the experiment is resolved
+        (gatelab.data.resolve), since that reads the file."""
+        if self.model.vocab_size == "auto":
+            raise ValueError("model.vocab_size 'auto' needs data.tokenizer to be a tokenizer.json or a "
+                             "Hugging Face name: with data.tokenizer 'bpe' the BPE is trained to model.vocab_size, "
+                             "so give an integer")
+        if self.data.bos_token is not None or self.data.eos_token is not None:
+            raise ValueError("data.bos_token and data.eos_token apply to a tokenizer.json or Hugging Face "
+                             "data.tokenizer; with 'bpe' documents are framed by <|bos|> and <|eos|>: unset them")
 
 
 # --- loading, overriding and error messages -------------------------------------------------------------------------
@@ -533,17 +525,16 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def experiment_from_dict(data: dict[str, Any], source: str) -> ExperimentConfig:
+def validate_experiment(data: dict[str, Any], source: str) -> ExperimentConfig:
+    """The experiment `data` describes, its values and types checked; not yet resolved (gatelab.data.resolve)."""
     try:
         return ExperimentConfig.model_validate(data)
     except ValidationError as exc:
         raise GatelabError(format_validation_error(exc, source)) from None
-    except GatelabError as exc:  # a data.tokenizer that does not load: one line, not a validation report
-        raise GatelabError(f"{source}: {exc}") from None
 
 
-def load_experiment(path: str | Path, overrides: typing.Sequence[str] = ()) -> ExperimentConfig:
-    """Read an experiment preset and apply `key.path=value` overrides; errors name the file and key."""
+def read_experiment_tree(path: str | Path, overrides: typing.Sequence[str] = ()) -> dict[str, Any]:
+    """An experiment preset's keys with `key.path=value` overrides applied; errors name the file and key."""
     data = read_yaml(path)
     for assignment in overrides:
         key, value = parse_assignment(assignment)
@@ -551,62 +542,11 @@ def load_experiment(path: str | Path, overrides: typing.Sequence[str] = ()) -> E
             set_dotted(data, key, value)
         except GatelabError as exc:
             raise GatelabError(f"{path}: --set {exc}") from None
-    return experiment_from_dict(data, str(path))
+    return data
 
 
 def to_yaml(config: BaseModel) -> str:
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
-
-
-def _drop_keys_added_later(payload: dict, experiment: ExperimentConfig) -> None:
-    """Keys added after runs were recorded leave the hash where they hold the value those runs had, so a sweep still
-    finds its runs by hash; where they change what a run does, they are in it."""
-    model = payload["model"]
-    if model["o_proj_init_scale"] == 1.0:
-        del model["o_proj_init_scale"]
-    for gate in model["gates"]:
-        if gate["scale"] is None:
-            del gate["scale"]
-    has_gate_logits = any(g.kind == "gate" and not g.input_dependent for g in experiment.model.gates)
-    if experiment.train.decay_gate_logits or not has_gate_logits:
-        del payload["train"]["decay_gate_logits"]  # decayed, as before the key existed, or no such logits to decay
-
-
-def spec_hash(experiment: ExperimentConfig) -> str:
-    """A content hash of everything that decides a run's result (not where it is tracked): the run's identity."""
-    payload = experiment.model_dump(mode="json", exclude={"tracking"})
-    data = payload["data"]
-    del data["shard_mb"], data["loader_workers"]  # storage and speed: the same batches either way
-    # A speed setting: the same computation, to float rounding. Held at its old default so that runs recorded before a
-    # preset turned it on keep their hashes, and a sweep may turn it on or off without training anything again.
-    payload["train"]["compile"] = False
-    del payload["train"]["compile_mode"]
-    _drop_keys_added_later(payload, experiment)
-    if experiment.eval.lm_eval is None:
-        del payload["eval"]["lm_eval"]  # as for `task` below: runs recorded before the key existed keep their hashes
-    if experiment.eval.blimp:
-        del payload["eval"]["blimp"]
-    if experiment.data.task == "text":
-        # The synthetic task's keys came later: left out of text runs, they keep the hashes those runs were recorded
-        # under (a sweep finds its finished runs by hash).
-        del data["task"], data["bigram_backcopy"]
-    if experiment.data.source == "builtin":
-        # As `task` above: a built-in run keeps the hash it had before data.source existed.
-        del data["source"], data["files"], data["hf"]
-    else:
-        from gatelab.data.external import source_identity
-
-        # The text itself, cheaply: each file's path, size and mtime (files), or the dataset's coordinates (hf).
-        data[experiment.data.source] = source_identity(experiment.data)
-    if experiment.data.task == "text" and experiment.data.tokenizer != "bpe":
-        from gatelab.data.tokenizer import load_foreign_tokenizer
-
-        # A file by its bytes, not its path: moving it keeps the run, editing it makes another.
-        data["tokenizer"] = load_foreign_tokenizer(data["tokenizer"], data["bos_token"], data["eos_token"]).identity
-    else:
-        # The trained BPE (or none, for the synthetic task), as before these keys existed: the same hashes.
-        del data["tokenizer"], data["bos_token"], data["eos_token"]
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def flatten(config: BaseModel | dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -625,6 +565,6 @@ def flatten(config: BaseModel | dict[str, Any], prefix: str = "") -> dict[str, A
 __all__ = [
     "BigramBackcopyConfig", "CorpusFields", "DataConfig", "EvalConfig", "ExperimentConfig", "FilesSourceConfig",
     "GateConfig", "GatePosition", "HFSourceConfig", "ModelConfig",
-    "MoEConfig", "SwitchHeadConfig", "TrackingConfig", "TrainConfig", "experiment_from_dict", "flatten",
-    "format_validation_error", "load_experiment", "parse_assignment", "read_yaml", "set_dotted", "spec_hash", "to_yaml",
+    "MoEConfig", "SwitchHeadConfig", "TrackingConfig", "TrainConfig", "flatten", "format_validation_error",
+    "parse_assignment", "read_experiment_tree", "read_yaml", "set_dotted", "to_yaml", "validate_experiment",
 ]

@@ -4,7 +4,8 @@ never holds up training; and the Lightning logger that feeds them.
 A batch the store does not take stays at the head of the queue and is tried again every RETRY_EVERY_S seconds, so
 nothing is dropped and the order is kept. Sending a batch again after a lost answer stores nothing twice: MLflow's SQL
 stores key a metric point by (run, key, timestamp, step, value) and skip a repeat, and a point's timestamp is fixed
-when it is queued. Imported by gatelab.tracking once a run is opened (it imports Lightning and MLflow).
+when it is queued. Imported by gatelab.tracking once a run is opened (it imports Lightning and MLflow), and
+imports nothing of tracking's in turn.
 """
 
 from __future__ import annotations
@@ -23,11 +24,22 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
-from gatelab.tracking import always_allowed, first_line
+from gatelab.errors import redact
 
 SEND_BATCH = 1000  # the most metrics MLflow's log_batch takes in one call
 RETRY_EVERY_S = 2.0
 IDLE_S = 5.0  # how long the sending thread waits for more metrics before it ends (the next metric starts another)
+
+
+# These two are gatelab.tracking's too, written out again here: tracking imports this module (lazily, once a run is
+# opened), and this one imports nothing of tracking's, so that the dependency runs one way only.
+def always_allowed() -> bool:
+    return True
+
+
+def first_line(error: BaseException) -> str:
+    """The error's first non-blank line, redacted and cut to 300 characters: what a one-line message quotes of it."""
+    return redact(next((line for line in str(error).splitlines() if line.strip()), type(error).__name__))[:300]
 
 
 class MetricOutbox:

@@ -298,6 +298,7 @@ def _check_database(uri: str, scheme: str) -> None:
         engine.dispose()
 
 
+# gatelab.metric_outbox writes this and always_allowed out again: this module imports that one, never the reverse.
 def first_line(error: BaseException) -> str:
     """The error's first non-blank line, redacted and cut to 300 characters: what a one-line message quotes of it."""
     return redact(next((line for line in str(error).splitlines() if line.strip()), type(error).__name__))[:300]

@@ -126,7 +126,7 @@ def train_cli(experiment: Path, runs: Path, *extra: str, wait: bool = True):
 def train_in_process(experiment: Path, runs: Path, *overrides: str):
     """What `gatelab train EXPERIMENT --quiet --runs-dir RUNS --set OVERRIDE ...` does, in this process: for runs a test
     only reads (a `gatelab` process spends seconds importing). Returns the run's RunResult."""
-    from gatelab.config import load_experiment
+    from gatelab.data.resolve import load_experiment
     from gatelab.train.run import run
 
     return run(load_experiment(experiment, list(overrides)), runs_dir=runs, quiet=True)

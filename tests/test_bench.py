@@ -13,7 +13,8 @@ import torch
 import yaml
 
 from gatelab import bench
-from gatelab.config import load_experiment
+from gatelab.bench import flops, measure, runs
+from gatelab.data.resolve import load_experiment
 from gatelab.model import resolve_model
 from tests.helpers import MICRO, REPO, REPORTS_LIGHTNING
 
@@ -45,7 +46,7 @@ def test_the_step_s_gemms_are_six_flops_per_linear_weight_and_token(micro):
                                         + 3 * model.d_model * model.ffn_hidden)
                       + model.vocab_size * model.d_model)  # the tied output head
     tokens = experiment.train.batch_size * experiment.data.seq_len
-    assert sum(bench._mm_flops(a, b) for _, a, b, _ in shapes) == 6 * linear_weights * tokens
+    assert sum(flops.mm_flops(a, b) for _, a, b, _ in shapes) == 6 * linear_weights * tokens
     from torch.profiler import profile
 
     gemms, pass_flops = bench.gemm_pass(shapes)  # the pass timed between the steps: the same GEMMs, once each
@@ -362,13 +363,13 @@ def test_the_summary_printed_last_ends_with_the_gpu_targets(tmp_path):
 
 
 def test_a_run_s_cost_reads_its_evaluation_and_peak_gpu_memory_from_its_metrics(monkeypatch, tmp_path):
-    monkeypatch.setattr(bench, "_child", lambda command, cwd, timeout=3600: 45.0)
-    monkeypatch.setattr(bench, "_run_timings", lambda runs_dir, seed=None: [
+    monkeypatch.setattr(runs, "child_seconds", lambda command, cwd, timeout=3600: 45.0)
+    monkeypatch.setattr(runs, "run_timings", lambda runs_dir, seed=None: [
         {"time/import_s": 12.0, "time/setup_s": 10.0, "time/train_s": 5.0, "time/eval_s": 18.0,
          "memory/peak_rss_gb": 6.0, "memory/peak_gpu_gb": 51.0}])
     cost = bench.run_cost("experiments/small.yaml", 20, 0.25, 20000, tmp_path)
     assert cost["phases"]["eval_s"] == 18.0 and cost["peak_gpu_gb"] == 51.0 and cost["fixed_s"] == 40.0
-    monkeypatch.setattr(bench, "_run_timings", lambda runs_dir, seed=None: [{"time/train_s": 5.0, "memory/peak_rss_gb": 1.0}])
+    monkeypatch.setattr(runs, "run_timings", lambda runs_dir, seed=None: [{"time/train_s": 5.0, "memory/peak_rss_gb": 1.0}])
     assert bench.run_cost("experiments/tiny.yaml", 20, 0.25, 300, tmp_path)["peak_gpu_gb"] is None  # a CPU run
 
 
@@ -397,7 +398,7 @@ def test_on_a_gpu_the_second_compile_run_evaluates_in_full_and_is_the_one_real_r
         asked.append(seed)
         return [{"time/train_s": 5.0, "time/eval_s": 17.0, "memory/peak_rss_gb": 6.0, "memory/peak_gpu_gb": 30.0}]
 
-    monkeypatch.setattr(bench, "_run_timings", timings)
+    monkeypatch.setattr(runs, "run_timings", timings)
     cost = bench.run_cost_of("experiments/small.yaml", 20, 50.0, 0.25, 20000, tmp_path, seed=1, compiled=True)
     assert asked == [1] and cost["phases"]["eval_s"] == 17.0 and cost["fixed_s"] == 45.0 and cost["compiled"]
 
@@ -443,7 +444,7 @@ def test_the_bench_command_takes_gpu_defaults_with_cuda_for_what_it_is_not_given
         return report
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
-    monkeypatch.setattr(bench, "bench", measured)
+    monkeypatch.setattr(measure, "bench", measured)
     monkeypatch.setattr(progress, "silence_noise", lambda: None)
     result = CliRunner().invoke(app, ["bench", "--warmup", "3", "--steps", "7", "--out", str(tmp_path / "out")])
     assert result.exit_code == 0, result.output
@@ -484,7 +485,7 @@ def test_each_g1_variant_on_a_gpu_is_held_to_its_flop_ratio_within_3_percent():
 
 
 def test_bench_md_shows_each_profiled_step_s_cuda_kernels_and_idle_gaps():
-    from gatelab.gpu_profile import KernelInterval, kernel_summary
+    from gatelab.bench.gpu_profile import KernelInterval, kernel_summary
 
     report = _gpu_report()
     timeline = [KernelInterval("nvjet_tst_192x192_64x4_2x1_v_bz_coopB_TNT", 0.0, 80.0),
@@ -501,7 +502,7 @@ def test_bench_parts_not_offered_are_refused_before_anything_is_measured(monkeyp
 
     from gatelab.cli import app
 
-    monkeypatch.setattr(bench, "bench", lambda *args, **kwargs: pytest.fail("measured despite a bad --parts"))
+    monkeypatch.setattr(measure, "bench", lambda *args, **kwargs: pytest.fail("measured despite a bad --parts"))
     result = CliRunner().invoke(app, ["bench", "--parts", "variants,kernels", "--out", str(tmp_path / "out")])
     assert result.exit_code != 0
     assert "--parts: kernels is not one of variants, compile, numerics, profile, run" in result.output

@@ -1,22 +1,24 @@
-"""`gatelab bench --data`: the synthetic corpus it reads at scale is gatelab's shard format. (The bench itself runs for
-minutes: results/bench/data.md is its output, with the command.)"""
+"""`gatelab bench --data` (gatelab.bench.data): the synthetic corpus it reads at scale is gatelab's shard format, and a
+peak-RSS child trains over it. (The bench itself runs for minutes: results/bench/data.md is its output, with the
+command.)"""
 
 from __future__ import annotations
 
 import hashlib
 
 import numpy as np
+import pytest
 
-from gatelab import bench_data
+from gatelab.bench.data import peak_rss, synthetic
 from gatelab.data.datasets import train_dataset
 from gatelab.data.shards import SplitShards
 
 
 def test_the_synthetic_corpus_is_whole_shards_in_gatelab_s_format(tmp_path):
-    spec = bench_data.synthetic_spec(300_000, 20_000, vocab=512, shard_tokens=100_000)
-    assert not bench_data.write_synthetic(tmp_path, spec, log=lambda *_: None)["cached"]
-    corpus = bench_data.load_synthetic(tmp_path)
-    train = corpus.get(bench_data.SYNTH_DOMAIN, "train")
+    spec = synthetic.synthetic_spec(300_000, 20_000, vocab=512, shard_tokens=100_000)
+    assert not synthetic.write_synthetic(tmp_path, spec, log=lambda *_: None)["cached"]
+    corpus = synthetic.load_synthetic(tmp_path)
+    train = corpus.get(synthetic.SYNTH_DOMAIN, "train")
     assert len(train.tokens) == 300_000 and len(train.tokens.paths) == 3
     record = SplitShards.read(tmp_path / "synth.train" / "split.json")
     for shard in record.shards:
@@ -30,4 +32,17 @@ def test_the_synthetic_corpus_is_whole_shards_in_gatelab_s_format(tmp_path):
     assert (train.unigram_counts == np.bincount(tokens, minlength=512)).all()
     assert len(train.doc_ids) == len(starts)
     assert len(train_dataset(corpus, 16, seed=0)) > 0
-    assert bench_data.write_synthetic(tmp_path, spec, log=lambda *_: None)["cached"]  # whole: not written again
+    assert synthetic.write_synthetic(tmp_path, spec, log=lambda *_: None)["cached"]  # whole: not written again
+
+
+@pytest.mark.slow
+def test_a_peak_rss_child_trains_over_the_synthetic_corpus_and_reports_its_peak(tmp_path):
+    """The child process the bench starts per corpus (`python -m gatelab.bench.data rss ...`), for real: tiny's model,
+    three Lightning steps over a small synthetic corpus."""
+    spec = synthetic.synthetic_spec(300_000, 20_000, vocab=512, shard_tokens=100_000)
+    synthetic.write_synthetic(tmp_path, spec, log=lambda *_: None)
+    report = peak_rss.run_rss_child("synthetic", str(tmp_path), 3, "warm")
+    assert (report["kind"], report["steps"], report["train_tokens"], report["cache"]) == ("synthetic", 3, 300_000,
+                                                                                         "warm")
+    assert report["peak_rss_gb"] >= report["peak_rss_by_stage_gb"]["after_imports"] > 0
+    assert report["median_step_s"] > 0

@@ -192,3 +192,12 @@ def test_a_bad_train_argument_is_answered_before_lightning_is_imported(args, mes
                             timeout=120)
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr, result.stderr
     assert "lightning imported: False" in result.stdout
+
+
+def test_the_command_line_and_what_its_commands_do_import_no_heavy_library():
+    """gatelab.cli imports gatelab.app's modules whole: each must leave torch, Lightning, MLflow and the rest to its
+    functions, or `gatelab --help` and every typo would wait seconds for them."""
+    program = ("import sys, gatelab.cli; heavy = ('torch', 'lightning', 'mlflow', 'optuna', 'numpy', 'pandas', "
+               "'matplotlib', 'lm_eval'); print(sorted(name for name in heavy if name in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from gatelab.config import ExperimentConfig, flatten, load_experiment, read_yaml, spec_hash, to_yaml
+from gatelab.config import ExperimentConfig, flatten, read_yaml, to_yaml
+from gatelab.data.identity import spec_hash
+from gatelab.data.resolve import load_experiment
 from gatelab.errors import GatelabError
 from gatelab.model import build_model, resolve_model
 from tests.helpers import REPO, write_foreign_tokenizer
@@ -171,6 +173,6 @@ GOLDEN_SPEC_HASHES = {
 
 @pytest.mark.parametrize("name", sorted(GOLDEN_SPEC_HASHES))
 def test_shipped_presets_keep_their_spec_hashes(name):
-    from gatelab.config import spec_hash
+    from gatelab.data.identity import spec_hash
 
     assert spec_hash(load_experiment(REPO / "experiments" / name)) == GOLDEN_SPEC_HASHES[name]

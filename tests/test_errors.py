@@ -93,8 +93,7 @@ def leak(*args, **kwargs):
     raise ConnectionError("API request to http://admin:TopSecret99@127.0.0.1:9/api failed\\nHTTPConnectionPool")
 
 logging.basicConfig()
-import gatelab.sweep.plan
-gatelab.sweep.plan.cli_plan = leak
+cli.show_plan = leak  # what `gatelab sweep plan` calls
 cli.main()
 """
 

@@ -1,4 +1,4 @@
-"""gatelab.gpu_profile: kernel groups, busy time and gaps, from kernel names as real CUDA traces show them (eager
+"""gatelab.bench.gpu_profile: kernel groups, busy time and gaps, from kernel names as real CUDA traces show them (eager
 torch, cuBLAS/cuBLASLt, flash / memory-efficient / cuDNN attention, inductor), and one real profile on a GPU."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from gatelab.gpu_profile import (
+from gatelab.bench.gpu_profile import (
     ATTENTION, GEMM, KernelInterval, busy_union, device_work, kernel_group, kernel_markdown, kernel_profile,
     kernel_summary, short_kernel_name,
 )
@@ -249,8 +249,9 @@ def test_the_lightning_callback_profiles_the_steps_it_names_in_a_real_fit(tmp_pa
     `first + steps` starts, and the summary covers `steps` steps (no CUDA kernels here: zero of them)."""
     import lightning as L
 
-    from gatelab import bench, gpu_profile
-    from gatelab.config import load_experiment
+    from gatelab import bench
+    from gatelab.bench import gpu_profile
+    from gatelab.data.resolve import load_experiment
     from tests.helpers import write_micro_experiment
 
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gatelab import paper
-from gatelab.config import load_experiment
+from gatelab.data.resolve import load_experiment
 from gatelab.model import added_parameters
 from gatelab.variants import VARIANTS, PaperRow
 from tests.helpers import REPO

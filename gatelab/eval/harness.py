@@ -33,7 +33,8 @@ from torch import nn
 from tqdm import tqdm
 
 from gatelab import tracking
-from gatelab.config import ModelConfig, experiment_from_dict
+from gatelab.config import ModelConfig
+from gatelab.data.resolve import experiment_from_dict
 from gatelab.errors import GatelabError, redact
 from gatelab.eval.benchmarks import PACKAGED_BLIMP, load_blimp
 from gatelab.devices import evaluation_device, rows_for_length

@@ -181,32 +181,10 @@ def _lm_eval_version() -> str:
 
 @dataclass(frozen=True)
 class Target:
+    """A finished run to score (gatelab.app.score finds them: a sweep's, or one run id)."""
+
     run_id: str
     label: str  # what the user sees: "<variant> seed <n>" or the run id
-
-
-def targets_of(target: str, experiment: Path | None, store: RunStore, log=print) -> list[Target]:
-    """The finished runs to score: every one of a sweep file's runs that has finished, or one MLflow run id."""
-    path = Path(target)
-    if path.suffix in (".yaml", ".yml") or path.is_file():
-        from gatelab.report.tables import collect_runs
-        from gatelab.sweep.spec import expand, load_sweep
-
-        sweep = load_sweep(path, experiment)
-        records = collect_runs(expand(sweep), store, sweep.name)
-        finished = [r for r in records if r.status == "finished" and r.run_id]
-        others = len(records) - len(finished)
-        if others:
-            log(f"{others} of {len(records)} runs of {sweep.name} have not finished; scoring the {len(finished)} that "
-                "have")
-        return [Target(r.run_id, f"{r.spec.experiment.variant} seed {r.spec.experiment.seed}"
-                       + (f" ({' '.join(f'{k}={v}' for k, v in r.spec.settings().items())})" if r.spec.settings()
-                          else "")) for r in finished]
-    status = store.run_tags(target).get("gatelab.status")
-    if status != "finished":
-        raise GatelabError(f"MLflow run '{target}' is {status or 'not a gatelab run'}, not finished: score finished "
-                           "runs (a sweep file scores every finished run of the sweep)")
-    return [Target(target, target)]
 
 
 def pending_tasks(store: RunStore, target: Target, tags: dict[str, str]) -> dict[str, str]:

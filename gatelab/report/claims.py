@@ -19,7 +19,6 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
-from gatelab.errors import GatelabError
 from gatelab.paper import missing_note
 from gatelab.report.claims_file import (
     AXIS_RULES,
@@ -28,7 +27,6 @@ from gatelab.report.claims_file import (
     Kind,
     TestableIf,
     group_name,
-    load_claims,
     parse_group,
     parse_settings,
 )
@@ -48,7 +46,6 @@ HOLDS, FAILS, INCONCLUSIVE = "holds", "does not hold", "inconclusive at this sca
 NOT_TESTABLE, TRUE_BY_CONSTRUCTION = "not testable at this scale", "true by construction"
 DESCRIPTIVE, NOT_RUN = "descriptive (not tested)", "not run"
 ALPHA = 0.05
-DEFAULT_CLAIMS = Path("sweeps/claims/tiny.yaml")  # relative to the repository root, where gatelab is run from
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0  # a fixed numpy Generator seed: the table made twice from one store is the same, byte for byte
 COLUMNS = ["claim", "sweep", "comparison", "metric", "paper", "ours", "spread (sd)", "n", "test", "r (seeds)", "p",
@@ -543,34 +540,13 @@ VERDICT_RULES = [
 ]
 
 
-def make_claims(sweep_paths: Sequence[Path], out_dir: Path, formats: Sequence[str], tracking_uri: str | None,
-                runs_dir: Path, storage: str | None, command: str | None = None, log=print,
-                claims_path: Path = DEFAULT_CLAIMS) -> list[Path]:
-    """`gatelab claims`: the claims table of the given sweeps' runs, written as `claims.<format>` under `out_dir`."""
-    from gatelab.report.export import ReportTable, check_formats, export_report
-    from gatelab.report.tables import collect_runs, data_stamp
-    from gatelab.sweep.queue import ledger_states
-    from gatelab.sweep.spec import expand, load_sweep
-    from gatelab.tracking import RunStore, default_tracking_uri
+def write_claims(records: Mapping[str, Sequence[RunRecord]], claims: Sequence[Claim], out_dir: Path,
+                 formats: Sequence[str], command: str | None = None, log=print) -> list[Path]:
+    """The claims table of the runs (`records`, by sweep name), written as `claims.<format>` under `out_dir`; prints
+    each claim's verdict."""
+    from gatelab.report.export import ReportTable, export_report
+    from gatelab.report.tables import data_stamp
 
-    check_formats(formats)
-    sweeps = {}
-    for path in sweep_paths:
-        sweep = load_sweep(path)
-        sweeps[sweep.name] = sweep
-    if not Path(claims_path).exists():
-        raise GatelabError(f"{claims_path}: no such claims file; run gatelab claims from the repository root (the "
-                           "default is sweeps/claims/tiny.yaml there) or name one with --claims FILE")
-    claims = load_claims(claims_path, sweeps)
-    store = RunStore(tracking_uri or default_tracking_uri(runs_dir), runs_dir)
-    records: dict[str, list[RunRecord]] = {}
-    for name, sweep in sweeps.items():
-        specs = expand(sweep)
-        records[name] = collect_runs(specs, store, name, ledger_states(storage, runs_dir, name, specs))
-    known = {claim.sweep for claim in claims}
-    unused = sorted(set(records) - known)
-    if unused:
-        log(f"no claim reads the sweep(s) {', '.join(unused)}; claims read {', '.join(sorted(known))}")
     frame = claims_table(records, claims)
     missing = dict.fromkeys(note for c in claims for note in missing_note(c.paper.table))  # one note per file
     table = ReportTable("The paper's claims at tiny scale", frame, VERDICT_RULES + list(missing))

@@ -1,5 +1,7 @@
-"""The figures, shaped like the paper's: each function writes one PNG and returns its path. `gatelab table` draws them
-over a sweep's groups; `run_plot_writers` draws the same figures for one run, as that run's MLflow artifacts.
+"""The figures of a sweep's report, shaped like the paper's: each function writes one PNG and returns its path.
+`gatelab table` draws them over a sweep's groups. One run's figures (`run_plot_writers`: its loss curve, first-token
+attention and gate scores, as that run's MLflow artifacts) and the drawing kit live one layer down, in
+`gatelab.eval.plots`, where the end-of-run evaluation reaches them; they are imported here for the report's use.
 
 Figures are drawn on `matplotlib.figure.Figure` objects with the Agg canvas, never through pyplot: no global figure
 state, no display needed, safe beside other code that uses pyplot. Empty inputs give a figure saying "no data".
@@ -8,52 +10,27 @@ state, no display needed, safe beside other code that uses pyplot. Empty inputs 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullLocator, PercentFormatter
+from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullLocator
 
-FIGSIZE = (8.0, 5.0)  # inches
-DPI = 120  # so every PNG is 960 x 600 pixels
+from gatelab.eval.plots import (  # noqa: F401  report.py and older callers import them from here
+    DPI,
+    FIGSIZE,
+    _figure,
+    _finite,
+    _legend,
+    _no_data,
+    _save,
+    plot_first_token_attention,
+    plot_gate_histograms,
+    plot_loss_curves,
+    run_plot_writers,
+)
+
 DELTA_LABEL = "Δ vs baseline"
-
-
-def _figure(title: str) -> tuple[Figure, object]:
-    figure = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
-    FigureCanvasAgg(figure)
-    axes = figure.add_subplot()
-    axes.set_title(title)
-    return figure, axes
-
-
-def _save(figure: Figure, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, format="png", dpi=DPI)
-    return path
-
-
-def _no_data(figure: Figure, axes, path: str | Path, why: str = "no data") -> Path:
-    axes.set_xticks([])
-    axes.set_yticks([])
-    axes.text(0.5, 0.5, why, ha="center", va="center", fontsize=16, color="0.4", transform=axes.transAxes)
-    return _save(figure, path)
-
-
-def _finite(values: Sequence[float]) -> np.ndarray:
-    """Floats with inf/-inf as NaN, so matplotlib leaves a gap instead of stretching an axis to infinity."""
-    array = np.asarray(list(values), dtype=float)
-    array[~np.isfinite(array)] = np.nan
-    return array
-
-
-def _legend(axes, count: int) -> None:
-    if count:
-        axes.legend(fontsize="small", ncols=1 if count <= 8 else 2, frameon=False)
 
 
 def plot_delta_vs_paper(our_delta: Mapping[str, float], paper_delta: Mapping[str, float], path: str | Path,
@@ -85,76 +62,6 @@ def plot_delta_vs_paper(our_delta: Mapping[str, float], paper_delta: Mapping[str
     axes.legend(fontsize="small", loc="upper left", frameon=False)
     return _save(figure, path)
 
-
-def plot_first_token_attention(per_variant: Mapping[str, Sequence[float]], path: str | Path) -> Path:
-    """Per layer, the share of attention that goes to the first token (the attention sink), one line per variant:
-    the paper's Figure 2."""
-    figure, axes = _figure("Attention to the first token per layer")
-    axes.set_xlabel("layer")
-    axes.set_ylabel("share of attention on the first token")
-    lines = {name: _finite(values) for name, values in per_variant.items() if len(values)}
-    if not lines:
-        return _no_data(figure, axes, path)
-    for name, shares in lines.items():
-        axes.plot(np.arange(len(shares)), shares, marker="o", markersize=3, label=name)
-    layers = max(len(s) for s in lines.values())
-    axes.set_xticks(range(layers) if layers <= 32 else range(0, layers, math.ceil(layers / 16)))
-    axes.set_ylim(bottom=0.0)
-    axes.yaxis.set_major_formatter(PercentFormatter(1.0))
-    axes.grid(alpha=0.3)
-    _legend(axes, len(lines))
-    return _save(figure, path)
-
-
-def plot_gate_histograms(per_variant: Mapping[str, Sequence[float]], path: str | Path) -> Path:
-    """Gate scores' distribution per variant: bin counts over [0, 1] (20 bins), shown as shares of all scores in
-    step plots: the paper's Figure 3."""
-    figure, axes = _figure("Gate score distribution")
-    axes.set_xlabel("gate score")
-    axes.set_ylabel("share of gate scores")
-    steps = {}
-    for name, counts in per_variant.items():
-        counts = np.nan_to_num(_finite(counts))
-        if counts.size and counts.sum() > 0:
-            steps[name] = counts / counts.sum()
-    if not steps:
-        return _no_data(figure, axes, path)
-    for name, shares in steps.items():
-        axes.stairs(shares, np.linspace(0.0, 1.0, len(shares) + 1), label=name, linewidth=1.5)
-    axes.set_xlim(0.0, 1.0)
-    axes.set_ylim(bottom=0.0)
-    axes.yaxis.set_major_formatter(PercentFormatter(1.0))
-    axes.grid(alpha=0.3)
-    _legend(axes, len(steps))
-    return _save(figure, path)
-
-
-def plot_loss_curves(curves: Mapping[str, tuple[Sequence[int], Sequence[float], Sequence[int]]],
-                     path: str | Path) -> Path:
-    """Training loss per variant, (steps, losses, spike steps) each, loss spikes marked as dots: the paper's
-    Figure 1 (right)."""
-    figure, axes = _figure("Training loss (dots: loss spikes)")
-    axes.set_xlabel("step")
-    axes.set_ylabel("training loss")
-    drawn = 0
-    for name, (steps, losses, spikes) in curves.items():
-        steps, losses = np.asarray(list(steps), dtype=float), _finite(losses)
-        if not steps.size or steps.size != losses.size:
-            continue
-        order = np.argsort(steps, kind="stable")
-        steps, losses = steps[order], losses[order]
-        spikes = np.asarray(sorted(spikes), dtype=float)
-        (line,) = axes.plot(steps, losses, linewidth=1.2, label=f"{name} ({len(spikes)} spikes)")
-        if spikes.size:
-            known = ~np.isnan(losses)
-            at = np.interp(spikes, steps[known], losses[known]) if known.any() else np.full(spikes.size, np.nan)
-            axes.scatter(spikes, at, s=28, color=line.get_color(), edgecolors="black", linewidths=0.5, zorder=3)
-        drawn += 1
-    if not drawn:
-        return _no_data(figure, axes, path)
-    axes.grid(alpha=0.3)
-    _legend(axes, drawn)
-    return _save(figure, path)
 
 
 def plot_context_length(per_variant: Mapping[str, Mapping[int, float]], train_len: int, path: str | Path) -> Path:
@@ -189,22 +96,6 @@ def plot_context_length(per_variant: Mapping[str, Mapping[int, float]], train_le
     _legend(axes, len(lines) + 1)
     return _save(figure, path)
 
-
-def run_plot_writers(label: str, loss_history: tuple[Sequence[int], Sequence[float]], spikes: Sequence[int],
-                     first_token_share: Sequence[float], f_attn: float,
-                     gate_histogram: Mapping[str, Any] | None = None) -> dict[str, Callable[[Path], Path]]:
-    """One run's figures by artifact file name, each a writer of that PNG: its loss curve with its spikes, its
-    first-token attention per layer, and (for a gated model) its gate scores per gate position, all layers summed."""
-    steps, losses = loss_history
-    writers: dict[str, Callable[[Path], Path]] = {
-        "loss_curve.png": lambda path: plot_loss_curves({label: (steps, losses, spikes)}, path),
-        "first_token_attention.png": lambda path: plot_first_token_attention(
-            {f"{label} (F-Attn {f_attn:.3f})": first_token_share}, path),
-    }
-    if gate_histogram:
-        writers["gate_score_histogram.png"] = lambda path: plot_gate_histograms(
-            {f"{label} {position}": np.sum(per_layer, axis=0) for position, per_layer in gate_histogram.items()}, path)
-    return writers
 
 
 def plot_gap_to_baseline(curves: Mapping[str, tuple[Sequence[int], Sequence[float], Sequence[float], Sequence[float]]],

@@ -1,25 +1,21 @@
-"""`gatelab table`: a sweep's runs -> paper-shaped tables, plots, exports, and a sweep-level MLflow run holding them."""
+"""A sweep's runs -> paper-shaped tables, plots, exports, and a sweep-level MLflow run holding them (`gatelab table`,
+which gatelab.app.report reads the sweep and its runs for)."""
 
 from __future__ import annotations
 
 import math
-import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from gatelab.output_folders import require_writable_folder
-from gatelab.report.export import ReportSection, ReportTable, check_formats, check_markdown_target, export_report
+from gatelab.report.export import ReportSection, ReportTable, export_report
 from gatelab.report.plots import (plot_context_length, plot_delta_vs_paper, plot_first_token_attention,
                                   plot_gate_histograms, plot_loss_curves)
 from gatelab.report.regimes import regime_reports
 from gatelab.report.stats import mean_std
-from gatelab.report.tables import (PPL, RunRecord, build_comparison, collect_runs, comparison_title, data_stamp,
-                                   probe_payloads)
-from gatelab.sweep.queue import ledger_states
-from gatelab.sweep.spec import expand, load_sweep
-from gatelab.tracking import RunStore, default_tracking_uri
+from gatelab.report.tables import PPL, RunRecord, build_comparison, comparison_title, data_stamp, probe_payloads
+from gatelab.tracking import RunStore
 
 History = tuple[Sequence[int], Sequence[float]]  # (steps, values) of one metric, in step order
 MARKDOWN_NAME = "README.md"  # GitHub shows a folder's README.md under its file list: the report opens by itself
@@ -109,23 +105,12 @@ def _loss_curves(records, store: RunStore) -> dict:
     return curves
 
 
-def make_report(sweep_path: Path, experiment: Path | None, formats: list[str], out_dir: Path | None,
-                tracking_uri: str | None, runs_dir: Path, storage: str | None, log=print,
-                command: str | None = None) -> list[Path]:
-    """`gatelab table`: the report of a sweep's runs under `out_dir`, by default <runs_dir>/reports/<sweep name>/ (git
-    ignores runs/, so a report never overwrites the shipped references under results/ unless --out names them)."""
-    check_formats(formats)  # a wrong format is an error before any download or plot
-    sweep = load_sweep(sweep_path, experiment)
-    out = out_dir or Path(runs_dir) / REPORTS / sweep.name
-    require_writable_folder(out, "--out" if out_dir else "--runs-dir")  # the default one too, before any run is read
-    if "md" in check_formats(formats):
-        check_markdown_target(out / MARKDOWN_NAME)  # a hand-written README.md there is refused, not overwritten
-    command = command or " ".join(["gatelab table", shlex.quote(str(sweep_path)),
-                                   *(["--out", shlex.quote(str(out_dir))] if out_dir else [])])
-    specs = expand(sweep)
-    store = RunStore(tracking_uri or default_tracking_uri(runs_dir), runs_dir)
-    records = collect_runs(specs, store, sweep.name, ledger_states(storage, runs_dir, sweep.name, specs))
-    comparison = build_comparison(records, sweep.paper)
+def write_report(sweep_name: str, paper: str | None, records: Sequence[RunRecord], store: RunStore, out: Path,
+                 formats: list[str], command: str, seq_len: int, log=print) -> list[Path]:
+    """The report of a sweep's runs under `out`: the comparison table laid out like the paper's `paper` table, the
+    regime tables, plots and exports, also logged to the sweep-level MLflow run; prints the tables. `seq_len` is the
+    training length the context-length plot marks."""
+    comparison = build_comparison(records, paper)
     out.mkdir(parents=True, exist_ok=True)
 
     numbers = comparison.numbers
@@ -145,18 +130,17 @@ def make_report(sweep_path: Path, experiment: Path | None, formats: list[str], o
                               for g, p in payloads.items() if p.get("gate_histogram")},
                              out / "gate_score_histograms.png"),  # every gate position of a group, all layers
         plot_loss_curves(_loss_curves(records, store), out / "loss_curves.png"),
-        plot_context_length({g: m for g, m in means.items() if m}, specs[0].experiment.data.seq_len,
-                            out / "context_length.png"),
+        plot_context_length({g: m for g, m in means.items() if m}, seq_len, out / "context_length.png"),
     ]
     # Where the sweep has them: the gap to baseline against the step, and final loss against the learning rate.
-    regime_tables, regime_plots = regime_reports(records, store, sweep.name, out)
+    regime_tables, regime_plots = regime_reports(records, store, sweep_name, out)
     plots += regime_plots
-    main = ReportTable(comparison_title(sweep.name, records, sweep.paper), comparison.frame, comparison.notes,
+    main = ReportTable(comparison_title(sweep_name, records, paper), comparison.frame, comparison.notes,
                        key="main", secondary=comparison.secondary)
-    written = export_report([main, *regime_tables], plots, out, formats, sweep.name, command=command,
+    written = export_report([main, *regime_tables], plots, out, formats, sweep_name, command=command,
                             stamp=data_stamp(records), markdown_name=MARKDOWN_NAME,
                             sections=[closeness_section(records)])
-    store.log_report(sweep.name, written + plots)  # the report opens from the MLflow UI too
+    store.log_report(sweep_name, written + plots)  # the report opens from the MLflow UI too
     for table in (main, *regime_tables):
         log(table.frame.to_string(index=False))
         for note in table.notes:

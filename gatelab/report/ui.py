@@ -14,6 +14,7 @@ its columns come from the browser's own saved state or from a saved view.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -27,6 +28,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 from gatelab.errors import GatelabError, redact
@@ -213,30 +215,14 @@ def serve_ui(tracking_uri: str, host: str = "127.0.0.1", port: int = 5000, artif
                "--port", str(port), "--workers", str(workers)]
     if artifacts_dir is not None:
         command += ["--artifacts-destination", Path(artifacts_dir).resolve().as_uri()]
-
     stop = threading.Event()
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        def _on_signal(signum, frame):  # noqa: ARG001
-            stop.set()
-
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, _on_signal)
-    try:
-        server_log = None
-        if verbose:
-            try:
-                stdout = stderr = sys.stderr.fileno()  # the server's lines go to stderr; stdout says only where it is
-            except (AttributeError, OSError, ValueError):
-                stdout = stderr = None
-        else:
-            server_log = tempfile.NamedTemporaryFile("w", prefix="gatelab-mlflow-ui-", suffix=".log", delete=False)
-            stdout = stderr = server_log
+    with _stopping_on_signals(stop):
+        server_log, output = _server_output(verbose)
         # MLflow 3's server also runs a GenAI job runner (huey consumers, a store in /dev/shm that outlives a kill);
         # gatelab's runs need none of it, so it is off unless the environment turns it on.
         env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": os.environ.get(
             "MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")}
-        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, env=env,
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=output, stderr=output, env=env,
                                    start_new_session=True)
         where = f"its log: {server_log.name}" if server_log else "its messages are above"
         clean = False
@@ -250,12 +236,8 @@ def serve_ui(tracking_uri: str, host: str = "127.0.0.1", port: int = 5000, artif
             if screenshot is not None:
                 take_screenshot(page, screenshot, chromium)
                 print(f"wrote {screenshot}", flush=True)
-                clean = True
-                return
-            while not stop.is_set():
-                if process.poll() is not None:
-                    raise GatelabError(f"the MLflow UI stopped by itself (exit code {process.returncode}); {where}")
-                stop.wait(0.5)
+            else:
+                _serve_until_stopped(process, stop, where)
             clean = True
         finally:
             _stop_group(process)
@@ -263,9 +245,42 @@ def serve_ui(tracking_uri: str, host: str = "127.0.0.1", port: int = 5000, artif
                 server_log.close()
                 if clean:
                     Path(server_log.name).unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _stopping_on_signals(stop: threading.Event) -> Iterator[None]:
+    """Within the block, SIGINT (Ctrl-C) and SIGTERM set `stop` (in the main thread; elsewhere they cannot be caught)."""
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        def _on_signal(signum, frame):  # noqa: ARG001
+            stop.set()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, _on_signal)
+    try:
+        yield
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _server_output(verbose: bool):
+    """Where the server's own lines go: stderr with `verbose` (stdout says only where the UI is), else a log file of
+    their own. Returns (the log file or None, what the server's stdout and stderr are)."""
+    if verbose:
+        try:
+            return None, sys.stderr.fileno()
+        except (AttributeError, OSError, ValueError):
+            return None, None
+    server_log = tempfile.NamedTemporaryFile("w", prefix="gatelab-mlflow-ui-", suffix=".log", delete=False)
+    return server_log, server_log
+
+
+def _serve_until_stopped(process: subprocess.Popen, stop: threading.Event, where: str) -> None:
+    while not stop.is_set():
+        if process.poll() is not None:
+            raise GatelabError(f"the MLflow UI stopped by itself (exit code {process.returncode}); {where}")
+        stop.wait(0.5)
 
 
 def _say_where_the_runs_are(page: str, pages: list[tuple[str, str]], sweep_name: str | None,

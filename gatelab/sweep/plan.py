@@ -54,7 +54,7 @@ from gatelab.data.budget import CorpusCounter, format_tokens, repeat_warning
 from gatelab.data.corpora import HELDOUT_FRACTION
 from gatelab.devices import GPU_PEAKS, gpu_peak
 from gatelab.progress import DEVICE_TAG, DONE, HOST_TAG, format_duration, step_time
-from gatelab.sweep.spec import RunSpec, format_value, load_sweep
+from gatelab.sweep.spec import RunSpec, format_value
 
 # A rough default for a small CPU in bf16 autocast, in the Lightning loop; measured figures live in results/bench/
 # (`gatelab bench` reports a machine's achieved FLOP/s; --flops-per-second passes one to the plan). Other processes on
@@ -389,76 +389,91 @@ def plan_rows(specs: Sequence[RunSpec], paper: str | None = None, flops_per_seco
     `rate_source` says where the rate came from, `setup_basis` whether set-up is measured or a default. `import_s` is
     a process's, counted once a worker by estimate_lines (measured where runs of the device recorded it,
     `import_basis`)."""
-    from gatelab.model.params import resolve_model
-
     count = ParameterCounter()
     count_corpus = CorpusCounter()
     paper_added = paper_tables.added_params(paper)
     rows = []
     for spec in specs:
-        experiment = spec.experiment
-        model = resolve_model(experiment)
-        total = count(model)
-        added = total - count(resolve_model(experiment, "baseline"))
-        active = active_parameters(model, total)
-        tokens = experiment.train.max_steps * experiment.train.batch_size * experiment.data.seq_len
-        flops = training_flops(model, active, tokens, experiment.data.seq_len)
-        corpus = count_corpus(experiment.data, experiment.model.vocab_size)
-        device = plan_device(experiment)
-        defaults = device_defaults(device, experiment.train.precision)
-        here = [run for run in measured if on_device(run, device)]
-        imports = [run.import_s for run in here if run.import_s]
-        throughput = flops_per_second or defaults.train_flops_per_second
-        eval_flops = evaluation_flops(experiment, model, active, corpus.tokens)
-        row: dict[str, Any] = {
-            "index": spec.index,
-            "label": spec.label(),
-            "hash": spec.hash,
-            "variant": experiment.variant,
-            "seed": experiment.seed,
-            "overrides": " ".join(f"{key}={format_value(value)}" for key, value in spec.settings().items()),
-            "total_params": total,
-            "added_params": added,
-            "active_params": active,
-            "tokens": tokens,
-            "corpus_tokens": corpus.tokens,
-            "corpus_count": corpus.how,
-            "corpus_note": corpus.note,
-            "passes": corpus.passes(tokens),
-            "flops": flops,
-            "device": device,
-            "basis": "flops",
-            "flops_per_second": throughput,
-            "rate_source": "as given (--flops-per-second)" if flops_per_second else defaults.rate_source,
-            "train_s": flops / throughput,
-            "setup_s": defaults.setup_s,
-            "setup_basis": "default",
-            "eval_flops": eval_flops,
-            "eval_flops_per_second": defaults.eval_flops_per_second,
-            "eval_rate_source": defaults.eval_rate_source,
-            "eval_s": eval_flops / defaults.eval_flops_per_second + EVAL_FIXED_S,
-            "import_s": statistics.median(imports) if imports else defaults.import_s,
-            "import_basis": "measured" if imports else "default",
-            "trials": trials,
-        }
-        step = measured_step(experiment, here) if here else None
-        rate = measured_rate(experiment, here) if here and step is None and not flops_per_second else None
-        if step is not None:
-            row.update(basis="measured", train_s=step.seconds_per_step * experiment.train.max_steps, setup_s=None,
-                       setup_basis=None, eval_s=None, measured_step_s=step.seconds_per_step,
-                       measured_overhead_s=step.overhead_s, measured_runs=step.runs)
-        elif rate is not None:
-            row.update(basis="measured rate", flops_per_second=rate.flops_per_second,
-                       rate_source=f"measured on {device}", train_s=flops / rate.flops_per_second,
-                       measured_runs=rate.runs)
-            if rate.setup_s is not None:
-                row.update(setup_s=rate.setup_s, setup_basis="measured")
+        row, here = _flops_row(spec, count, count_corpus, flops_per_second, measured, trials)
+        step = _price_measured(row, spec.experiment, here, flops_per_second)
         around = row["measured_overhead_s"] if step is not None else row["setup_s"] + row["eval_s"]
         row["seconds"] = row["train_s"] + around
         if paper_added is not None:
-            row["paper_added_m"] = paper_added.get(experiment.variant)
+            row["paper_added_m"] = paper_added.get(spec.experiment.variant)
         rows.append(row)
     return rows
+
+
+def _flops_row(spec: RunSpec, count: ParameterCounter, count_corpus: CorpusCounter, flops_per_second: float | None,
+               measured: Sequence[MeasuredRun], trials: int) -> tuple[dict[str, Any], list[MeasuredRun]]:
+    """A run's row priced on the FLOPs basis, and the `measured` runs of its device."""
+    from gatelab.model.params import resolve_model
+
+    experiment = spec.experiment
+    model = resolve_model(experiment)
+    total = count(model)
+    added = total - count(resolve_model(experiment, "baseline"))
+    active = active_parameters(model, total)
+    tokens = experiment.train.max_steps * experiment.train.batch_size * experiment.data.seq_len
+    flops = training_flops(model, active, tokens, experiment.data.seq_len)
+    corpus = count_corpus(experiment.data, experiment.model.vocab_size)
+    device = plan_device(experiment)
+    defaults = device_defaults(device, experiment.train.precision)
+    here = [run for run in measured if on_device(run, device)]
+    imports = [run.import_s for run in here if run.import_s]
+    throughput = flops_per_second or defaults.train_flops_per_second
+    eval_flops = evaluation_flops(experiment, model, active, corpus.tokens)
+    row: dict[str, Any] = {
+        "index": spec.index,
+        "label": spec.label(),
+        "hash": spec.hash,
+        "variant": experiment.variant,
+        "seed": experiment.seed,
+        "overrides": " ".join(f"{key}={format_value(value)}" for key, value in spec.settings().items()),
+        "total_params": total,
+        "added_params": added,
+        "active_params": active,
+        "tokens": tokens,
+        "corpus_tokens": corpus.tokens,
+        "corpus_count": corpus.how,
+        "corpus_note": corpus.note,
+        "passes": corpus.passes(tokens),
+        "flops": flops,
+        "device": device,
+        "basis": "flops",
+        "flops_per_second": throughput,
+        "rate_source": "as given (--flops-per-second)" if flops_per_second else defaults.rate_source,
+        "train_s": flops / throughput,
+        "setup_s": defaults.setup_s,
+        "setup_basis": "default",
+        "eval_flops": eval_flops,
+        "eval_flops_per_second": defaults.eval_flops_per_second,
+        "eval_rate_source": defaults.eval_rate_source,
+        "eval_s": eval_flops / defaults.eval_flops_per_second + EVAL_FIXED_S,
+        "import_s": statistics.median(imports) if imports else defaults.import_s,
+        "import_basis": "measured" if imports else "default",
+        "trials": trials,
+    }
+    return row, here
+
+
+def _price_measured(row: dict[str, Any], experiment: ExperimentConfig, here: Sequence[MeasuredRun],
+                    flops_per_second: float | None) -> MeasuredStep | None:
+    """The row re-priced from runs of its device, where it has some: "measured" from runs of the same shape, else
+    "measured rate" (unless the rate is given). Returns the same-shape step, if any."""
+    step = measured_step(experiment, here) if here else None
+    rate = measured_rate(experiment, here) if here and step is None and not flops_per_second else None
+    if step is not None:
+        row.update(basis="measured", train_s=step.seconds_per_step * experiment.train.max_steps, setup_s=None,
+                   setup_basis=None, eval_s=None, measured_step_s=step.seconds_per_step,
+                   measured_overhead_s=step.overhead_s, measured_runs=step.runs)
+    elif rate is not None:
+        row.update(basis="measured rate", flops_per_second=rate.flops_per_second,
+                   rate_source=f"measured on {row['device']}", train_s=row["flops"] / rate.flops_per_second,
+                   measured_runs=rate.runs)
+        if rate.setup_s is not None:
+            row.update(setup_s=rate.setup_s, setup_basis="measured")
+    return step
 
 
 def plan_totals(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -695,38 +710,10 @@ def sweep_run_estimate(sweep, specs: Sequence[RunSpec], storage: str, tracking_u
     return estimate_lines(rows, workers, what="" if len(left) == len(specs) else "remaining ") + notes
 
 
-def cli_plan(sweep_path: Path, experiment: Path | None = None, as_json: bool = False,
-             flops_per_second: float | None = None, tracking_uri: str | None = None,
-             runs_dir: Path | None = None) -> None:
-    """`gatelab sweep plan`: load and validate the sweep (GatelabError on any bad cell), then print its plan. With
-    `runs_dir` (or `tracking_uri`) and no `flops_per_second`, times are measured where that store holds earlier runs of
-    the same shape from this machine."""
-    sweep = load_sweep(sweep_path, experiment)
-    trials = sweep.search.n_trials if sweep.search else 1
-    measured, notes = [], []
-    if flops_per_second is None and (runs_dir is not None or tracking_uri is not None):
-        measured, notes = sweep_measurements(sweep.runs, tracking_uri, runs_dir or Path("runs"))
-    rows = plan_rows(sweep.runs, paper=sweep.paper, flops_per_second=flops_per_second, trials=trials,
-                     measured=measured)
-    notes += [str(duplicate) for duplicate in sweep.duplicates]
-    warnings = corpus_warnings(rows, sweep.runs)
-    if sweep.search:
-        notes.append(f"each row is an Optuna search of {trials} trials over "
-                     f"{', '.join(sweep.search.params)} ({sweep.search.direction} {sweep.search.metric})")
-    table = paper_tables.TABLES.get(sweep.paper or "")
-    if table is not None and table.added and not any("paper_added_m" in row for row in rows):
-        notes.append(f"no paper column: {paper_tables.paper_file(table.file)} is missing")
-    title = f"{sweep.name}: {len(rows)} runs on {sweep.experiment_path}"
-    title += f" (paper {sweep.paper})" if sweep.paper else ""
-    extra = {"sweep": sweep.name, "experiment": str(sweep.experiment_path), "paper": sweep.paper,
-             "duplicates": [str(d) for d in sweep.duplicates], "warnings": warnings}
-    render_plan(rows, as_json, title=title, notes=warnings + notes, extra=extra)
-
-
 __all__ = [
     "CPU_EVAL_FLOPS", "CPU_FLOPS", "DEFAULT_MFU", "EVAL_FIXED_S", "EVAL_TF32_UTILISATION", "FP32_UTILISATION", "GPU_FLOPS",
     "RATE_SETTINGS", "STEP_SHAPE", "DeviceDefaults", "MeasuredRate", "MeasuredRun", "MeasuredStep",
-    "ParameterCounter", "active_parameters", "cli_plan", "corpus_warnings", "device_defaults", "estimate_lines",
+    "ParameterCounter", "active_parameters", "corpus_warnings", "device_defaults", "estimate_lines",
     "evaluation_flops", "measured_rate", "measured_runs", "measured_step", "on_device", "plan_device",
     "plan_json", "plan_rows", "plan_totals", "recorded_step_flops", "render_plan", "step_settings", "step_shape",
     "sweep_measurements", "sweep_run_estimate", "training_flops",

@@ -7,9 +7,11 @@ finished and diverged = COMPLETE (the status in a user attribute; diverged runs 
 worker died stops beating; the first worker to notice marks it FAIL (only one can: a finished trial cannot be set
 again) and re-enqueues it, and the run then resumes from its checkpoint into the same MLflow run.
 
-A claim is fenced: `lease(trial)` gives the training code a token (the trial number) and asks the ledger whether the
-trial is still RUNNING, so a worker that was paused past the grace period learns that its run was taken over and
-stops without writing; it never tells the ledger anything about that trial again.
+A worker's claim on a run is a `Claim`: the run's hash, cell number and label as the ledger stores them, and the Optuna
+trial it stands for, which only the ledger touches. A claim is fenced: `lease(claim)` gives the training code a token
+(the trial number) and asks the ledger whether the trial is still RUNNING, so a worker that was paused past the grace
+period learns that its run was taken over and stops without writing; it never tells the ledger anything about that
+trial again.
 
 Embedded default: an Optuna journal file under `runs/<sweep>/`, not the MLflow database (the two clash on one SQLite
 file). Shared mode: any Optuna RDB URL, e.g. PostgreSQL. Storage that cannot serve as a ledger is refused before any
@@ -29,7 +31,7 @@ import sys
 import threading
 import time
 from collections.abc import Collection, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import optuna
@@ -66,22 +68,41 @@ class RunState:
     value: float | None = None
 
 
+@dataclass(frozen=True)
+class Claim:
+    """One run a worker took from the ledger (`SweepLedger.claim`), handed back to the ledger to beat on, finish, fail
+    or release it. The fields are the trial's user attributes as the ledger stores them."""
+
+    hash: str  # the RunSpec's content hash
+    index: int  # its cell: the # column of `gatelab sweep status`
+    label: str
+    attempt: int  # 1 for a run's first try; a retry after a failure counts up
+    number: int  # the Optuna trial's number: a takeover of the same run is a newer trial
+    trial: optuna.Trial = field(repr=False, compare=False)  # for the ledger's writes only
+
+    @classmethod
+    def of(cls, trial: optuna.Trial, frozen: FrozenTrial) -> Claim:
+        attrs = frozen.user_attrs
+        return cls(attrs[HASH], attrs["gatelab.index"], attrs["gatelab.label"], attrs.get(ATTEMPT, 1), trial.number,
+                   trial)
+
+
 @dataclass
 class TrialLease:
     """A worker's claim on one trial, as the training code's `gatelab.train.ownership.Lease`: the token is the trial
     number (a takeover is a newer trial), lost once the trial is no longer RUNNING."""
 
     ledger: SweepLedger
-    trial: optuna.Trial
+    claim: Claim
     token: str
     holder: str
     check_every_s: float
 
     def lost(self) -> str | None:
-        if self.ledger.still_claimed(self.trial):
+        if self.ledger.still_claimed(self.claim):
             return None
-        digest = frozen_trial(self.ledger.study, self.trial).user_attrs.get(HASH)
-        return self.ledger.running_worker(digest, newer_than=self.trial.number) or "the ledger"
+        digest = frozen_trial(self.ledger.study, self.claim.trial).user_attrs.get(HASH)
+        return self.ledger.running_worker(digest, newer_than=self.claim.number) or "the ledger"
 
 
 def _why_not_reset(state: RunState) -> str:
@@ -380,7 +401,7 @@ class SweepLedger:
                 return True
         return False
 
-    def claim(self, skip: Collection[str] = ()) -> optuna.Trial | None:
+    def claim(self, skip: Collection[str] = ()) -> Claim | None:
         """The next waiting run, now RUNNING for this worker; None when nothing is waiting but the runs in `skip`
         (hashes this worker found being trained by another process a moment ago)."""
         while any(t.state == TrialState.WAITING and t.user_attrs.get(HASH) not in skip for t in self.trials()):
@@ -394,25 +415,26 @@ class SweepLedger:
                 set_trial_attr(self.study, trial, "gatelab.noop", True)
                 self.study.tell(trial, state=TrialState.FAIL)
                 continue
-            if frozen.user_attrs[HASH] in skip:  # to the back of the queue, behind the runs this worker can train
-                self.release(trial, "skipped: being trained by another process")
+            claim = Claim.of(trial, frozen)
+            if claim.hash in skip:  # to the back of the queue, behind the runs this worker can train
+                self.release(claim, "skipped: being trained by another process")
                 continue
             for key, value in ((HEARTBEAT, time.time()), ("gatelab.worker", self.worker),
                                ("gatelab.started", time.time())):
                 trial.set_user_attr(key, value)
-            return trial
+            return claim
         return None
 
     def unfinished(self) -> bool:
         """Whether any run may still need work: waiting or running somewhere."""
         return any(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in self.trials())
 
-    def lease(self, trial: optuna.Trial) -> TrialLease:
-        return TrialLease(self, trial, token=str(trial.number), holder=self.worker, check_every_s=self.heartbeat_s)
+    def lease(self, claim: Claim) -> TrialLease:
+        return TrialLease(self, claim, token=str(claim.number), holder=self.worker, check_every_s=self.heartbeat_s)
 
-    def still_claimed(self, trial: optuna.Trial) -> bool:
-        """Whether `trial` is still RUNNING, i.e. no other worker gave up on it (`fail_stale`)."""
-        return frozen_trial(self.study, trial).state == TrialState.RUNNING
+    def still_claimed(self, claim: Claim) -> bool:
+        """Whether the claimed trial is still RUNNING, i.e. no other worker gave up on it (`fail_stale`)."""
+        return frozen_trial(self.study, claim.trial).state == TrialState.RUNNING
 
     def running_worker(self, digest: str, newer_than: int) -> str | None:
         """The worker of a RUNNING trial of this run newer than trial `newer_than`: the one that took it over."""
@@ -421,17 +443,17 @@ class SweepLedger:
         return takers[-1].user_attrs.get("gatelab.worker") if takers else None
 
     @contextlib.contextmanager
-    def heartbeat(self, trial: optuna.Trial) -> Iterator[None]:
-        """Beat on `trial` until the block ends, or until the trial is no longer this worker's: a beat on a trial that
-        was taken over must not make it look alive (nor add to a journal that another worker now owns)."""
+    def heartbeat(self, claim: Claim) -> Iterator[None]:
+        """Beat on the claimed trial until the block ends, or until it is no longer this worker's: a beat on a trial
+        that was taken over must not make it look alive (nor add to a journal that another worker now owns)."""
         stop = threading.Event()
 
         def beat() -> None:
             while not stop.wait(self.heartbeat_s):
                 with contextlib.suppress(Exception):  # a missed beat is retried; grace covers several
-                    if not self.still_claimed(trial):
+                    if not self.still_claimed(claim):
                         return
-                    set_trial_attr(self.study, trial, HEARTBEAT, time.time())
+                    set_trial_attr(self.study, claim.trial, HEARTBEAT, time.time())
 
         thread = threading.Thread(target=beat, daemon=True, name="gatelab-heartbeat")
         thread.start()
@@ -441,8 +463,9 @@ class SweepLedger:
             stop.set()
             thread.join()
 
-    def finish(self, trial: optuna.Trial, status: str, run_id: str, value: float | None,
+    def finish(self, claim: Claim, status: str, run_id: str, value: float | None,
                diverged_step: int | None = None) -> None:
+        trial = claim.trial
         trial.set_user_attr(STATUS_TAG, status)
         trial.set_user_attr("gatelab.mlflow_run_id", run_id)
         if diverged_step is not None:
@@ -450,8 +473,9 @@ class SweepLedger:
         finite = value is not None and math.isfinite(value)
         self.study.tell(trial, float(value) if finite else float("inf"))
 
-    def fail(self, trial: optuna.Trial, error: str, retries: int) -> bool:
+    def fail(self, claim: Claim, error: str, retries: int) -> bool:
         """Record a failed run; re-enqueue it while attempts remain. Returns whether it was re-enqueued."""
+        trial = claim.trial
         trial.set_user_attr("gatelab.error", redact(error)[-2000:])  # redacted whole: a cut URL would escape it
         self.study.tell(trial, state=TrialState.FAIL)
         frozen = frozen_trial(self.study, trial)
@@ -461,12 +485,12 @@ class SweepLedger:
             return True
         return False
 
-    def release(self, trial: optuna.Trial, reason: str = "interrupted") -> None:
+    def release(self, claim: Claim, reason: str = "interrupted") -> None:
         """A run this worker gives back untrained or cut short (Ctrl-C): back in the queue, not counted as an
         attempt."""
-        set_trial_attr(self.study, trial, "gatelab.error", reason)
-        self.study.tell(trial, state=TrialState.FAIL)
-        frozen = frozen_trial(self.study, trial)
+        set_trial_attr(self.study, claim.trial, "gatelab.error", reason)
+        self.study.tell(claim.trial, state=TrialState.FAIL)
+        frozen = frozen_trial(self.study, claim.trial)
         self._requeue(frozen, frozen.user_attrs.get(ATTEMPT, 1))
 
     def reset(self, specs: Sequence, cells: Collection[int] = (), failed: bool = False) -> list[RunState]:

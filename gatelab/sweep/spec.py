@@ -27,15 +27,9 @@ from typing import Any, Literal
 
 from pydantic import Field, PositiveInt, ValidationError, field_validator, model_validator
 
-from gatelab.config import (
-    ExperimentConfig,
-    StrictModel,
-    experiment_from_dict,
-    format_validation_error,
-    read_yaml,
-    set_dotted,
-    spec_hash,
-)
+from gatelab.config import ExperimentConfig, StrictModel, format_validation_error, read_yaml, set_dotted
+from gatelab.data.identity import spec_hash
+from gatelab.data.resolve import VocabularyTooSmall, experiment_from_dict, resolve_experiment
 from gatelab.errors import GatelabError
 from gatelab.paper import SWEEP_TABLES
 
@@ -422,9 +416,11 @@ def _resolve_cell(base: dict[str, Any], sweep_file: SweepFile,
             except GatelabError as exc:
                 found.append(f"variant: {exc}")
         try:
-            experiment = ExperimentConfig.model_validate(tree)
+            experiment = resolve_experiment(ExperimentConfig.model_validate(tree))  # loads data.tokenizer
         except ValidationError as exc:
             found += [line.strip() for line in format_validation_error(exc, "").splitlines()[1:]]
+        except VocabularyTooSmall as exc:
+            found.append(str(exc))
         if found:
             return None, found
         if experiment.train.num_nodes > 1:

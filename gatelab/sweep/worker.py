@@ -13,22 +13,27 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import lightning as L
 import torch
 
 from gatelab import host
-from gatelab.config import spec_hash, to_yaml
+from gatelab.config import to_yaml
+from gatelab.data.identity import spec_hash
 from gatelab.errors import GatelabError, redact
 from gatelab.interrupts import Interrupted, ignore_signals, raise_on_signals
 from gatelab.progress import RunCosts, is_verbose, sweep_progress_line, sweep_time_left
 from gatelab.sweep.executor import LocalShare
-from gatelab.sweep.queue import HASH, open_ledger
-from gatelab.sweep.spec import expand, load_sweep
+from gatelab.sweep.queue import Claim, SweepLedger, open_ledger
+from gatelab.sweep.spec import RunSpec, Sweep, expand, load_sweep
 from gatelab.train.ownership import RunInProgress, RunTakenOver
+
+if TYPE_CHECKING:  # the training code is imported once per worker, in `work`
+    from gatelab.train.run import RunResult
 
 
 def use_cores(cores: Sequence[int]) -> None:
@@ -122,7 +127,6 @@ def work(sweep_path: Path, experiment: Path | None = None, storage: str | None =
     GATELAB_PROGRESS_EVERY seconds. After each run, a line with the sweep's runs done and its time left."""
     sweep = load_sweep(sweep_path, experiment)
     specs = expand(sweep)
-    by_hash = {spec.hash: spec for spec in specs}
     ledger = open_ledger(sweep, specs, storage, tracking_uri, runs_dir, heartbeat_s, grace_s)
     share = LocalShare.from_env()  # only the CPU workers of `gatelab sweep run --workers N` share cores
     if share is not None:
@@ -132,84 +136,128 @@ def work(sweep_path: Path, experiment: Path | None = None, storage: str | None =
         torch.set_num_threads(threads)
     from gatelab.train.run import run  # the training code is imported once per worker, here
 
-    report = WorkerReport()
-    costs = RunCosts()  # what this worker's runs cost, for the sweep's time left
-    steps_by_hash = {spec.hash: spec.experiment.train.max_steps for spec in specs}
-    busy_until: dict[str, float] = {}  # runs found being trained by another process: not tried again before then
-
-    def train(spec, trial) -> None:
-        """Train one claimed run and tell the ledger how it ended; nothing, where another worker took it over."""
-        me = f"[{ledger.worker}] run {spec.index}"
-        log(f"{me}: {spec.label()}")
-        said = lambda message: log(f"{me}: {message}")  # noqa: E731  the run's own lines, named in a shared log
-        callbacks = ()
-        if share is not None:
-            share.enter()
-            if not spec.experiment.train.threads:  # a run with train.threads sets its own
-                resize = ShareFreedCores(share)
-                resize.apply()
-                callbacks = (resize,)
-        started = time.monotonic()
-        with ledger.heartbeat(trial):
-            try:
-                if launches_ranks(spec.experiment):
-                    result = run_in_child(spec.experiment, tracking_uri, runs_dir)
-                else:
-                    result = run(spec.experiment, tracking_uri=tracking_uri, runs_dir=runs_dir, log=said,
-                                 bar=progress, extra_callbacks=callbacks, lease=ledger.lease(trial))
-            except RunTakenOver as taken:  # the trial is the other worker's now: not a word to the ledger about it
-                log(f"{me}: taken over by {taken.by}; stopped without writing")
-                return
-            except RunInProgress as busy:
-                ledger.release(trial, f"being trained by {busy.owner.describe()}")
-                busy_until[spec.hash] = time.time() + grace_s
-                log(f"{me}: being trained by {busy.owner.describe()} outside this sweep; back in the queue, "
-                    f"tried again in {grace_s:.0f} s")
-                return
-            except Exception:  # a failed run is recorded and retried; the worker goes on with the next
-                error = traceback.format_exc()
-                retried = ledger.fail(trial, error, sweep.retries)  # stored redacted
-                log(f"{me} failed ({redact(error.strip().splitlines()[-1])}); "
-                    + ("re-queued" if retried else f"no retries left after {sweep.retries}"))
-                if not retried:
-                    report.failed.append(spec.hash)
-                return
-        ledger.finish(trial, result.status, result.run_id, result.metrics.get("ppl/avg"), result.diverged_step)
-        getattr(report, result.status).append(spec.hash)
-        log(f"{me} {result.status}: MLflow run {result.run_id}")
-        costs.record(time.monotonic() - started, result.trained_steps, result.train_s)
-        states = ledger.states(specs)
-        log(sweep_progress_line(sweep.name, states, sweep_time_left(states, steps_by_hash, costs, ledger.worker),
-                                costs))
-
+    worker = SweepWorker(sweep_path, sweep, specs, ledger, share, run, tracking_uri, runs_dir, grace_s, log, progress)
     with raise_on_signals():  # a signal between runs is the same exception as one inside `run`
         try:
             while True:
-                for digest in ledger.fail_stale():
-                    log(f"re-queued {by_hash[digest].label() if digest in by_hash else digest}: its worker stopped "
-                        "beating")
-                now = time.time()
-                trial = ledger.claim(skip={digest for digest, until in busy_until.items() if until > now})
-                if trial is None:
-                    if share is not None:
-                        share.leave()  # nothing to train: the runs still going take this worker's cores
-                    if not ledger.unfinished():
-                        return report
-                    time.sleep(min(heartbeat_s, 5.0))  # runs still going elsewhere; one may need taking over
+                claim = worker.claim_next()
+                if claim is not None:
+                    worker.work_on(claim)
                     continue
-                try:
-                    spec = by_hash.get(trial.user_attrs[HASH])
-                    if spec is None:
-                        ledger.fail(trial, f"run {trial.user_attrs[HASH]} is no longer in {sweep_path}", retries=0)
-                        continue
-                    train(spec, trial)
-                except Interrupted:
-                    ignore_signals()  # while the run goes back to the queue
-                    if ledger.still_claimed(trial):  # not if it had ended, or was taken over, before the signal
-                        ledger.release(trial)
-                        log(f"[{ledger.worker}] run {trial.user_attrs['gatelab.index']}: interrupted; back in the "
-                            "queue")
-                    raise
+                if share is not None:
+                    share.leave()  # nothing to train: the runs still going take this worker's cores
+                if not ledger.unfinished():
+                    return worker.report
+                time.sleep(min(heartbeat_s, 5.0))  # runs still going elsewhere; one may need taking over
         finally:
             if share is not None:
                 share.leave()
+
+
+@dataclass
+class SweepWorker:
+    """One worker process's hold on a sweep, across its runs: the ledger it claims from, the training function, where
+    runs are recorded, and what it has learnt so far (its report, its runs' costs, runs busy elsewhere)."""
+
+    sweep_path: Path
+    sweep: Sweep
+    specs: list[RunSpec]
+    ledger: SweepLedger
+    share: LocalShare | None  # this worker's cores, among the sweep's local CPU workers
+    run: Callable[..., RunResult]  # gatelab.train.run.run
+    tracking_uri: str | None
+    runs_dir: Path
+    grace_s: float
+    log: Callable[[str], object]
+    progress: bool  # Lightning's bar, not plain lines
+    report: WorkerReport = field(default_factory=WorkerReport)
+    costs: RunCosts = field(default_factory=RunCosts)  # what this worker's runs cost, for the sweep's time left
+    # Runs this worker found being trained by another process, by hash: not tried again before then.
+    busy_until: dict[str, float] = field(default_factory=dict)
+    by_hash: dict[str, RunSpec] = field(init=False)
+    steps_by_hash: dict[str, int] = field(init=False)  # for the sweep's time left
+
+    def __post_init__(self) -> None:
+        self.by_hash = {spec.hash: spec for spec in self.specs}
+        self.steps_by_hash = {spec.hash: spec.experiment.train.max_steps for spec in self.specs}
+
+    def claim_next(self) -> Claim | None:
+        """Put runs whose worker stopped beating back in the queue, then claim the next run this worker may train."""
+        for digest in self.ledger.fail_stale():
+            self.log(f"re-queued {self.by_hash[digest].label() if digest in self.by_hash else digest}: its worker "
+                     "stopped beating")
+        now = time.time()
+        return self.ledger.claim(skip={digest for digest, until in self.busy_until.items() if until > now})
+
+    def work_on(self, claim: Claim) -> None:
+        """Train a claimed run; on Ctrl-C or SIGTERM, put it back in the queue before the signal ends the worker."""
+        try:
+            spec = self.by_hash.get(claim.hash)
+            if spec is None:
+                self.ledger.fail(claim, f"run {claim.hash} is no longer in {self.sweep_path}", retries=0)
+                return
+            self.train(spec, claim)
+        except Interrupted:
+            ignore_signals()  # while the run goes back to the queue
+            if self.ledger.still_claimed(claim):  # not if it had ended, or was taken over, before the signal
+                self.ledger.release(claim)
+                self.log(f"[{self.ledger.worker}] run {claim.index}: interrupted; back in the queue")
+            raise
+
+    def train(self, spec: RunSpec, claim: Claim) -> None:
+        """Train one claimed run and tell the ledger how it ended; nothing, where another worker took it over."""
+        me = f"[{self.ledger.worker}] run {spec.index}"
+        self.log(f"{me}: {spec.label()}")
+        callbacks = self.core_callbacks(spec)
+        started = time.monotonic()
+        with self.ledger.heartbeat(claim):
+            result = self.attempt(spec, claim, me, callbacks)
+        if result is not None:
+            self.record(spec, claim, result, me, started)
+
+    def core_callbacks(self, spec: RunSpec) -> tuple[L.Callback, ...]:
+        """Among local CPU workers: this worker's cores now, and a callback that widens them as peers go idle."""
+        if self.share is None:
+            return ()
+        self.share.enter()
+        if spec.experiment.train.threads:  # a run with train.threads sets its own
+            return ()
+        resize = ShareFreedCores(self.share)
+        resize.apply()
+        return (resize,)
+
+    def attempt(self, spec: RunSpec, claim: Claim, me: str, callbacks: tuple) -> RunResult | None:
+        """The run's result; None where it was taken over, is being trained elsewhere, or failed (each told the
+        ledger as it needs: a failure is recorded and retried, and the worker goes on with the next run)."""
+        said = lambda message: self.log(f"{me}: {message}")  # noqa: E731  the run's own lines, named in a shared log
+        try:
+            if launches_ranks(spec.experiment):
+                return run_in_child(spec.experiment, self.tracking_uri, self.runs_dir)
+            return self.run(spec.experiment, tracking_uri=self.tracking_uri, runs_dir=self.runs_dir, log=said,
+                            bar=self.progress, extra_callbacks=callbacks, lease=self.ledger.lease(claim))
+        except RunTakenOver as taken:  # the trial is the other worker's now: not a word to the ledger about it
+            self.log(f"{me}: taken over by {taken.by}; stopped without writing")
+        except RunInProgress as busy:
+            self.ledger.release(claim, f"being trained by {busy.owner.describe()}")
+            self.busy_until[spec.hash] = time.time() + self.grace_s
+            self.log(f"{me}: being trained by {busy.owner.describe()} outside this sweep; back in the queue, "
+                     f"tried again in {self.grace_s:.0f} s")
+        except Exception:  # a failed run is recorded and retried; the worker goes on with the next
+            error = traceback.format_exc()
+            retried = self.ledger.fail(claim, error, self.sweep.retries)  # stored redacted
+            self.log(f"{me} failed ({redact(error.strip().splitlines()[-1])}); "
+                     + ("re-queued" if retried else f"no retries left after {self.sweep.retries}"))
+            if not retried:
+                self.report.failed.append(spec.hash)
+        return None
+
+    def record(self, spec: RunSpec, claim: Claim, result: RunResult, me: str, started: float) -> None:
+        """Tell the ledger how the run ended, and say where the sweep stands."""
+        self.ledger.finish(claim, result.status, result.run_id, result.metrics.get("ppl/avg"), result.diverged_step)
+        getattr(self.report, result.status).append(spec.hash)
+        self.log(f"{me} {result.status}: MLflow run {result.run_id}")
+        self.costs.record(time.monotonic() - started, result.trained_steps, result.train_s)
+        states = self.ledger.states(self.specs)
+        self.log(sweep_progress_line(self.sweep.name, states,
+                                     sweep_time_left(states, self.steps_by_hash, self.costs, self.ledger.worker),
+                                     self.costs))

@@ -21,7 +21,7 @@ from gatelab.devices import evaluation_batch_size, evaluation_precision, rows_fo
 from gatelab.eval.benchmarks import PACKAGED_BLIMP, load_blimp, run_in_context_suite, score_blimp
 from gatelab.eval.metrics import domain_perplexities, evaluation_mode, long_context_perplexity, model_device
 from gatelab.eval.probes import FirstTokenShareByQuery, probe_model
-from gatelab.report.plots import run_plot_writers
+from gatelab.eval.plots import run_plot_writers
 
 # State of the Union addresses: the built-in corpora's long held-out documents. A files or hf source is evaluated on its
 # domain with the most held-out documents long enough.
@@ -52,51 +52,16 @@ def _evaluate(model, device: torch.device, experiment: ExperimentConfig, tokeniz
               log) -> tuple[dict[str, float], dict[str, Callable[[Path], object]]]:
     evaluation, seq_len = experiment.eval, experiment.data.seq_len
     batch_size = evaluation_batch_size(evaluation.batch_size, experiment.train.batch_size, device)
-    # BLiMP's sentences are a few dozen tokens, not seq_len: on a GPU a batch holds about as many tokens as one of
-    # the training length (at 32 tokens a sentence)
-    sentence_batch_size = rows_for_length(batch_size, seq_len, 32, device)
-    metrics: dict[str, float] = {}
     windows = {d: torch.from_numpy(heldout_windows(corpus, d, seq_len, evaluation.max_windows_per_domain))
                for d in domains}
-    log(f"evaluating: held-out perplexity of {len(domains)} domain(s) ({', '.join(domains)}), "
-        f"{sum(len(w) for w in windows.values())} windows")
-    for domain, value in domain_perplexities(model, windows, batch_size).items():
-        metrics[f"ppl/{domain}"] = value
-    unigram = [unigram_perplexity(corpus.get(d, "train").counts(corpus.vocab_size),
-                                  corpus.get(d, "heldout").counts(corpus.vocab_size)) for d in domains]
-    metrics["unigram_ppl/avg"] = float(np.mean(unigram))
-
-    multipliers = evaluation.long_context_multipliers
-    long_domain = LONG_CONTEXT_DOMAIN if LONG_CONTEXT_DOMAIN in domains else None
-    if long_domain is None and experiment.data.source != "builtin":
-        long_domain = domain_with_long_documents(corpus, domains, max(multipliers) * seq_len + 1)
-        if long_domain is None:
-            log(f"no held-out document has {max(multipliers) * seq_len + 1} tokens: no long-context evaluation")
-    if long_domain is not None:
-        log(f"evaluating: long-context perplexity on {long_domain} at "
-            f"{', '.join(f'{m}x' for m in multipliers)} the training length")
-        longest = long_context_windows(corpus, long_domain, seq_len, multipliers)[max(multipliers)]
-        documents = [torch.from_numpy(row) for row in longest]
-        for m, result in long_context_perplexity(model, documents, seq_len, multipliers,
-                                                    batch_size=batch_size).items():
-            if result is not None:
-                metrics[f"long_ppl/x{m}"] = result["ppl"]
-                if result["ppl_beyond_train_len"] is not None:
-                    metrics[f"long_ppl_beyond_train/x{m}"] = result["ppl_beyond_train_len"]
-
+    metrics = heldout_metrics(model, corpus, domains, windows, batch_size, log)
+    metrics |= long_context_metrics(model, experiment, corpus, domains, batch_size, log)
     if evaluation.blimp and experiment.data.task == "text":  # English minimal pairs: the synthetic task has no words
-        pairs = load_blimp(Path(evaluation.blimp_path or PACKAGED_BLIMP), per_paradigm=evaluation.blimp_per_paradigm,
-                           seed=experiment.seed)
-        log(f"evaluating: BLiMP, {len(pairs)} minimal pairs")
-        blimp = score_blimp(model, tokenizer, pairs, bos_id=corpus.bos_id, batch_size=sentence_batch_size)
-        metrics["blimp/accuracy"] = blimp["accuracy"]
-
-    reserved = [corpus.bos_id, corpus.eos_id]
-    log(f"evaluating: in-context tasks, {evaluation.in_context_examples} examples each")
-    for task, accuracy in run_in_context_suite(model, corpus.vocab_size, seq_len, seed=experiment.seed,
-                                               reserved_ids=reserved, n_examples=evaluation.in_context_examples,
-                                               batch_size=batch_size).items():
-        metrics[f"icl/{task.replace('@', '_len')}"] = accuracy  # MLflow refuses '@' in metric names
+        # BLiMP's sentences are a few dozen tokens, not seq_len: on a GPU a batch holds about as many tokens as one of
+        # the training length (at 32 tokens a sentence)
+        metrics |= blimp_metrics(model, experiment, tokenizer, corpus.bos_id,
+                                 rows_for_length(batch_size, seq_len, 32, device), log)
+    metrics |= in_context_metrics(model, experiment, corpus, batch_size, log)
 
     mixed = torch.cat([w[: evaluation.batch_size] for w in windows.values()])[:, :-1]
     batches = [mixed[i::evaluation.probe_batches] for i in range(evaluation.probe_batches)]
@@ -115,6 +80,66 @@ def _evaluate(model, device: torch.device, experiment: ExperimentConfig, tokeniz
                            report.gate_histogram),
     }
     return metrics, artifacts
+
+
+def heldout_metrics(model, corpus, domains: list[str], windows: dict[str, torch.Tensor], batch_size: int,
+                    log) -> dict[str, float]:
+    """`ppl/<domain>` over each domain's held-out windows, and `unigram_ppl/avg`: the perplexity of the training
+    split's unigram distribution on the held-out one, averaged over the domains."""
+    log(f"evaluating: held-out perplexity of {len(domains)} domain(s) ({', '.join(domains)}), "
+        f"{sum(len(w) for w in windows.values())} windows")
+    metrics = {f"ppl/{domain}": value for domain, value in domain_perplexities(model, windows, batch_size).items()}
+    unigram = [unigram_perplexity(corpus.get(d, "train").counts(corpus.vocab_size),
+                                  corpus.get(d, "heldout").counts(corpus.vocab_size)) for d in domains]
+    metrics["unigram_ppl/avg"] = float(np.mean(unigram))
+    return metrics
+
+
+def long_context_metrics(model, experiment: ExperimentConfig, corpus, domains: list[str], batch_size: int,
+                         log) -> dict[str, float]:
+    """`long_ppl/x<m>` (and `long_ppl_beyond_train/x<m>`) at each of eval.long_context_multipliers times the training
+    length, on LONG_CONTEXT_DOMAIN or else the domain with held-out documents that long; none where no domain has."""
+    multipliers, seq_len = experiment.eval.long_context_multipliers, experiment.data.seq_len
+    long_domain = LONG_CONTEXT_DOMAIN if LONG_CONTEXT_DOMAIN in domains else None
+    if long_domain is None and experiment.data.source != "builtin":
+        long_domain = domain_with_long_documents(corpus, domains, max(multipliers) * seq_len + 1)
+        if long_domain is None:
+            log(f"no held-out document has {max(multipliers) * seq_len + 1} tokens: no long-context evaluation")
+    if long_domain is None:
+        return {}
+    log(f"evaluating: long-context perplexity on {long_domain} at "
+        f"{', '.join(f'{m}x' for m in multipliers)} the training length")
+    longest = long_context_windows(corpus, long_domain, seq_len, multipliers)[max(multipliers)]
+    documents = [torch.from_numpy(row) for row in longest]
+    metrics = {}
+    for m, result in long_context_perplexity(model, documents, seq_len, multipliers, batch_size=batch_size).items():
+        if result is not None:
+            metrics[f"long_ppl/x{m}"] = result["ppl"]
+            if result["ppl_beyond_train_len"] is not None:
+                metrics[f"long_ppl_beyond_train/x{m}"] = result["ppl_beyond_train_len"]
+    return metrics
+
+
+def blimp_metrics(model, experiment: ExperimentConfig, tokenizer, bos_id: int, sentence_batch_size: int,
+                  log) -> dict[str, float]:
+    """`blimp/accuracy`: the share of BLiMP's minimal pairs whose grammatical sentence the model finds likelier."""
+    evaluation = experiment.eval
+    pairs = load_blimp(Path(evaluation.blimp_path or PACKAGED_BLIMP), per_paradigm=evaluation.blimp_per_paradigm,
+                       seed=experiment.seed)
+    log(f"evaluating: BLiMP, {len(pairs)} minimal pairs")
+    blimp = score_blimp(model, tokenizer, pairs, bos_id=bos_id, batch_size=sentence_batch_size)
+    return {"blimp/accuracy": blimp["accuracy"]}
+
+
+def in_context_metrics(model, experiment: ExperimentConfig, corpus, batch_size: int, log) -> dict[str, float]:
+    """`icl/<task>`: the accuracy of each synthetic in-context task (induction, MQAR, ...) on fresh random tokens."""
+    evaluation = experiment.eval
+    log(f"evaluating: in-context tasks, {evaluation.in_context_examples} examples each")
+    accuracies = run_in_context_suite(model, corpus.vocab_size, experiment.data.seq_len, seed=experiment.seed,
+                                      reserved_ids=[corpus.bos_id, corpus.eos_id],
+                                      n_examples=evaluation.in_context_examples, batch_size=batch_size)
+    return {f"icl/{task.replace('@', '_len')}": accuracy  # MLflow refuses '@' in metric names
+            for task, accuracy in accuracies.items()}
 
 
 def bigram_backcopy_metrics(model, task: BigramBackcopy, windows_NT1: torch.Tensor,

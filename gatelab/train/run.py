@@ -17,7 +17,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 
 from gatelab import host, tracking
 from gatelab.devices import device_name, evaluation_device
-from gatelab.config import ExperimentConfig, ModelConfig, flatten, spec_hash, to_yaml
+from gatelab.config import ExperimentConfig, ModelConfig, flatten, to_yaml
+from gatelab.data.identity import spec_hash
 from gatelab.data.datasets import heldout_windows, train_dataset
 from gatelab.data.prepare import load_data
 from gatelab.errors import GatelabError
@@ -81,7 +82,8 @@ class _RankAgreement(L.Callback):
 
 
 def _tracked_run(experiment: ExperimentConfig, tracking_uri: str | None, runs_dir: Path) -> TrackedRun:
-    return TrackedRun(tracking.run_tracking_uri(tracking_uri, experiment, runs_dir), runs_dir, experiment.tracking.experiment or experiment.name, spec_hash(experiment))
+    return TrackedRun(tracking.run_tracking_uri(tracking_uri, experiment, runs_dir), runs_dir,
+                      experiment.tracking.experiment or experiment.name, spec_hash(experiment))
 
 
 def _recorded_outcome(tracked: TrackedRun) -> RunResult | None:
@@ -241,6 +243,45 @@ def _set_threads(threads: int | None) -> None:
         os.environ["OMP_NUM_THREADS"] = str(threads)
 
 
+@dataclass
+class RunSession:
+    """One run's parts in one place, handed whole from step to step (torchtitan keeps a run's on its `Trainer`).
+
+    Filled in as they come to exist: the configs, folders, clock and progress first (`_start_session`); the Lightning
+    trainer with its callbacks and this process's rank (`_attach_trainer`); the MLflow store; the data (`_load_data`);
+    on rank 0 the MLflow run (`_open_tracked`); the LightningModule just before `fit`. Other ranks hold no `ownership`
+    and no `tracked`, and say nothing (`log` and `chatter` are silent there): rank 0 says everything once.
+    """
+
+    experiment: ExperimentConfig
+    model_config: ModelConfig
+    runs_dir: Path
+    run_dir: Path  # runs_dir/<experiment>/<variant>-s<seed>-<spec hash>
+    digest: str  # spec_hash(experiment)
+    clock: _PhaseClock
+    steps: StepProgress
+    log: Callable[[str], object]  # what the run always says (warnings, resuming, the outcome) ...
+    chatter: Callable[[str], object]  # ... and what it says unless quiet (data, progress, each part of the evaluation)
+    extra_tags: dict | None = None
+    trainer: L.Trainer | None = None
+    agreement: _RankAgreement | None = None
+    stability: StabilityMonitor | None = None
+    ownership: RunOwnership | None = None  # rank 0's hold on the run folder, for every rank
+    rank: int = 0
+    uri: str = ""  # the MLflow store ...
+    embedded: bool = True  # ... and whether it is the default one under runs_dir (made once the data is ready)
+    tokenizer: object = None
+    corpus: object = None
+    domains: list[str] = field(default_factory=list)
+    resuming: bool = False  # from checkpoint, into the same MLflow run
+    tracked: TrackedRun | None = None  # rank 0's MLflow run
+    module: GatedLM | None = None
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.run_dir / "checkpoints" / "last.ckpt"
+
+
 def build_trainer(experiment: ExperimentConfig, run_dir: Path, callbacks: list[L.Callback],
                   bar: bool, precision: str) -> L.Trainer:
     """The run's Trainer at `precision`, with no logger: `callbacks`, then checkpoints every `train.checkpoint_every`
@@ -265,21 +306,22 @@ def build_trainer(experiment: ExperimentConfig, run_dir: Path, callbacks: list[L
     )
 
 
-def _open_run(tracked: TrackedRun, experiment: ExperimentConfig, model_config: ModelConfig, resuming: bool,
-              extra_tags: dict | None, precision: str, device: torch.device) -> None:
+def _open_run(session: RunSession) -> None:
     """Open (or continue) the MLflow run; a fresh start also records its parameters and configs, with the precision it
     trains in (`auto` resolves by machine, and a resumed run keeps the one it began in). The host and device tags say
     where it trained (a resumed run: where it trained last), for `gatelab sweep plan`'s measured estimates."""
+    experiment, model_config, tracked = session.experiment, session.model_config, session.tracked
+    device = session.trainer.strategy.root_device
     tags = {tracking.VARIANT_TAG: experiment.variant, tracking.SEED_TAG: str(experiment.seed),
             tracking.EXPERIMENT_TAG: experiment.name, HOST_TAG: socket.gethostname(), DEVICE_TAG: device_name(device),
-            **SpikeRule.from_config(experiment.train).describe(), **(extra_tags or {})}
-    tracked.open(resuming, tags, run_name=f"{experiment.variant}-s{experiment.seed}")
-    if resuming:
+            **SpikeRule.from_config(experiment.train).describe(), **(session.extra_tags or {})}
+    tracked.open(session.resuming, tags, run_name=f"{experiment.variant}-s{experiment.seed}")
+    if session.resuming:
         return
     params = flatten(experiment) | {f"resolved.{k}": v for k, v in flatten(model_config.model_dump(mode='json')).items()
                                     if k in ("gates", "n_heads", "n_kv_heads", "ffn_hidden")}
     params["model.total_params"] = count_parameters(model_config)
-    params["resolved.train.precision"] = precision
+    params["resolved.train.precision"] = str(session.trainer.precision)
     tracked.log_start(params, {"config/experiment.yaml": to_yaml(experiment),
                                "config/model_resolved.yaml": to_yaml(model_config)})
 
@@ -306,63 +348,64 @@ def log_spikes(tracked: TrackedRun, stability: StabilityMonitor, resuming: bool)
     tracked.log_series("train/spike", [step for step, _ in new], [loss for _, loss in new])
 
 
-def _record_pruned(tracked: TrackedRun, clock: _PhaseClock, step: int) -> None:
-    clock.log(tracked, step)
+def _record_pruned(session: RunSession) -> None:
+    tracked, step = session.tracked, session.trainer.global_step
+    session.clock.log(tracked, step)
     tracked.log_metrics({"pruned_step": step}, step=0)
     tracked.end("pruned")
 
 
-def _record_diverged(tracked: TrackedRun, clock: _PhaseClock, stability: StabilityMonitor, step: int,
-                     resuming: bool) -> None:
-    log_spikes(tracked, stability, resuming)
-    clock.log(tracked, step)
+def _record_diverged(session: RunSession) -> None:
+    tracked, stability = session.tracked, session.stability
+    log_spikes(tracked, stability, session.resuming)
+    session.clock.log(tracked, session.trainer.global_step)
     tracked.log_metrics({"diverged_step": stability.diverged_step}, step=0)
     tracked.end("diverged")
 
 
-def _record_finished(tracked: TrackedRun, clock: _PhaseClock, stability: StabilityMonitor, step: int,
-                     resuming: bool, module: GatedLM, experiment: ExperimentConfig, tokenizer, corpus,
-                     domains: list[str], log, trained_on: torch.device) -> dict[str, float]:
+def _record_finished(session: RunSession) -> dict[str, float]:
     """Evaluate the trained model on the device it trained on and record it, saying what it evaluates as each part
     starts (on a CPU the evaluation can take minutes after the last step); returns the evaluation's metrics."""
     from gatelab.train.evaluate import evaluate  # evaluation imports plotting; keep it off the training path
 
+    experiment, tracked, log, step = session.experiment, session.tracked, session.chatter, session.trainer.global_step
     started = time.perf_counter()
-    log_spikes(tracked, stability, resuming)
+    log_spikes(tracked, session.stability, session.resuming)
     # Lightning's teardown moved the module back to the CPU when `fit` ended.
-    device = evaluation_device(trained_on, experiment.train.accelerator)
+    device = evaluation_device(session.trainer.strategy.root_device, experiment.train.accelerator)
     if device.type != "cpu":
         log(f"evaluating on {device_name(device)} ({device})")
-    module.model.to(device)
-    metrics, artifacts = evaluate(module.model, experiment, tokenizer, corpus, domains,
-                                  tracked.metric_history("train/loss"), stability.spikes, log=log)
+    session.module.model.to(device)
+    metrics, artifacts = evaluate(session.module.model, experiment, session.tokenizer, session.corpus,
+                                  session.domains, tracked.metric_history("train/loss"), session.stability.spikes,
+                                  log=log)
     log("recording the evaluation in MLflow: metrics, probes and plots")
     tracked.log_metrics({name: float(value) for name, value in metrics.items()
                          if value is not None and np.isfinite(value)}, step)
     tracked.log_artifacts(artifacts, "eval")
     if experiment.eval.lm_eval is not None:
         log(f"evaluating: lm-evaluation-harness tasks {', '.join(experiment.eval.lm_eval.tasks)}")
-        metrics |= _score_benchmarks(tracked, module, experiment, tokenizer, corpus, step)
+        metrics |= _score_benchmarks(session)
     log(f"evaluated in {format_duration(time.perf_counter() - started)}")
-    clock.phase_ended("eval")
-    clock.log(tracked, step)
+    session.clock.phase_ended("eval")
+    session.clock.log(tracked, step)
     tracked.end("finished")
     return metrics
 
 
-def _score_benchmarks(tracked: TrackedRun, module: GatedLM, experiment: ExperimentConfig, tokenizer, corpus,
-                      step: int) -> dict[str, float]:
+def _score_benchmarks(session: RunSession) -> dict[str, float]:
     """eval.lm_eval's tasks through lm-evaluation-harness, recorded as `gatelab eval` records them (so it skips them)."""
     import json
 
     from gatelab.eval import scoring
 
+    experiment, tracked, corpus = session.experiment, session.tracked, session.corpus
     config = experiment.eval.lm_eval
     settings = scoring.HarnessSettings(tuple(config.tasks), config.num_fewshot, config.limit, config.include_path,
                                        experiment.eval.batch_size)
-    metrics, payloads, tags = scoring.score_live(module.model, tokenizer, corpus.bos_id, corpus.eos_id,
-                                                 experiment.data.seq_len, experiment.train.precision, settings)
-    tracked.log_metrics(metrics, step)
+    metrics, payloads, tags = scoring.score_live(session.module.model, session.tokenizer, corpus.bos_id, corpus.eos_id,
+                                                experiment.data.seq_len, experiment.train.precision, settings)
+    tracked.log_metrics(metrics, session.trainer.global_step)
     tracked.log_artifacts({f"{task}.json": (lambda path, p=payload: path.write_text(json.dumps(p, indent=1,
                                                                                                default=str)))
                            for task, payload in payloads.items()}, scoring.PREFIX)
@@ -389,6 +432,24 @@ def run(experiment: ExperimentConfig, tracking_uri: str | None = None, runs_dir:
     chatter = (lambda *_: None) if quiet else log
     bar = not quiet and (sys.stdout.isatty() if bar is None else bar)
     steps = StepProgress(chatter, every_s=None if quiet or bar else progress_every_s())
+    session = _start_session(experiment, runs_dir, clock, steps, log, chatter, extra_tags)
+    _attach_trainer(session, lease, bar, extra_callbacks)
+    session.uri = tracking.run_tracking_uri(tracking_uri, session.experiment, runs_dir, create=False)
+    session.embedded = not (tracking_uri or session.experiment.tracking.uri)
+    made = _folders_to_make(session.run_dir)
+    with raise_on_signals():
+        _load_data(session, made)
+        try:
+            result = _train_and_record(session)
+            return replace(result, trained_steps=steps.steps, train_s=steps.train_s)
+        finally:
+            if session.ownership is not None:
+                session.ownership.release()
+
+
+def _start_session(experiment: ExperimentConfig, runs_dir: Path, clock: _PhaseClock, steps: StepProgress, log,
+                   chatter, extra_tags: dict | None) -> RunSession:
+    """The run's resolved model and its folder, once it is known to fit in memory."""
     model_config = resolve_model(experiment)
     check_fits(experiment, model_config)
     if experiment.train.compile and (why := cannot_compile(experiment.train.accelerator)):
@@ -397,58 +458,59 @@ def run(experiment: ExperimentConfig, tracking_uri: str | None = None, runs_dir:
     _set_threads(experiment.train.threads)
     digest = spec_hash(experiment)
     run_dir = runs_dir / experiment.name / f"{experiment.variant}-s{experiment.seed}-{digest}"
-    checkpoint = run_dir / "checkpoints" / "last.ckpt"
+    return RunSession(experiment, model_config, runs_dir, run_dir, digest, clock, steps, log, chatter, extra_tags)
 
-    # The Trainer comes first, with no logger, because it knows this process's global rank before anything is
-    # written: NODE_RANK x devices + LOCAL_RANK under Lightning's own launcher, SLURM_PROCID under srun, RANK under
-    # torchrun. (`rank_zero_only.rank` as set at import ignores NODE_RANK: it is 0 on the first process of every node
-    # under Lightning's launcher.) Rank 0 gets the MLflow logger below; the other ranks never open the MLflow store.
-    stability = StabilityMonitor.from_config(experiment.train)
-    agreement = _RankAgreement(resuming=False)
-    ownership = RunOwnership(run_dir, lease)
+
+def _attach_trainer(session: RunSession, lease: Lease | None, bar: bool, extra_callbacks: tuple) -> None:
+    """The Trainer, its callbacks and this process's rank; on ranks other than 0, silence and no ownership.
+
+    The Trainer comes first, with no logger, because it knows this process's global rank before anything is written:
+    NODE_RANK x devices + LOCAL_RANK under Lightning's own launcher, SLURM_PROCID under srun, RANK under torchrun.
+    (`rank_zero_only.rank` as set at import ignores NODE_RANK: it is 0 on the first process of every node under
+    Lightning's launcher.) Rank 0 gets the MLflow logger later; the other ranks never open the MLflow store.
+    """
+    experiment, train = session.experiment, session.experiment.train
+    session.stability = StabilityMonitor.from_config(train)
+    session.agreement = _RankAgreement(resuming=False)
+    ownership = RunOwnership(session.run_dir, lease)
     fence = [OwnershipFence(ownership)] if lease is not None else []
     compiling = []
-    if experiment.train.compile:
+    if train.compile:
         forget_earlier_graphs()
-        compiling.append(CompileReport(share_cache(runs_dir), chatter))
-    precision = resolve_precision(experiment.train.precision, experiment.train.accelerator,
-                                  moe=model_config.ffn == "moe")
-    began_in = recorded_precision(checkpoint) if experiment.train.precision == "auto" else None
-    trainer = build_trainer(experiment, run_dir, [agreement, stability, *fence, steps, *compiling, *extra_callbacks],
-                            bar, began_in or precision)
-    rank = trainer.global_rank
-    if rank:
-        log = chatter = lambda *_: None  # noqa: E731  rank 0 says everything once
-        ownership = None  # rank 0 holds the run for all ranks
+        compiling.append(CompileReport(share_cache(session.runs_dir), session.chatter))
+    precision = resolve_precision(train.precision, train.accelerator, moe=session.model_config.ffn == "moe")
+    began_in = recorded_precision(session.checkpoint) if train.precision == "auto" else None
+    callbacks = [session.agreement, session.stability, *fence, session.steps, *compiling, *extra_callbacks]
+    session.trainer = build_trainer(experiment, session.run_dir, callbacks, bar, began_in or precision)
+    session.rank = session.trainer.global_rank
+    if session.rank:
+        session.log = session.chatter = lambda *_: None  # rank 0 says everything once
+    else:
+        session.ownership = ownership  # rank 0 holds the run for all ranks
     if began_in and began_in != precision:  # a run is never silently changed halfway
-        log(f"train.precision auto: resuming in {began_in}, the precision this run began in (here auto is {precision})")
+        session.log(f"train.precision auto: resuming in {began_in}, the precision this run began in (here auto is "
+                    f"{precision})")
 
-    uri = tracking.run_tracking_uri(tracking_uri, experiment, runs_dir, create=False)
-    embedded = not (tracking_uri or experiment.tracking.uri)
-    made = _folders_to_make(run_dir)
-    with raise_on_signals():
-        try:
-            if rank == 0 and not embedded:
-                tracking.check_store(uri)  # a dead server or a bad URI, in seconds, before the data is touched
-            if rank == 0:
-                ownership.acquire()
-            tokenizer, corpus, domains = load_data(experiment, log=chatter, warn=log)
-            if rank == 0 and embedded:  # made only once the data is ready: bad input leaves no runs/ behind
-                runs_dir.mkdir(parents=True, exist_ok=True)
-                tracking.check_store(uri)
-        except BaseException:
-            if ownership is not None:
-                ownership.release()
-            _remove_if_left_empty(made)  # bad input or a busy run leaves no run folder behind
-            raise
-        try:
-            result = _train_and_record(experiment, model_config, trainer, agreement, stability, ownership, clock,
-                                       rank, uri, runs_dir, run_dir, checkpoint, digest, tokenizer, corpus, domains,
-                                       log, chatter, extra_tags)
-            return replace(result, trained_steps=steps.steps, train_s=steps.train_s)
-        finally:
-            if ownership is not None:
-                ownership.release()
+
+def _load_data(session: RunSession, made: list[Path]) -> None:
+    """The tokenizer, corpus and domains; rank 0 checks the MLflow store and takes the run folder around it. A failure
+    releases the folder and leaves no run folder behind (bad input, a busy run, a dead tracking server)."""
+    rank, uri = session.rank, session.uri
+    try:
+        if rank == 0 and not session.embedded:
+            tracking.check_store(uri)  # a dead server or a bad URI, in seconds, before the data is touched
+        if rank == 0:
+            session.ownership.acquire()
+        session.tokenizer, session.corpus, session.domains = load_data(session.experiment, log=session.chatter,
+                                                                       warn=session.log)
+        if rank == 0 and session.embedded:  # made only once the data is ready: bad input leaves no runs/ behind
+            session.runs_dir.mkdir(parents=True, exist_ok=True)
+            tracking.check_store(uri)
+    except BaseException:
+        if session.ownership is not None:
+            session.ownership.release()
+        _remove_if_left_empty(made)  # bad input or a busy run leaves no run folder behind
+        raise
 
 
 def _folders_to_make(run_dir: Path) -> list[Path]:
@@ -466,34 +528,16 @@ def _remove_if_left_empty(folders: list[Path]) -> None:
             return
 
 
-def _train_and_record(experiment: ExperimentConfig, model_config: ModelConfig, trainer: L.Trainer,
-                      agreement: _RankAgreement, stability: StabilityMonitor, ownership: RunOwnership | None,
-                      clock: _PhaseClock, rank: int, uri: str, runs_dir: Path, run_dir: Path, checkpoint: Path,
-                      digest: str, tokenizer, corpus, domains: list[str], log, chatter,
-                      extra_tags: dict | None) -> RunResult:
-    resuming = agreement.resuming = set_aside_if_unreadable(checkpoint, log) if rank == 0 else checkpoint.exists()
-    tracked = None
-    if rank == 0:
-        tracked = TrackedRun(uri, runs_dir, experiment.tracking.experiment or experiment.name, digest,
-                             unsent_path=run_dir / "unsent-metrics.jsonl")
-        tracked.writes_allowed = ownership.held
-        agreement.recorded = _recorded_outcome(tracked)
-        if agreement.recorded is not None:
-            # Done already (a worker killed after the run ended, before its ledger heard): never a second run.
-            log(f"{experiment.variant} seed {experiment.seed} is already {agreement.recorded.status} in MLflow run "
-                f"{tracked.run_id}")
-            if _alone_until_fit(trainer):
-                return agreement.recorded  # no other rank exists yet, and none will: `fit` is not called
-        else:
-            _open_run(tracked, experiment, model_config, resuming, extra_tags, str(trainer.precision),
-                      trainer.strategy.root_device)
-            if resuming:
-                log(f"resuming {run_dir} from {checkpoint} into MLflow run {tracked.run_id}")
-            trainer.logger = tracked.logger
-            agreement.run_id = tracked.run_id
+def _train_and_record(session: RunSession) -> RunResult:
+    checkpoint = session.checkpoint
+    session.resuming = session.agreement.resuming = (set_aside_if_unreadable(checkpoint, session.log)
+                                                     if session.rank == 0 else checkpoint.exists())
+    # Done already (a worker killed after the run ended, before its ledger heard): never a second run.
+    if session.rank == 0 and _open_tracked(session) is not None and _alone_until_fit(session.trainer):
+        return session.agreement.recorded  # no other rank exists yet, and none will: `fit` is not called
+    tracked = session.tracked
     try:
-        return _fit_and_record(experiment, model_config, trainer, agreement, stability, tracked, ownership, clock,
-                               rank, checkpoint, resuming, digest, tokenizer, corpus, domains, log, chatter)
+        return _fit_and_record(session)
     except Interrupted:
         if tracked is not None and tracked.run_id is not None:
             tracked.close_interrupted()
@@ -501,46 +545,70 @@ def _train_and_record(experiment: ExperimentConfig, model_config: ModelConfig, t
     except RunTakenOver:
         raise  # the run is another process's now: write nothing
     except Exception:
-        if tracked is not None and tracked.run_id is not None and agreement.recorded is None:
+        if tracked is not None and tracked.run_id is not None and session.agreement.recorded is None:
             tracked.close_failed()
         raise
 
 
-def _fit_and_record(experiment: ExperimentConfig, model_config: ModelConfig, trainer: L.Trainer,
-                    agreement: _RankAgreement, stability: StabilityMonitor, tracked: TrackedRun | None,
-                    ownership: RunOwnership | None, clock: _PhaseClock, rank: int, checkpoint: Path, resuming: bool, digest: str, tokenizer, corpus,
-                    domains: list[str], log, chatter) -> RunResult:
-    module, data = _module_and_data(experiment, model_config, corpus, domains)
-    clock.phase_ended("setup")
+def _open_tracked(session: RunSession) -> RunResult | None:
+    """Rank 0: the run's MLflow run, found ended already (its result, returned) or opened and made the trainer's
+    logger, its id told to the other ranks through `_RankAgreement`."""
+    experiment, agreement = session.experiment, session.agreement
+    tracked = session.tracked = TrackedRun(session.uri, session.runs_dir,
+                                           experiment.tracking.experiment or experiment.name, session.digest,
+                                           unsent_path=session.run_dir / "unsent-metrics.jsonl")
+    tracked.writes_allowed = session.ownership.held
+    agreement.recorded = _recorded_outcome(tracked)
+    if agreement.recorded is not None:
+        session.log(f"{experiment.variant} seed {experiment.seed} is already {agreement.recorded.status} in MLflow "
+                    f"run {tracked.run_id}")
+        return agreement.recorded
+    _open_run(session)
+    if session.resuming:
+        session.log(f"resuming {session.run_dir} from {session.checkpoint} into MLflow run {tracked.run_id}")
+    session.trainer.logger = tracked.logger
+    agreement.run_id = tracked.run_id
+    return None
+
+
+def _fit_and_record(session: RunSession) -> RunResult:
+    trainer, stability, rank, digest = session.trainer, session.stability, session.rank, session.digest
+    session.module, data = _module_and_data(session.experiment, session.model_config, session.corpus, session.domains)
+    session.clock.phase_ended("setup")
     try:
-        trainer.fit(module, datamodule=data, ckpt_path=str(checkpoint) if resuming else None)
+        trainer.fit(session.module, datamodule=data, ckpt_path=str(session.checkpoint) if session.resuming else None)
     except _AlreadyRecorded:  # rank 0 found it done in MLflow, and other ranks were already running (see above)
-        return replace(agreement.recorded, global_rank=rank)
+        return replace(session.agreement.recorded, global_rank=rank)
     except RunPruned as pruned:  # a search stopped this run early: a result, not a crash
-        clock.training_ended(trainer)
+        session.clock.training_ended(trainer)
         if rank == 0:
-            _record_pruned(tracked, clock, trainer.global_step)
-        log(f"run pruned at step {trainer.global_step}: {pruned}")
-        return RunResult("pruned", agreement.run_id, digest, global_rank=rank)
-    clock.training_ended(trainer)
-    run_id = agreement.run_id  # rank 0's, broadcast to every rank in `setup`
-    if ownership is not None:
-        ownership.check()  # a process paused through the end of training must not save over its successor's work
-    if stability.diverged_step is None and trainer.global_step % experiment.train.checkpoint_every:
-        # ModelCheckpoint(every_n_train_steps) writes last.ckpt on multiples of checkpoint_every only (Lightning 2.6's
-        # on_train_end skips its save once one was written): without this, `gatelab eval` would score the weights of
-        # some steps before the end. Every rank calls it; rank 0 writes.
-        trainer.save_checkpoint(checkpoint, weights_only=False)  # the full state, as ModelCheckpoint writes it
-    if tracked is not None:
-        tracked.flush()  # the training metrics a tracking outage held back; raises, the checkpoint kept, if it lasts
+            _record_pruned(session)
+        session.log(f"run pruned at step {trainer.global_step}: {pruned}")
+        return RunResult("pruned", session.agreement.run_id, digest, global_rank=rank)
+    session.clock.training_ended(trainer)
+    run_id = session.agreement.run_id  # rank 0's, broadcast to every rank in `setup`
+    _keep_the_last_steps(session)
 
     if stability.diverged_step is not None:  # every rank sees the same synced loss, so every rank agrees
         if rank == 0:
-            _record_diverged(tracked, clock, stability, trainer.global_step, resuming)
-        log(f"run diverged at step {stability.diverged_step}: recorded as diverged in MLflow run {run_id}")
+            _record_diverged(session)
+        session.log(f"run diverged at step {stability.diverged_step}: recorded as diverged in MLflow run {run_id}")
         return RunResult("diverged", run_id, digest, diverged_step=stability.diverged_step, global_rank=rank)
     if rank:
         return RunResult("finished", run_id, digest, global_rank=rank)  # rank 0 evaluates and records
-    metrics = _record_finished(tracked, clock, stability, trainer.global_step, resuming, module, experiment,
-                               tokenizer, corpus, domains, chatter, trainer.strategy.root_device)
-    return RunResult("finished", run_id, digest, metrics | clock.seconds)
+    metrics = _record_finished(session)
+    return RunResult("finished", run_id, digest, metrics | session.clock.seconds)
+
+
+def _keep_the_last_steps(session: RunSession) -> None:
+    """After `fit`: the checkpoint of the last step, and the training metrics a tracking outage held back."""
+    trainer = session.trainer
+    if session.ownership is not None:  # a process paused through the end of training must not overwrite its successor
+        session.ownership.check()
+    if session.stability.diverged_step is None and trainer.global_step % session.experiment.train.checkpoint_every:
+        # ModelCheckpoint(every_n_train_steps) writes last.ckpt on multiples of checkpoint_every only (Lightning 2.6's
+        # on_train_end skips its save once one was written): without this, `gatelab eval` would score the weights of
+        # some steps before the end. Every rank calls it; rank 0 writes.
+        trainer.save_checkpoint(session.checkpoint, weights_only=False)  # the full state, as ModelCheckpoint writes it
+    if session.tracked is not None:  # raises, the checkpoint kept, if the outage lasts
+        session.tracked.flush()

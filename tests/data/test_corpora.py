@@ -322,7 +322,7 @@ def test_cli_prepare_without_npm_reports_and_exits_0(no_tools: Path) -> None:
 
 
 def test_training_stops_when_a_domain_is_missing(no_tools: Path, tmp_path: Path) -> None:
-    from gatelab.config import load_experiment
+    from gatelab.data.resolve import load_experiment
     from gatelab.errors import GatelabError
     from gatelab.train.run import load_data
 

@@ -21,10 +21,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gatelab.config import experiment_from_dict, spec_hash
 from gatelab.data import corpora
 from gatelab.data.corpora import CorpusManifest, Fetched, Source
+from gatelab.data.identity import spec_hash
 from gatelab.data.prepare import load_data
+from gatelab.data.resolve import experiment_from_dict
 from gatelab.errors import GatelabError
 from tests.data.test_corpora import synthetic_docs
 from tests.helpers import MICRO

@@ -11,9 +11,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from gatelab.config import DataConfig, ExperimentConfig, experiment_from_dict, spec_hash
+from gatelab.config import DataConfig, ExperimentConfig
 from gatelab.data.corpora import HELDOUT_FRACTION, MIN_HELDOUT_DOCS, heldout_score
 from gatelab.data.external import corpus_dir, prepare_source
+from gatelab.data.identity import spec_hash
+from gatelab.data.resolve import experiment_from_dict
 from gatelab.errors import GatelabError
 from tests.helpers import MICRO
 

@@ -8,9 +8,11 @@ import mlflow
 import numpy as np
 import pytest
 
-from gatelab.config import BigramBackcopyConfig, load_experiment, spec_hash
+from gatelab.config import BigramBackcopyConfig
 from gatelab.data.corpora import DataError
 from gatelab.data.datasets import heldout_windows, train_dataset
+from gatelab.data.identity import spec_hash
+from gatelab.data.resolve import load_experiment
 from gatelab.data.synthetic import BOS, DOMAIN, EOS, FIRST_ORDINARY, BigramBackcopy
 from gatelab.errors import GatelabError
 from tests.helpers import REPO

@@ -156,7 +156,8 @@ def foreign(tmp_path: Path) -> Path:
 
 
 def test_a_tokenizer_file_sets_vocab_size_auto_and_frames_with_its_end_of_text(tmp_path: Path, foreign: Path) -> None:
-    from gatelab.config import flatten, load_experiment
+    from gatelab.config import flatten
+    from gatelab.data.resolve import load_experiment
 
     loaded = tokmod.load_foreign_tokenizer(str(foreign))
     assert 256 < loaded.vocab_size <= 300
@@ -170,7 +171,8 @@ def test_a_tokenizer_file_sets_vocab_size_auto_and_frames_with_its_end_of_text(t
 def test_the_spec_hash_follows_the_file_content_not_its_path(tmp_path: Path, foreign: Path) -> None:
     import shutil
 
-    from gatelab.config import load_experiment, spec_hash
+    from gatelab.data.identity import spec_hash
+    from gatelab.data.resolve import load_experiment
 
     first = spec_hash(load_experiment(write_experiment(tmp_path, str(foreign))))
     moved = tmp_path / "elsewhere" / "renamed.json"
@@ -184,7 +186,7 @@ def test_the_spec_hash_follows_the_file_content_not_its_path(tmp_path: Path, for
 
 
 def test_a_tokenizer_larger_than_the_model_vocabulary_is_one_error(tmp_path: Path, foreign: Path) -> None:
-    from gatelab.config import load_experiment
+    from gatelab.data.resolve import load_experiment
     from gatelab.errors import GatelabError
 
     size = tokmod.load_foreign_tokenizer(str(foreign)).vocab_size
@@ -196,7 +198,7 @@ def test_a_tokenizer_larger_than_the_model_vocabulary_is_one_error(tmp_path: Pat
 
 
 def test_auto_needs_a_tokenizer_to_take_the_size_from(tmp_path: Path) -> None:
-    from gatelab.config import load_experiment
+    from gatelab.data.resolve import load_experiment
     from gatelab.errors import GatelabError
 
     with pytest.raises(GatelabError, match=r"model.vocab_size 'auto'.*data.tokenizer"):
@@ -208,7 +210,7 @@ def test_auto_needs_a_tokenizer_to_take_the_size_from(tmp_path: Path) -> None:
 
 
 def test_a_missing_or_broken_tokenizer_file_names_key_and_path(tmp_path: Path) -> None:
-    from gatelab.config import load_experiment
+    from gatelab.data.resolve import load_experiment
     from gatelab.errors import GatelabError
 
     absent = tmp_path / "absent" / "tokenizer.json"
@@ -222,7 +224,7 @@ def test_a_missing_or_broken_tokenizer_file_names_key_and_path(tmp_path: Path) -
 
 
 def test_framing_tokens_can_be_named_and_must_exist(tmp_path: Path, foreign: Path) -> None:
-    from gatelab.config import load_experiment
+    from gatelab.data.resolve import load_experiment
     from gatelab.errors import GatelabError
 
     with pytest.raises(GatelabError, match=r"data.eos_token: '</s>' is not a token"):
@@ -241,7 +243,7 @@ def test_framing_tokens_can_be_named_and_must_exist(tmp_path: Path, foreign: Pat
 def test_a_hub_name_offline_is_one_line_with_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from huggingface_hub import constants
 
-    from gatelab.config import load_experiment
+    from gatelab.data.resolve import load_experiment
     from gatelab.errors import GatelabError
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # fails at once instead of waiting on the network
@@ -258,7 +260,7 @@ def test_a_hub_name_offline_is_one_line_with_the_fix(tmp_path: Path, monkeypatch
 
 
 def test_load_data_tokenizes_with_the_file_tokenizer(tmp_path: Path, foreign: Path) -> None:
-    from gatelab.config import load_experiment
+    from gatelab.data.resolve import load_experiment
     from gatelab.data.budget import CorpusCounter
     from gatelab.train.run import load_data
 

@@ -300,7 +300,7 @@ def _train_once(folder: Path) -> dict:
 def test_checkpoint_rebuilds_the_live_model(trained_run, tmp_path, monkeypatch):
     """A run id, its folder and its .ckpt load the same model, which scores as the model rebuilt by hand from the
     experiment and the checkpoint's weights; the run id is found from another working directory."""
-    from gatelab.config import load_experiment
+    from gatelab.data.resolve import load_experiment
     from gatelab.data.prepare import load_data
     from gatelab.model import resolve_model
 

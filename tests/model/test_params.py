@@ -33,7 +33,7 @@ def test_meta_parameters_are_left_uninitialised_without_touching_real_tensors():
 
 def test_counting_parameters_does_not_import_torch_dynamo():
     # `gatelab sweep plan` counts the parameters of every cell; torch._dynamo's import was most of its 5 s
-    code = ("import sys; from gatelab.config import load_experiment; from gatelab.model import added_parameters; "
+    code = ("import sys; from gatelab.data.resolve import load_experiment; from gatelab.model import added_parameters; "
             "print(added_parameters(load_experiment('experiments/paper-moe-15b.yaml'), 'g1_elem_sig')[1] > 0, "
             "'torch._dynamo' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)

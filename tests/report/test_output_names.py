@@ -14,9 +14,11 @@ import pandas as pd
 import pytest
 import yaml
 
-from gatelab import paper
+from gatelab import paper, tracking
+from gatelab.app import report as app_report
 from gatelab.errors import GatelabError
 from gatelab.report import report as R
+from gatelab.report import tables
 from gatelab.report.export import GENERATED_MARK, ReportTable, export_report
 from gatelab.report.tables import ONE_SEED_TEST, RunRecord, build_comparison, comparison_title
 from gatelab.sweep.spec import expand, load_sweep
@@ -80,14 +82,15 @@ class _Store:
 @pytest.fixture
 def fake_store(monkeypatch):
     def use(records: list[RunRecord]) -> None:
-        monkeypatch.setattr(R, "RunStore", _Store)
-        monkeypatch.setattr(R, "collect_runs", lambda *args, **kwargs: records)
+        monkeypatch.setattr(tracking, "RunStore", _Store)  # where gatelab.app.report looks them up, as it runs
+        monkeypatch.setattr(tables, "collect_runs", lambda *args, **kwargs: records)
     return use
 
 
 def _make(sweep: Path, runs_dir: Path, out: Path | None = None, formats=("md", "csv", "latex", "html"),
           command: str | None = None) -> list[Path]:
-    return R.make_report(sweep, None, list(formats), out, None, runs_dir, None, log=lambda *a: None, command=command)
+    return app_report.make_report(sweep, None, list(formats), out, None, runs_dir, None, log=lambda *a: None,
+                                  command=command)
 
 
 # -- where and under which names ------------------------------------------------------------------------------------

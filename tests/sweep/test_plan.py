@@ -11,6 +11,7 @@ import pytest
 import torch
 from rich.console import Console
 
+from gatelab.app.plan import show_plan
 from gatelab.config import flatten
 from gatelab.data.corpora import HELDOUT_FRACTION
 from gatelab.model.params import resolve_model
@@ -28,7 +29,6 @@ from gatelab.sweep.plan import (
     GPU_IMPORT_S,
     GPU_SETUP_S,
     MeasuredRun,
-    cli_plan,
     corpus_warnings,
     estimate_lines,
     evaluation_flops,
@@ -57,7 +57,7 @@ def _no_gpu(monkeypatch):
 
 @pytest.mark.parametrize("path", SHIPPED_SWEEPS, ids=lambda p: p.stem)
 def test_every_shipped_sweep_plans(path, capsys):
-    cli_plan(path, as_json=True)
+    show_plan(path, as_json=True)
     plan = json.loads(capsys.readouterr().out)
     assert len(plan["runs"]) == len(expand(load_sweep(path)))
     assert all(row["total_params"] > 0 and row["seconds"] > 0 for row in plan["runs"])
@@ -86,7 +86,7 @@ def test_paper_table1_at_paper_scale_matches_the_papers_added_parameters():
 def test_plan_json_shape(tmp_path, capsys):
     path = write_sweep(tmp_path, {"grid": {"variant": ["baseline", "g1_elem_sig"], "train.lr": [1.0e-3, 2.0e-3]},
                                   "paper": "table1"})
-    cli_plan(path, as_json=True)
+    show_plan(path, as_json=True)
     plan = json.loads(capsys.readouterr().out)
     assert {"runs", "totals"} <= set(plan)
     assert set(plan["totals"]) == {"runs", "tokens", "flops", "seconds", "hours", "wall_s"}
@@ -152,7 +152,7 @@ def test_a_missing_paper_file_drops_the_column(tmp_path, monkeypatch, capsys):
     path = write_sweep(tmp_path, {"grid": {"variant": ["baseline"]}, "paper": "table1"})
     rows = plan_rows(expand(load_sweep(path)), paper="table1")
     assert "paper_added_m" not in rows[0]
-    cli_plan(path)
+    show_plan(path)
     out = capsys.readouterr().out
     assert "paper added" not in out
     assert "no paper column:" in out and "paper_table1_moe.csv is missing" in out
@@ -179,7 +179,7 @@ def _bigram_sweep(tmp_path, train_sequences: int, max_steps: int, batch_size: in
 
 
 def test_plan_json_says_what_each_run_will_see(tmp_path, capsys):
-    cli_plan(_bigram_sweep(tmp_path, train_sequences=10, max_steps=17), as_json=True)
+    show_plan(_bigram_sweep(tmp_path, train_sequences=10, max_steps=17), as_json=True)
     plan = json.loads(capsys.readouterr().out)
     row = plan["runs"][0]
     assert (row["tokens"], row["corpus_tokens"], row["corpus_count"]) == (17 * 16, 10 * 17, "exact")
@@ -205,11 +205,11 @@ def test_the_repeat_warning_appears_above_one_pass_only(tmp_path):
 
 def test_unprepared_corpora_show_a_question_mark_and_how_to_count(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("GATELAB_DATA_DIR", str(tmp_path / "no-data"))
-    cli_plan(write_sweep(tmp_path, {"grid": {"variant": ["baseline"]}}))
+    show_plan(write_sweep(tmp_path, {"grid": {"variant": ["baseline"]}}))
     out = capsys.readouterr().out
     assert " ? " in out and "would pass" not in out
     assert "run `gatelab data prepare PRESET` to count the corpus" in " ".join(out.split())  # as the terminal wraps it
-    cli_plan(write_sweep(tmp_path, {"grid": {"variant": ["baseline"]}}), as_json=True)
+    show_plan(write_sweep(tmp_path, {"grid": {"variant": ["baseline"]}}), as_json=True)
     row = json.loads(capsys.readouterr().out)["runs"][0]
     assert (row["corpus_tokens"], row["corpus_count"], row["passes"]) == (None, "unknown", None)
     assert not (tmp_path / "no-data").exists()

@@ -36,7 +36,7 @@ def test_each_run_is_claimed_once_and_enqueue_is_idempotent(storage):
     ledger, specs = _ledger(storage), _specs(3)
     assert ledger.enqueue_missing(specs) == 3 and ledger.enqueue_missing(specs) == 0
     claimed = [ledger.claim() for _ in range(3)]
-    assert sorted(t.user_attrs["gatelab.hash"] for t in claimed) == ["h0", "h1", "h2"]
+    assert sorted(claim.hash for claim in claimed) == ["h0", "h1", "h2"]
     assert ledger.claim() is None
     ledger.finish(claimed[0], "finished", "run-a", 12.5)
     ledger.finish(claimed[1], "diverged", "run-b", None, diverged_step=7)
@@ -50,14 +50,29 @@ def test_each_run_is_claimed_once_and_enqueue_is_idempotent(storage):
 def test_a_run_whose_worker_stopped_beating_is_requeued_once(storage):
     ledger, specs = _ledger(storage, grace_s=1.0), _specs(1)
     ledger.enqueue_missing(specs)
-    trial = ledger.claim()
-    set_trial_attr(ledger.study, trial, HEARTBEAT, time.time() - 10)
+    claim = ledger.claim()
+    set_trial_attr(ledger.study, claim.trial, HEARTBEAT, time.time() - 10)
     other = SweepLedger(storage, ledger.study.study_name, grace_s=1.0)
     assert ledger.fail_stale() == ["h0"]
     assert other.fail_stale() == []  # already taken over: never twice
     again = other.claim()
-    assert again.user_attrs["gatelab.hash"] == "h0" and other.claim() is None
+    assert again.hash == "h0" and other.claim() is None
     assert [s.status for s in other.states(specs)] == ["running"]
+
+
+def test_a_claim_carries_the_runs_stored_attributes_and_the_storage_keeps_its_keys(storage):
+    """The worker reads a `Claim`; the trials underneath keep the user attributes existing ledgers hold."""
+    ledger, specs = _ledger(storage), _specs(1)
+    ledger.enqueue_missing(specs)
+    claim = ledger.claim()
+    assert (claim.hash, claim.index, claim.label, claim.attempt) == ("h0", 0, "cell 0", 1)
+    stored = next(t for t in ledger.trials() if t.number == claim.number)
+    assert stored.state == optuna.trial.TrialState.RUNNING
+    assert set(stored.user_attrs) == {"gatelab.hash", "gatelab.index", "gatelab.label", "gatelab.attempt", HEARTBEAT,
+                                      "gatelab.worker", "gatelab.started"}
+    assert ledger.fail(claim, "ValueError: boom", retries=1) is True
+    retried = ledger.claim()
+    assert (retried.hash, retried.attempt) == ("h0", 2) and retried.number > claim.number and retried != claim
 
 
 def test_a_failed_run_is_retried_then_reported(storage):
@@ -93,7 +108,7 @@ def test_a_taken_over_worker_loses_its_lease_and_its_heartbeat_stops_writing(sto
     paused = ledger.claim()
     lease = ledger.lease(paused)
     assert lease.lost() is None and lease.holder == ledger.worker
-    set_trial_attr(ledger.study, paused, HEARTBEAT, time.time() - 10)  # paused past the grace period
+    set_trial_attr(ledger.study, paused.trial, HEARTBEAT, time.time() - 10)  # paused past the grace period
     taker = SweepLedger(storage, ledger.study.study_name, grace_s=1.0)
     taker.worker = "other-host:4242"
     assert taker.fail_stale() == ["h0"]
@@ -113,21 +128,21 @@ def test_a_run_claimed_but_never_beaten_on_is_taken_over(storage):
     ledger.study.ask()  # the claim as far as Optuna got
     time.sleep(0.4)
     assert ledger.fail_stale() == ["h0"]
-    assert ledger.claim().user_attrs["gatelab.hash"] == "h0"
+    assert ledger.claim().hash == "h0"
 
 
 def test_a_run_being_trained_elsewhere_goes_to_the_back_of_the_queue(storage):
     ledger, specs = _ledger(storage), _specs(2)
     ledger.enqueue_missing(specs)
-    assert ledger.claim(skip={"h0"}).user_attrs["gatelab.hash"] == "h1"
+    assert ledger.claim(skip={"h0"}).hash == "h1"
     assert ledger.claim(skip={"h0"}) is None  # only the skipped run waits
-    assert ledger.claim().user_attrs["gatelab.hash"] == "h0"
+    assert ledger.claim().hash == "h0"
 
 
 def test_reset_requeues_failed_cells_with_fresh_attempts_and_refuses_the_others(storage):
     ledger, specs = _ledger(storage), _specs(4)
     ledger.enqueue_missing(specs)
-    claimed = {t.user_attrs["gatelab.hash"]: t for t in (ledger.claim() for _ in range(4))}
+    claimed = {claim.hash: claim for claim in (ledger.claim() for _ in range(4))}
     ledger.fail(claimed["h0"], "ValueError: boom", retries=0)
     ledger.fail(claimed["h1"], "ValueError: boom", retries=0)
     ledger.finish(claimed["h2"], "finished", "run-c", 3.0)  # h3 stays running

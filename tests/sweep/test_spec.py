@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gatelab.config import spec_hash
+from gatelab.data.identity import spec_hash
 from gatelab.errors import GatelabError
 from gatelab.sweep.spec import expand, load_sweep, search_space, with_values
 from gatelab.variants import VARIANTS

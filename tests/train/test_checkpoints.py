@@ -165,7 +165,7 @@ def test_a_checkpoint_records_the_precision_its_run_trained_in(tmp_path):
 
 def test_a_run_resumes_in_the_precision_it_began_in_where_auto_now_resolves_otherwise(tmp_path, monkeypatch):
     """A run begun in bf16-mixed (a machine with fast bf16) and resumed where `auto` is fp32 keeps bf16, and says so."""
-    from gatelab.config import load_experiment
+    from gatelab.data.resolve import load_experiment
     from gatelab.train import run as run_module
 
     experiment = load_experiment(write_micro_experiment(tmp_path, max_steps=2, checkpoint_every=2),

@@ -57,7 +57,7 @@ def _train_single_and_ddp(folder: Path) -> dict:
 
 @pytest.mark.parametrize("strategy", ["ddp_spawn", "fsdp"])
 def test_a_strategy_that_cannot_run_here_is_refused_before_any_work(tmp_path, strategy):
-    from gatelab.config import load_experiment
+    from gatelab.data.resolve import load_experiment
     from gatelab.errors import GatelabError
     from gatelab.train.run import run
 

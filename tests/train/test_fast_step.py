@@ -10,7 +10,8 @@ import pytest
 import torch
 import yaml
 
-from gatelab.config import load_experiment, spec_hash
+from gatelab.data.identity import spec_hash
+from gatelab.data.resolve import load_experiment
 from gatelab.model import build_model, resolve_model
 from gatelab.train import compiling, head_loss as head_loss_module, module
 from gatelab.train.module import GatedLM, head_loss, lr_at, next_token_loss

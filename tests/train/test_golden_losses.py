@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gatelab.config import load_experiment
+from gatelab.data.resolve import load_experiment
 from gatelab.model import resolve_model
 from gatelab.train.module import GatedLM
 

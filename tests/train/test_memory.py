@@ -6,7 +6,7 @@ import resource
 
 import pytest
 
-from gatelab.config import load_experiment
+from gatelab.data.resolve import load_experiment
 from gatelab.errors import GatelabError
 from gatelab.model import resolve_model
 from gatelab.train import memory

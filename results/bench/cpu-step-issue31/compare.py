@@ -26,7 +26,10 @@ import json, sys, tempfile
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 from gatelab import bench
-from gatelab.config import load_experiment
+try:
+    from gatelab.data.resolve import load_experiment  # where it lives since issue 32
+except ImportError:
+    from gatelab.config import load_experiment
 try:
     from gatelab.host import resolve_precision  # where it lives since issue 32
 except ImportError:

@@ -3,7 +3,10 @@
 # Usage, from the repository root: python results/bench/epyc-avx512-bf16/attention_in_step.py bf16-mixed baseline 40
 import sys, math, statistics, torch, torch.nn.functional as F
 from gatelab.bench import plain_step, time_interleaved
-from gatelab.config import load_experiment
+try:
+    from gatelab.data.resolve import load_experiment  # where it lives since issue 32
+except ImportError:
+    from gatelab.config import load_experiment
 import gatelab.model.attention as A
 torch._dynamo.config.recompile_limit = 64
 precision = sys.argv[1]; variant = sys.argv[2] if len(sys.argv) > 2 else "baseline"

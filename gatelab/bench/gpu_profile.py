@@ -1,6 +1,6 @@
 """Where a training step's GPU time goes, kernel by kernel, and how long the GPU sits idle waiting for the host.
 
-`bench.op_profile` charges device time to the aten op that launched it; this module reads the kernels themselves, as
+`profiling.op_profile` charges device time to the aten op that launched it; this module reads the kernels themselves, as
 the GPU ran them: their groups (GEMM, attention, inductor's Triton kernels, ...), and the gaps between them. A gap
 is time no kernel, copy or fill ran: the GPU waiting for the host to launch more work (Python, dispatch, the
 optimizer's bookkeeping, a synchronisation). Everything but `kernel_profile` is a pure function of kernel names and
@@ -14,6 +14,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
+
+from gatelab.bench.machine import synchronize
+from gatelab.bench.profiling import kineto_markers_dropped
 
 # A kernel launch costs ~2-5 us of GPU idle time even when the host keeps ahead of the GPU: shorter gaps are launch
 # latency, longer ones the GPU waiting for the host.
@@ -120,7 +123,8 @@ def _rows_by_name(intervals: list[KernelInterval], steps: int) -> list[dict]:
 
 
 def _group_rows(kernel_rows: list[dict]) -> list[dict]:
-    """The kernel rows summed by group, slowest first, each with its three slowest kernels (as bench.profile_groups)."""
+    """The kernel rows summed by group, slowest first, each with its three slowest kernels (as
+    profiling.profile_groups)."""
     groups: dict[str, dict] = {}
     for row in kernel_rows:
         group = groups.setdefault(row["group"], {"group": row["group"], "ms_per_step": 0.0, "share": 0.0,
@@ -181,14 +185,12 @@ def kernel_profile(step: Callable[[], None], steps: int = 3) -> dict:
                            "(torch.cuda.is_available() is False)")
     from torch.profiler import ProfilerActivity, profile
 
-    from gatelab.bench import _sync, kineto_markers_dropped
-
     step()
-    _sync()
+    synchronize()
     with kineto_markers_dropped(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as trace:
         for _ in range(steps):
             step()
-        _sync()
+        synchronize()
     return kernel_summary(device_work(trace.events(), torch.cuda.current_device()), steps)
 
 
@@ -205,8 +207,6 @@ class LightningKernelProfile:
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
         from torch.profiler import ProfilerActivity, profile
-
-        from gatelab.bench import kineto_markers_dropped
 
         if batch_idx == self.first:
             torch.cuda.synchronize()
@@ -238,7 +238,7 @@ def lightning_kernel_profile(first: int = 3, steps: int = 3):
 
 def kernel_markdown(summary: dict, title: str) -> list[str]:
     """Markdown lines: `title`, the step's window, busy and idle time, then tables of groups, the 10 slowest kernels
-    and the largest gaps (as bench.to_markdown's tables)."""
+    and the largest gaps (as render.to_markdown's tables)."""
     lines = [f"## {title}", ""]
     if not summary["kernels"]:
         return lines + ["No CUDA kernels were recorded."]

@@ -1,0 +1,42 @@
+"""What each `gatelab` command does, one module a command or command group: `gatelab.cli` maps the arguments to one
+call here and the call's result to an exit code. A user error is a GatelabError, which the command line turns into
+one message and exit code 2; a function that can end otherwise returns the exit code.
+
+Each module imports what its command needs inside its functions: gatelab.cli imports these modules whole, and
+`gatelab --help` and a typo in an argument are still answered before torch, Lightning or MLflow are imported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+
+def quiet_noise(verbose: bool) -> None:
+    """--verbose, or not: for this process and every worker or rank it starts (`gatelab.progress`)."""
+    from gatelab.progress import set_verbose, silence_noise
+
+    set_verbose(verbose)
+    silence_noise()
+
+
+def stdout_console():
+    """A rich console for stdout. markup=False: a table cell (a path, a run's error) holding `[red]` or `[/bold]` is
+    printed as written; a pipe gets whole rows."""
+    import sys
+
+    from rich.console import Console
+
+    return Console(markup=False) if sys.stdout.isatty() else Console(width=200, markup=False)
+
+
+def comma_list(text: str) -> list[str]:
+    """`--format md, csv` and the like: the comma-separated words, blanks dropped."""
+    return [word.strip() for word in text.split(",") if word.strip()]
+
+
+def say_written(written: Iterable[Path]) -> None:
+    """The closing line of a command that writes files: which."""
+    from typer import echo
+
+    echo("wrote " + ", ".join(str(path) for path in written))

@@ -1,0 +1,59 @@
+"""`gatelab claims`: the sweep files and the claims file read, each sweep's runs collected from MLflow and its ledger,
+and the claims table written (gatelab.report.claims checks each claim)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from typer import echo
+
+from gatelab.app import comma_list, say_written
+from gatelab.errors import GatelabError
+
+DEFAULT_CLAIMS = Path("sweeps/claims/tiny.yaml")  # relative to the repository root, where gatelab is run from
+
+
+def make_claims(sweep_paths: Sequence[Path], out_dir: Path, formats: Sequence[str], tracking_uri: str | None,
+                runs_dir: Path, storage: str | None, command: str | None = None, log=print,
+                claims_path: Path = DEFAULT_CLAIMS) -> list[Path]:
+    """The claims table of the given sweeps' runs, written as `claims.<format>` under `out_dir`."""
+    from gatelab.report.claims import write_claims
+    from gatelab.report.claims_file import load_claims
+    from gatelab.report.export import check_formats
+    from gatelab.report.tables import collect_runs
+    from gatelab.sweep.queue import ledger_states
+    from gatelab.sweep.spec import expand, load_sweep
+    from gatelab.tracking import RunStore, default_tracking_uri
+
+    check_formats(formats)
+    sweeps = {}
+    for path in sweep_paths:
+        sweep = load_sweep(path)
+        sweeps[sweep.name] = sweep
+    if not Path(claims_path).exists():
+        raise GatelabError(f"{claims_path}: no such claims file; run gatelab claims from the repository root (the "
+                           "default is sweeps/claims/tiny.yaml there) or name one with --claims FILE")
+    claims = load_claims(claims_path, sweeps)
+    store = RunStore(tracking_uri or default_tracking_uri(runs_dir), runs_dir)
+    records = {}
+    for name, sweep in sweeps.items():
+        specs = expand(sweep)
+        records[name] = collect_runs(specs, store, name, ledger_states(storage, runs_dir, name, specs))
+    known = {claim.sweep for claim in claims}
+    unused = sorted(set(records) - known)
+    if unused:
+        log(f"no claim reads the sweep(s) {', '.join(unused)}; claims read {', '.join(sorted(known))}")
+    return write_claims(records, claims, out_dir, formats, command, log=log)
+
+
+def claims(sweep_paths: Sequence[Path], formats: str, out_dir: Path, tracking_uri: str | None, runs_dir: Path,
+           storage: str | None, claims_path: Path, command: str) -> None:
+    """`gatelab claims`: the claims table, each claim's verdict printed, then the files it wrote. A ValueError (a
+    value in the runs or the claims file that the table cannot use) is a user error too."""
+    try:
+        written = make_claims(sweep_paths, out_dir, comma_list(formats), tracking_uri, runs_dir, storage, command,
+                              log=echo, claims_path=claims_path)
+    except ValueError as error:
+        raise GatelabError(str(error)) from None
+    say_written(written)

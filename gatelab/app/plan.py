@@ -1,0 +1,37 @@
+"""`gatelab sweep plan`: a sweep file validated and priced, one row per run, before anything runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def show_plan(sweep_path: Path, experiment: Path | None = None, as_json: bool = False,
+              flops_per_second: float | None = None, tracking_uri: str | None = None,
+              runs_dir: Path | None = None) -> None:
+    """Load and validate the sweep (GatelabError on any bad cell), then print its plan. With `runs_dir` (or
+    `tracking_uri`) and no `flops_per_second`, times are measured where that store holds earlier runs of the same shape
+    from this machine."""
+    from gatelab import paper as paper_tables
+    from gatelab.sweep.plan import corpus_warnings, plan_rows, render_plan, sweep_measurements
+    from gatelab.sweep.spec import load_sweep
+
+    sweep = load_sweep(sweep_path, experiment)
+    trials = sweep.search.n_trials if sweep.search else 1
+    measured, notes = [], []
+    if flops_per_second is None and (runs_dir is not None or tracking_uri is not None):
+        measured, notes = sweep_measurements(sweep.runs, tracking_uri, runs_dir or Path("runs"))
+    rows = plan_rows(sweep.runs, paper=sweep.paper, flops_per_second=flops_per_second, trials=trials,
+                     measured=measured)
+    notes += [str(duplicate) for duplicate in sweep.duplicates]
+    warnings = corpus_warnings(rows, sweep.runs)
+    if sweep.search:
+        notes.append(f"each row is an Optuna search of {trials} trials over "
+                     f"{', '.join(sweep.search.params)} ({sweep.search.direction} {sweep.search.metric})")
+    table = paper_tables.TABLES.get(sweep.paper or "")
+    if table is not None and table.added and not any("paper_added_m" in row for row in rows):
+        notes.append(f"no paper column: {paper_tables.paper_file(table.file)} is missing")
+    title = f"{sweep.name}: {len(rows)} runs on {sweep.experiment_path}"
+    title += f" (paper {sweep.paper})" if sweep.paper else ""
+    extra = {"sweep": sweep.name, "experiment": str(sweep.experiment_path), "paper": sweep.paper,
+             "duplicates": [str(d) for d in sweep.duplicates], "warnings": warnings}
+    render_plan(rows, as_json, title=title, notes=warnings + notes, extra=extra)

@@ -1,0 +1,113 @@
+"""`gatelab sweep worker`, `reset` and `status`, and how a sweep command ends: a sweep's ledger read, changed or
+worked through (`gatelab sweep run` is gatelab.app.sweep_run, `plan` gatelab.app.plan)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer import echo
+
+from gatelab.app import quiet_noise, stdout_console
+from gatelab.errors import GatelabError
+
+
+def interrupted_exit(interrupted) -> int:
+    """A sweep command stopped by Ctrl-C or SIGTERM: what to run to resume, and the shell's exit code (130, 143)."""
+    from gatelab.sweep.queue import interrupted_line
+
+    echo(interrupted_line(interrupted), err=True)
+    return interrupted.exit_code
+
+
+def cells_failed_exit(failed_line: str | None) -> int:
+    """1 (CELLS_FAILED), naming the failed cells and the reset command, where any cell of the sweep failed; else 0."""
+    from gatelab.sweep.queue import CELLS_FAILED
+
+    if failed_line:
+        echo(failed_line, err=True)
+        return CELLS_FAILED
+    return 0
+
+
+def worker(sweep: Path, storage: str, experiment: Path | None, tracking_uri: str | None, runs_dir: Path,
+           threads: int | None, heartbeat: float, grace: float, verbose: bool) -> int:
+    """Work through the sweep's shared ledger until no run is left; the exit code."""
+    quiet_noise(verbose)
+    from gatelab.interrupts import Interrupted, raise_on_signals
+    from gatelab.sweep.queue import failed_cells_line
+
+    try:
+        with raise_on_signals():  # from the start: Ctrl-C during the imports of torch is no traceback either
+            from gatelab.sweep.worker import work
+
+            report = work(sweep, experiment, storage, tracking_uri, runs_dir, threads, heartbeat, grace)
+            failed = failed_cells_line(sweep, experiment, storage, runs_dir)
+    except Interrupted as interrupted:
+        return interrupted_exit(interrupted)
+    echo(f"worker done: {len(report.finished)} finished, {len(report.diverged)} diverged, {len(report.failed)} failed")
+    return cells_failed_exit(failed)
+
+
+def reset(sweep: Path, cells: list[int], failed: bool, experiment: Path | None, storage: str | None,
+          tracking_uri: str | None, runs_dir: Path) -> None:
+    """Put the failed cells named (or every failed cell) back in the queue, and say which."""
+    from gatelab.errors import redact
+    from gatelab.sweep.queue import SweepLedger, default_storage, ledger_exists, tracking_stores
+    from gatelab.sweep.spec import expand, load_sweep
+
+    if not cells and not failed:
+        raise GatelabError("say which cells to reset: --failed (every failed cell) or --cell N (repeatable)")
+    plan = load_sweep(sweep, experiment)
+    specs = expand(plan)
+    storage = storage or default_storage(runs_dir, plan.name)
+    stores = tracking_stores(specs, tracking_uri, runs_dir)
+    if not ledger_exists(storage, plan.name, stores):
+        raise GatelabError(f"sweep {plan.name} has no ledger in {redact(storage)}: nothing has run yet (pass "
+                           "--storage or --runs-dir if it lives elsewhere)")
+    requeued = SweepLedger(storage, plan.name, tracking_uris=stores).reset(specs, cells, failed)
+    for state in requeued:
+        echo(f"cell {state.index} ({state.label}): failed after {state.attempts} attempt(s) -> pending, "
+             "attempts counted afresh")
+    echo(f"re-queued {len(requeued)} cell(s)" + (f"; train them with: gatelab sweep run {sweep}" if requeued
+                                                 else ": no cell had failed"))
+
+
+def print_status(sweep: Path, experiment: Path | None, storage: str | None, runs_dir: Path, as_json: bool) -> None:
+    """Counts and one row per run of the sweep's ledger, as a table or as JSON."""
+    from collections import Counter
+    from dataclasses import asdict
+
+    from rich.table import Table
+
+    from gatelab.sweep.queue import ledger_states
+    from gatelab.sweep.spec import expand, load_sweep
+
+    plan = load_sweep(sweep, experiment)
+    specs = expand(plan)
+    states = ledger_states(storage, runs_dir, plan.name, specs)
+    counts = Counter(state.status for state in states)
+    if as_json:
+        echo(json.dumps({"sweep": plan.name, "counts": dict(counts), "runs": [asdict(s) for s in states]}, indent=2))
+        return
+    table = Table(box=None, title=f"sweep {plan.name}: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+    for column in ("#", "run", "status", "detail", "attempts", "MLflow run"):
+        table.add_column(column)
+    for state in states:
+        table.add_row(str(state.index), state.label, state.status, _detail(state), str(state.attempts),
+                      state.mlflow_run_id or "")
+    stdout_console().print(table)
+
+
+def _detail(state) -> str:
+    import time
+
+    if state.status == "running":
+        return f"on {state.worker} for {time.time() - (state.since or time.time()):.0f} s"
+    if state.status == "diverged":
+        return f"at step {state.diverged_step}"
+    if state.status == "failed":
+        return state.error or ""
+    if state.status == "finished" and state.value is not None:
+        return f"ppl/avg {state.value:.3f}"
+    return ""

@@ -1,0 +1,57 @@
+"""`gatelab train`: one run, trained and evaluated, tracked in MLflow; the same command again resumes it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from typer import echo
+
+from gatelab.app import quiet_noise
+
+KEY_METRICS = ("ppl/avg", "unigram_ppl/avg", "blimp/accuracy", "probe/f_attn", "probe/m_act", "probe/gate_score_mean")
+
+
+def checked_config(experiment: Path, overrides: list[str]):
+    """The run's config, its file, keys and variant checked before Lightning is imported (5 s): a typo is answered at
+    once. Shape errors of the variant surface here too, before any data or training work."""
+    from gatelab.data.resolve import load_experiment
+    from gatelab.variants import variant_ids
+
+    config = load_experiment(experiment, overrides)
+    variant_ids(config.variant)
+    from gatelab.model import resolve_model
+
+    resolve_model(config)
+    return config
+
+
+def train(experiment: Path, variant: str | None, seed: int | None, set_: list[str], tracking_uri: str | None,
+          runs_dir: Path, quiet: bool, verbose: bool) -> int:
+    """Train the run and print its outcome; the exit code (that of the signal that interrupted it, else 0)."""
+    quiet_noise(verbose)
+    from gatelab.errors import redact
+
+    overrides = [*set_, *([f"variant={variant}"] if variant else []), *([f"seed={seed}"] if seed is not None else [])]
+    config = checked_config(experiment, overrides)
+    from gatelab.interrupts import Interrupted
+    from gatelab.train.ownership import RunInProgress
+    from gatelab.train.run import run
+
+    try:
+        result = run(config, tracking_uri=tracking_uri, runs_dir=runs_dir, quiet=quiet)
+    except RunInProgress as busy:  # not a failure: the run is being made, by another process
+        echo(str(busy))
+        return 0
+    except Interrupted as interrupted:
+        echo(f"interrupted ({interrupted}): the MLflow run is closed as KILLED and its last checkpoint kept; run the "
+             "same command again to resume", err=True)
+        return interrupted.exit_code
+    where = redact(tracking_uri or config.tracking.uri or f"sqlite:///{runs_dir / 'mlflow.db'}")
+    echo(f"{result.status}: MLflow run {result.run_id} in {where}")
+    if result.status == "diverged":
+        echo(f"diverged at step {result.diverged_step}")
+        return 0
+    for name in KEY_METRICS:
+        if name in result.metrics:
+            echo(f"  {name:24s} {result.metrics[name]:.4f}")
+    return 0

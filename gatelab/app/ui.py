@@ -1,0 +1,20 @@
+"""`gatelab ui`: the MLflow UI over a sweep's tracking store, until Ctrl-C (gatelab.report.ui runs it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def ui(sweep: Path | None, tracking_uri: str | None, runs_dir: Path, port: int, screenshot: Path | None,
+       verbose: bool) -> None:
+    """Serve the store's runs, opening on the sweep's (a wrong sweep file is an error here, not an empty UI)."""
+    from gatelab.report.ui import serve_ui
+    from gatelab.tracking import default_tracking_uri
+
+    sweep_name = None
+    if sweep is not None:
+        from gatelab.sweep.spec import load_sweep
+
+        sweep_name = load_sweep(sweep).name
+    serve_ui(tracking_uri or default_tracking_uri(runs_dir), port=port, sweep_name=sweep_name, screenshot=screenshot,
+             verbose=verbose)

@@ -1,0 +1,49 @@
+"""`gatelab bench`: where the time of a training step goes, measured side by side in one process.
+
+What it measures, per experiment preset (tiny and tiny-moe by default):
+- the step time and tokens/s of `baseline` and one variant of each gate family, as ratios to `baseline`;
+- gatelab's real Lightning training step (its Trainer settings, callbacks and MLflow logger) against a plain PyTorch
+  loop on the same model, batches, optimizer and precision: the framework overhead as a ratio;
+- fp32 against bf16 autocast, and the preset's own precision against a plain fp32 eager loop;
+- the model's achieved FLOP/s against this machine's matrix-multiply FLOP/s on the very GEMM shapes the step runs
+  (read off a profiler trace of one step), and so the share of step time spent outside those GEMMs;
+- peak memory, and the fixed cost of one run (process start and imports, setup, evaluation) against its training time,
+  from a real `gatelab train` run in a child process;
+- with `--sweep`, a real sweep run with one worker and then two (wall time, fixed-cost share, throughput ratio).
+
+On a CUDA machine it is the GPU check of issue 30, which must end within 8 minutes on one H100 or H200: the options a
+user does not give take GPU_DEFAULTS (the small preset, every G1 variant and one of each other gate, shorter
+warm-ups), fp32 steps run on a cut
+batch, the compile-cache runs happen whatever the preset says, and the targets end with the GPU's own: MFU of the
+Lightning step, seconds of a run's evaluation, peak GPU memory of a run, and compiling from the cache (`gpu_figures`,
+`acceptance_checks`). `bench`'s docstring has the seconds each part is expected to take there.
+
+The modules: `machine` (the machine and its device), `timing` (interleaved rounds, ratio intervals), `steps` (the
+steps timed), `profiling`, `flops` and `gpu_profile` (where a step's time goes), `runs` (real runs in child
+processes), `measure` (`bench`, part by part), `checks` (the targets), `render` (bench.md and bench.json), `command`
+(what `gatelab bench` does beyond reading its options) and `data` (`gatelab bench --data`).
+"""
+
+from gatelab.bench.checks import acceptance_checks, gpu_figures
+from gatelab.bench.flops import GEMM_OPS, gemm_pass, gemm_shapes, gpu_estimate, model_flops_per_step
+from gatelab.bench.machine import gpu_peak_flops, machine_facts
+from gatelab.bench.measure import (
+    DEFAULT_PRESETS, GPU_DEFAULTS, GPU_VARIANTS, PARTS, bench, kernel_profile_variants, with_gpu_defaults,
+)
+from gatelab.bench.profiling import kineto_markers_dropped, op_profile
+from gatelab.bench.render import summary_markdown, to_markdown, write
+from gatelab.bench.report import BenchReport, GemmFigures, StepFigures
+from gatelab.bench.runs import LIGHT_EVALUATION, compile_cost, measures_compile_cache, run_cost, run_cost_of
+from gatelab.bench.steps import (
+    PEER_LABEL, fits_in_memory, lightning_steps, loss_curves, plain_step, random_windows, transformers_step,
+)
+from gatelab.bench.timing import ratio_interval, time_interleaved
+
+__all__ = [
+    "DEFAULT_PRESETS", "GEMM_OPS", "GPU_DEFAULTS", "GPU_VARIANTS", "LIGHT_EVALUATION", "PARTS", "PEER_LABEL",
+    "BenchReport", "GemmFigures", "StepFigures", "acceptance_checks", "bench", "compile_cost", "fits_in_memory",
+    "gemm_pass", "gemm_shapes", "gpu_estimate", "gpu_figures", "gpu_peak_flops", "kernel_profile_variants",
+    "kineto_markers_dropped", "lightning_steps", "loss_curves", "machine_facts", "measures_compile_cache",
+    "model_flops_per_step", "op_profile", "plain_step", "random_windows", "ratio_interval", "run_cost", "run_cost_of",
+    "summary_markdown", "time_interleaved", "to_markdown", "transformers_step", "with_gpu_defaults", "write",
+]

@@ -1,0 +1,43 @@
+"""The machine the bench measures on: what it is, which device the steps run on, and waiting for that device."""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+
+import torch
+
+from gatelab import host
+from gatelab.devices import device_name, evaluation_device, gpu_peak
+
+
+def machine_facts() -> dict:
+    from gatelab.host import cpu_has_fast_bf16
+
+    names = re.findall(r"^model name\s*:\s*(.+)$", host.cpu_info(), re.M)
+    cpu = names[0] if names else platform.processor() or platform.machine()
+    facts = {"cpu": cpu, "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+             "torch_threads": torch.get_num_threads(), "fast_bf16_cpu": cpu_has_fast_bf16(),
+             "torch": torch.__version__, "python": platform.python_version(),
+             "gpu": device_name(bench_device()) if bench_device().type == "cuda" else None}
+    return facts
+
+
+def bench_device() -> torch.device:
+    """The current CUDA device where there is one, else the CPU (not Apple's GPU: `synchronize` does not wait for
+    it)."""
+    return evaluation_device(accelerator="cuda")
+
+
+def synchronize() -> None:
+    """Wait for the GPU's queued work, where there is a GPU: a step's time is the time until its kernels end."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def gpu_peak_flops(name: str | None) -> float | None:
+    """The dense bf16 peak of a GPU by its name (`gatelab.devices.GPU_PEAKS`, which the plan prices GPUs by); None for
+    a GPU not in the table, or none."""
+    peak = gpu_peak(name)
+    return peak and peak.bf16_flops
