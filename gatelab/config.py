@@ -25,12 +25,14 @@ from pydantic import (
     PositiveFloat,
     PositiveInt,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
 from gatelab.errors import GatelabError
 
 GatePosition = Literal["g1", "g2", "g3", "g4", "g5"]
+AttentionKind = Literal["softmax", "off_by_one", "learnable_sink", "sigmoid", "softpick"]
 
 
 class StrictModel(BaseModel):
@@ -56,15 +58,29 @@ class GateConfig(StrictModel):
     # averaged over heads (README, 'Decisions the paper leaves open'); `single_projection` is the cheaper reading of "W_theta ... shared".
     shared_scores: Literal["mean_of_scores", "single_projection"] = "mean_of_scores"
     form: Literal["multiplicative", "additive"] = "multiplicative"
-    activation: Literal["sigmoid", "silu", "ns_sigmoid", "identity"] = "sigmoid"
+    # two_sigmoid is 2 sigmoid(z): 1 at z = 0, so with `init: zero` the gate starts as no gate (marin, parameter-golf);
+    # softplus is Poolside Laguna's gate (computed in float32 there).
+    activation: Literal["sigmoid", "silu", "ns_sigmoid", "identity", "softplus", "two_sigmoid"] = "sigmoid"
     input_dependent: bool = True
     # G3/G4 only: gate the raw projection before QK-norm and RoPE (Eq. 1 reading), or after QK-norm.
     before_qk_norm: bool = True
+    # The dtype of the activation and of the product with the gated tensor: the model's, bf16 under bf16-mixed (the
+    # paper's code, Qwen3-Next), or at least float32, cast back after the product (Megatron-LM, Laguna).
+    compute_dtype: Literal["model", "float32"] = "model"
+    # This gate's logit rows of the fused in_proj at init: N(0, init_std) as every weight, or zero, so every score
+    # starts at act(0) (two_sigmoid: 1, the ungated model). The other rows keep their values (common random numbers).
+    init: Literal["normal", "zero"] = "normal"
 
     @model_validator(mode="after")
     def _check(self) -> GateConfig:
         if self.kind != "gate" and self.position != "g1":
             raise ValueError(f"kind '{self.kind}' acts on the SDPA output and needs position 'g1', not '{self.position}'")
+        if self.kind != "gate" and (self.compute_dtype != "model" or self.init != "normal"):
+            raise ValueError(f"compute_dtype and init set a learned gate's scores and logit rows; kind '{self.kind}' "
+                             "has neither: leave them out, or use kind 'gate'")
+        if self.init == "zero" and not self.input_dependent:
+            raise ValueError("init 'zero' sets the logit rows of an input-dependent gate; an input-independent gate's "
+                             "logits always start at zero: leave init out, or set input_dependent: true")
         if (self.kind == "scale") != (self.scale is not None):
             raise ValueError("scale: set it (a positive number or 'silu_gate_init') with kind 'scale', and only then"
                              if self.kind == "scale" else f"scale is for kind 'scale', not kind '{self.kind}'")
@@ -132,6 +148,29 @@ class ModelConfig(StrictModel):
     switch_head: SwitchHeadConfig | None = None
     # Dense rows of the paper keep the parameter count by narrowing the FFN; off by default (MoE rows are not matched).
     match_params: bool = False
+    # How a query's scaled causal scores s_j become the weights of the values (gatelab.model.attention_kinds):
+    #   softmax         exp(s_j) / sum_j exp(s_j)
+    #   off_by_one      exp(s_j) / (1 + sum_j exp(s_j)): a sink logit fixed at 0 takes mass from every token (Miller
+    #                   2023; Megatron-LM softmax_type off-by-one)
+    #   learnable_sink  exp(s_j) / (exp(b_h) + sum_j exp(s_j)), one learned b_h per query head from 0 (gpt-oss;
+    #                   Megatron-LM softmax_type learnable)
+    #   sigmoid         sigmoid(s_j - log n), n the keys the query attends to, no normalisation (Gu et al. 2025,
+    #                   section 7.4; b = -log n after Ramapuram et al. 2024): explicit (B, H, T, T) path
+    #   softpick        relu(exp(s_j) - 1) / sum_j |exp(s_j) - 1| (Zuhri et al. 2025): explicit (B, H, T, T) path
+    attention: AttentionKind = "softmax"
+    # A learned key and value per KV head (zero at init), without position, that every query attends to beside the
+    # tokens: a sink slot that is not a token (Gu et al. 2025, section 7.3, "K and V biases"). Composes with any kind.
+    kv_bias: bool = False
+
+    @field_validator("attention", mode="before")
+    @classmethod
+    def _known_attention(cls, value: Any) -> Any:
+        valid = typing.get_args(AttentionKind)
+        if isinstance(value, str) and value not in valid:
+            close = difflib.get_close_matches(value.replace("-", "_"), valid, n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise ValueError(f"'{value}' is not one of {', '.join(valid)}{hint}")
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> ModelConfig:
@@ -563,8 +602,8 @@ def flatten(config: BaseModel | dict[str, Any], prefix: str = "") -> dict[str, A
 
 
 __all__ = [
-    "BigramBackcopyConfig", "CorpusFields", "DataConfig", "EvalConfig", "ExperimentConfig", "FilesSourceConfig",
-    "GateConfig", "GatePosition", "HFSourceConfig", "ModelConfig",
+    "AttentionKind", "BigramBackcopyConfig", "CorpusFields", "DataConfig", "EvalConfig", "ExperimentConfig",
+    "FilesSourceConfig", "GateConfig", "GatePosition", "HFSourceConfig", "ModelConfig",
     "MoEConfig", "SwitchHeadConfig", "TrackingConfig", "TrainConfig", "flatten", "format_validation_error",
     "parse_assignment", "read_experiment_tree", "read_yaml", "set_dotted", "to_yaml", "validate_experiment",
 ]

@@ -63,22 +63,35 @@ class Variant:
     gates: tuple[GateConfig, ...] = ()
     model_changes: dict[str, Any] = field(default_factory=dict)  # dotted ModelConfig path -> value, Scale or Add
     note: str = ""
+    reference: str = ""  # where the variant comes from; empty: the paper (Qiu et al. 2025), or a control of gatelab's
+
+    def citation(self) -> str:
+        if self.reference:
+            return self.reference
+        return "Qiu et al. 2025" if self.paper_rows else "gatelab control"
 
     def axes(self) -> dict[str, str]:
-        """The paper's design axes, for listings and tables."""
+        """The paper's design axes and the attention kind, for listings and tables."""
+        attention = str(self.model_changes.get("attention", "softmax"))
+        if self.model_changes.get("kv_bias"):
+            attention += "+kv_bias"
         if not self.gates:
-            return {"position": "-", "granularity": "-", "heads": "-", "form": "-", "activation": "-", "input": "-"}
+            return {"position": "-", "granularity": "-", "heads": "-", "form": "-", "activation": "-", "input": "-",
+                    "attention": attention}
         gate = self.gates[0]
         if gate.kind != "gate":
             return {"position": gate.position, "granularity": "elementwise", "heads": "-", "form": "-",
-                    "activation": gate.kind, "input": "none"}
+                    "activation": gate.kind, "input": "none", "attention": attention}
+        activation = gate.activation + (" fp32" if gate.compute_dtype == "float32" else "") + \
+            (" zero-init" if gate.init == "zero" else "")
         return {
             "position": "+".join(g.position for g in self.gates),
             "granularity": gate.granularity,
             "heads": gate.heads,
             "form": gate.form,
-            "activation": gate.activation,
+            "activation": activation,
             "input": "hidden state" if gate.input_dependent else "none",
+            "attention": attention,
         }
 
 
@@ -91,6 +104,13 @@ def _t(table: int, *rows: int) -> tuple[PaperRow, ...]:
 
 
 _Y = "Y'_{t,i}"
+_VIRTUAL_SLOT = ("Fast path: SDPA's fused kernel (flash on a GPU), the {slot} a position prepended to K and V with a "
+                 "dummy query prepended to Q, so the call stays causal without a mask: T+1 positions, q, k and v copied "
+                 "once. Not Y * sigmoid(lse - b): torch's fused kernels return the log-sum-exp without a gradient "
+                 "(gatelab.model.attention_kinds).")
+_EXPLICIT = ("No fused kernel in torch: training writes the (B, H, T, T) weights out, as the probes' explicit path does "
+             "(fp32, a few such tensors kept per layer for the backward; 3.2 GB each at small.yaml's 64 x 1024 tokens "
+             "and 12 heads), so the micro-batch must shrink; it makes no SDPA call (Attention.uses_sdpa is false).")
 VARIANTS: dict[str, Variant] = {
     v.id: v
     for v in [
@@ -158,8 +178,64 @@ VARIANTS: dict[str, Variant] = {
                 f"{proj.upper()}'_{{j,g}} = sum_(e in top{k}) sigmoid(X_j r^g_e) X_j W^(g,e)", _t(6, row),
                 model_changes={"switch_head": SwitchHeadConfig(projections=proj, n_experts=e, top_k=k)},
                 note="Experts replace the KV head's projection (E copies) with a sigmoid router per KV head; the "
-                     "paper's Table 6 parameter counts are not reproducible from its description.")
+                     "paper's Table 6 parameter counts are not reproducible from its description.",
+                reference="Csordas et al. 2024, SwitchHead; Qiu et al. 2025, Table 6")
         for proj, e, k, row in [("kv", 8, 8, 2), ("kv", 4, 4, 3), ("v", 4, 4, 4), ("v", 8, 2, 5), ("v", 1, 1, 6)]
+    ]
+    + [
+        # Not in the paper (issue 33): every way a head can learn to do nothing. A sink softmax or a KV-bias slot gives
+        # a head somewhere to put its attention that is not a token; sigmoid attention and softpick drop the
+        # sum-to-one; the last gates differ from g1_elem_sig in activation, init, or the precision of the scores.
+        Variant("sink_off_by_one", "softmax with an extra zero logit: a sink that is not a token, no parameters",
+                "p_tj = exp(s_tj) / (1 + sum_{j'<=t} exp(s_tj'))", model_changes={"attention": "off_by_one"},
+                reference="Miller 2023, 'Attention is off by one'; Megatron-LM softmax_type: off-by-one",
+                note=_VIRTUAL_SLOT.format(slot="sink (zero key, zero value)")),
+        Variant("sink_learnable", "softmax with a learned sink logit per query head, 0 at init",
+                "p_tj = exp(s_tj) / (exp(b_h) + sum_{j'<=t} exp(s_tj'))", model_changes={"attention": "learnable_sink"},
+                reference="OpenAI 2025, gpt-oss (attention sinks); Megatron-LM softmax_type: learnable",
+                note=_VIRTUAL_SLOT.format(slot="sink") + " q, k and v also gain 8 feature columns (flash takes head "
+                     "dims in multiples of 8) that give the sink the score b_h: (d_k + 8) / d_k the attention FLOPs, "
+                     "+6% at d_k 128. n_heads parameters a layer, not weight-decayed."),
+        Variant("sigmoid_attn", "sigmoid attention without normalisation, bias -log n",
+                "Y_t = sum_{j<=t} sigmoid(s_tj - log(t+1)) V_j", model_changes={"attention": "sigmoid"},
+                reference="Gu et al. 2025 (ICLR), 'When Attention Sink Emerges in Language Models', section 7.4; "
+                          "b = -log n: Ramapuram et al. 2025 (ICLR), 'Theory, Analysis, and Best Practices for "
+                          "Sigmoid Self-Attention' (arXiv 2409.04431)",
+                note="n is the number of tokens query t attends to (t + 1), Ramapuram et al.'s sequence length taken "
+                     "per query, so an output depends on nothing after its token, not even the window length. "
+                     + _EXPLICIT + " FlashSigmoid (Ramapuram et al., apple/ml-sigmoid-attention) is a separate CUDA "
+                     "library, not used here."),
+        Variant("kv_bias", "a learned key and value per KV head (0 at init) that every query attends to",
+                "Y_t = (e^{s_t0} v_0 + sum_{j<=t} e^{s_tj} V_j) / (e^{s_t0} + sum_{j<=t} e^{s_tj}), "
+                "s_t0 = q_t k_0 / sqrt(d_k)", model_changes={"kv_bias": True},
+                reference="Gu et al. 2025 (ICLR), 'When Attention Sink Emerges in Language Models', section 7.3 "
+                          "(K and V biases)",
+                note=_VIRTUAL_SLOT.format(slot="KV-bias slot (k_0, v_0)") + " k_0 has neither RoPE nor QK-norm (it "
+                     "is not a token) and no gate touches k_0 or v_0. 2 k d_k parameters a layer, stored flat and "
+                     "not weight-decayed; composes with every attention kind (sigmoid, softpick: explicit path)."),
+        Variant("softpick", "softpick: rectified softmax, rows may sum to less than 1 (or to 0)",
+                "p_tj = relu(exp(s_tj) - 1) / sum_{j'<=t} |exp(s_tj') - 1|", model_changes={"attention": "softpick"},
+                reference="Zuhri, Fuadi and Aji 2025, 'Softpick: No Attention Sink, No Massive Activations with "
+                          "Rectified Softmax' (arXiv 2504.20966)",
+                note="Computed in their stable form, the row max m factored out: relu(e^(s-m) - e^-m) / "
+                     "(sum |e^(s-m) - e^-m| + 1e-8). " + _EXPLICIT),
+        Variant("g1_elem_softplus_fp32", "G1, elementwise, softplus, computed in float32",
+                f"{_Y} = Y_{{t,i}} * softplus(X_t W^i)", (),
+                (_gate("g1", activation="softplus", compute_dtype="float32"),),
+                reference="Poolside 2025, Laguna (softplus attention-output gate in float32)",
+                note="Scores start near log 2 = 0.69 (softplus of small logits), not 0.5."),
+        Variant("g1_elem_2sig_zeroinit", "G1, elementwise, 2 sigmoid with zero-initialised gate rows: starts as no gate",
+                f"{_Y} = Y_{{t,i}} * 2 sigmoid(X_t W^i), W^i = 0 at init", (),
+                (_gate("g1", activation="two_sigmoid", init="zero"),),
+                reference="marin; parameter-golf (2 sigmoid gate, zero init)",
+                note="Every score is exactly 1 at init, so the model's output equals baseline's for the same seed: the "
+                     "gate rows are zeroed by init_weights, every other parameter keeps its random stream."),
+        Variant("g1_elem_sig_fp32", "G1, elementwise, sigmoid computed in float32 (g1_elem_sig uses the model dtype)",
+                f"{_Y} = Y_{{t,i}} * sigmoid(fp32(X_t W^i))", (), (_gate("g1", compute_dtype="float32"),),
+                reference="Megatron-LM attention output gate (float32 sigmoid); g1_elem_sig follows the paper's code "
+                          "and Qwen3-Next (model dtype)",
+                note="Under 32-true identical to g1_elem_sig; differs under bf16-mixed, where the score and the product "
+                     "are rounded to bf16 in g1_elem_sig."),
     ]
 }
 

@@ -176,3 +176,27 @@ def test_shipped_presets_keep_their_spec_hashes(name):
     from gatelab.data.identity import spec_hash
 
     assert spec_hash(load_experiment(REPO / "experiments" / name)) == GOLDEN_SPEC_HASHES[name]
+
+
+def test_an_unknown_attention_kind_names_the_kinds_and_the_closest(tmp_path):
+    path = _write(tmp_path, BASE.replace("ffn_hidden: 8}", "ffn_hidden: 8, attention: off-by-one}"))
+    with pytest.raises(GatelabError, match=r"model.attention: 'off-by-one' is not one of softmax, off_by_one, "
+                                           r"learnable_sink, sigmoid, softpick; did you mean 'off_by_one'\?"):
+        load_experiment(path)
+    for kind in ("softmax", "off_by_one", "learnable_sink", "sigmoid", "softpick"):
+        path = _write(tmp_path, BASE.replace("ffn_hidden: 8}", f"ffn_hidden: 8, attention: {kind}, kv_bias: true}}"))
+        assert load_experiment(path).model.attention == kind
+
+
+@pytest.mark.parametrize("gate,message", [
+    ("{position: g1, kind: rmsnorm, compute_dtype: float32}", "kind 'rmsnorm' has neither"),
+    ("{position: g1, kind: scale, scale: 0.5, init: zero}", "kind 'scale' has neither"),
+    ("{position: g1, input_dependent: false, init: zero}", "an input-independent gate's logits always start at zero"),
+    ("{position: g1, activation: tanh}", "Input should be 'sigmoid', 'silu', 'ns_sigmoid', 'identity', 'softplus' or "
+                                         "'two_sigmoid'"),
+])
+def test_gate_compute_dtype_and_init_are_checked_with_a_reason(tmp_path, gate, message):
+    path = _write(tmp_path, BASE.replace("ffn_hidden: 8}", f"ffn_hidden: 8, gates: [{gate}]}}"))
+    with pytest.raises(GatelabError, match="model.gates.0") as error:
+        load_experiment(path)
+    assert message in str(error.value)

@@ -58,3 +58,42 @@ def test_match_params_narrows_the_ffn_to_the_baseline_count():
     total, added = added_parameters(dense, "g1_elem_sig")
     assert abs(added) <= 3 * 2048 * 28  # within one FFN column per layer
     assert total < added_parameters(load_experiment(REPO / "experiments" / "paper-dense-1.7b.yaml"), "g1_elem_sig")[0]
+
+
+# issue 33: every way a head can learn to do nothing. Added parameters at paper scale, from the preset's shape.
+M = MOE.model
+BEYOND_THE_PAPER = {
+    "sink_off_by_one": 0,
+    "sink_learnable": M.n_heads * M.n_layers,  # one sink logit per query head (768)
+    "sigmoid_attn": 0,
+    "kv_bias": 2 * M.n_kv_heads * M.head_dim * M.n_layers,  # k_0 and v_0 per KV head (24,576)
+    "softpick": 0,
+    "g1_elem_softplus_fp32": M.n_heads * M.head_dim * M.d_model * M.n_layers,  # as g1_elem_sig (201M)
+    "g1_elem_2sig_zeroinit": M.n_heads * M.head_dim * M.d_model * M.n_layers,
+    "g1_elem_sig_fp32": M.n_heads * M.head_dim * M.d_model * M.n_layers,
+}
+
+
+@pytest.mark.parametrize("variant", sorted(BEYOND_THE_PAPER))
+def test_added_parameters_of_the_variants_beyond_the_paper(variant):
+    assert added_parameters(MOE, variant)[1] == BEYOND_THE_PAPER[variant]
+
+
+def test_every_variant_cites_where_it_comes_from():
+    for variant in VARIANTS.values():
+        assert variant.citation().strip(), variant.id
+        if not variant.paper_rows and "control" not in variant.summary:
+            assert variant.reference, variant.id  # not from the paper: says whence
+
+
+def test_gatelab_variants_lists_each_new_id_with_formula_parameters_and_reference():
+    from gatelab.app.variants import variant_rows
+
+    rows = {row["id"]: row for row in variant_rows(REPO / "experiments" / "paper-moe-15b.yaml")}
+    for variant, added in BEYOND_THE_PAPER.items():
+        row = rows[variant]
+        assert row["formula"] == VARIANTS[variant].formula and row["reference"] == VARIANTS[variant].reference
+        assert row["added_params"] == added
+    assert rows["sink_learnable"]["axes"]["attention"] == "learnable_sink"
+    assert rows["kv_bias"]["axes"]["attention"] == "softmax+kv_bias"
+    assert rows["g1_elem_2sig_zeroinit"]["axes"]["activation"] == "two_sigmoid zero-init"

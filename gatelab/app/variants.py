@@ -1,5 +1,5 @@
-"""`gatelab variants`: every registered variant with its axes, formula and paper rows, and its parameters under an
-experiment preset."""
+"""`gatelab variants`: every registered variant with its axes, formula, paper rows and reference, and its parameters
+under an experiment preset."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ def variant_rows(experiment_path: Path | None) -> list[dict]:
     rows = []
     for variant in VARIANTS.values():
         row = {"id": variant.id, "summary": variant.summary, "formula": variant.formula, "axes": variant.axes(),
-               "paper_rows": [{"table": r.table, "row": r.row} for r in variant.paper_rows], "note": variant.note}
+               "paper_rows": [{"table": r.table, "row": r.row} for r in variant.paper_rows], "note": variant.note,
+               "reference": variant.citation()}
         if experiment is not None:
             try:
                 row["total_params"], row["added_params"] = added_parameters(experiment, variant.id)
@@ -35,6 +36,8 @@ def variant_rows(experiment_path: Path | None) -> list[dict]:
 def _millions(count: int | None, signed: bool = False) -> str:
     if count is None:
         return "n/a"
+    if abs(count) < 100_000:  # a sink logit per head or a KV bias: +0.00M would hide it
+        return f"{count:+,d}" if signed else f"{count:,d}"
     return f"{count / 1e6:+.2f}M" if signed else f"{count / 1e6:.2f}M"
 
 
@@ -49,14 +52,16 @@ def print_variants(experiment: Path | None, as_json: bool) -> None:
         echo(json.dumps(rows, indent=2))
         return
     table = Table(box=None, title=f"{len(VARIANTS)} variants" + (f" under {experiment}" if experiment else ""))
-    for column in ("id", "position", "granularity", "heads", "form", "activation", "paper rows", "formula"):
+    for column in ("id", "position", "granularity", "heads", "form", "activation", "attention", "paper rows",
+                   "formula", "reference"):
         table.add_column(column)
     if experiment:
         table.add_column("total", justify="right")
         table.add_column("added", justify="right")
     for row in rows:
-        cells = [row["id"], *(row["axes"][k] for k in ("position", "granularity", "heads", "form", "activation")),
-                 " ".join(f"T{r['table'][5:]}{r['row']}" for r in row["paper_rows"]), row["formula"]]
+        cells = [row["id"], *(row["axes"][k] for k in ("position", "granularity", "heads", "form", "activation",
+                                                       "attention")),
+                 " ".join(f"T{r['table'][5:]}{r['row']}" for r in row["paper_rows"]), row["formula"], row["reference"]]
         if experiment:
             cells += [_millions(row["total_params"]), _millions(row["added_params"], signed=True)]
         table.add_row(*cells)

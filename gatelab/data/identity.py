@@ -137,6 +137,10 @@ HASH_RULES: tuple[HashRule, ...] = (
     HashRule("train.compile_mode", LeftOut(), _SPEED),
     HashRule("model.o_proj_init_scale", LeftOutAt(1.0), _ADDED_LATER),
     HashRule("model.gates.*.scale", LeftOutAt(None), _ADDED_LATER),
+    HashRule("model.gates.*.compute_dtype", LeftOutAt("model"), _ADDED_LATER),
+    HashRule("model.gates.*.init", LeftOutAt("normal"), _ADDED_LATER),
+    HashRule("model.attention", LeftOutAt("softmax"), _ADDED_LATER),
+    HashRule("model.kv_bias", LeftOutAt(False), _ADDED_LATER),
     HashRule("train.decay_gate_logits", LeftOutWhen(_gate_logits_decayed_or_absent),
              _ADDED_LATER + " (decayed, as before the key existed), or where there are no input-independent gate "
                             "logits to decay"),

@@ -1,4 +1,5 @@
-"""GQA self-attention with QK-norm and RoPE, gates at G1..G5, and an explicit softmax path for probes.
+"""GQA self-attention with QK-norm and RoPE, gates at G1..G5, the attention kind of `model.attention` and its KV-bias
+slot (gatelab.model.attention_kinds), and an explicit path that returns the attention weights for probes.
 
 Shapes: B batch, T time, D d_model, H query heads (q), K key/value heads (k), Dk head dim, E Switch-Head experts.
 """
@@ -8,11 +9,13 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gatelab.config import ModelConfig
+from gatelab.model.attention_kinds import KINDS, attend, explicit_attention
 from gatelab.model.gates import Gate
+
+__all__ = ["Attention", "Rotary", "explicit_attention", "switch_mix"]
 
 
 class Rotary(nn.Module):
@@ -40,18 +43,6 @@ class Rotary(nn.Module):
         return (x_BHTD.float() * cos_TD + rotated.float() * sin_TD).to(x_BHTD.dtype)
 
 
-def explicit_attention(q_BHTD: Tensor, k_BKTD: Tensor, v_BKTD: Tensor) -> tuple[Tensor, Tensor]:
-    """Causal softmax attention written out, returning the probabilities SDPA never exposes (for the sink probes)."""
-    n_rep = q_BHTD.shape[1] // k_BKTD.shape[1]
-    k_BHTD = k_BKTD.repeat_interleave(n_rep, dim=1)  # query head i reads KV head i // n_rep, as SDPA's enable_gqa
-    v_BHTD = v_BKTD.repeat_interleave(n_rep, dim=1)
-    time = q_BHTD.shape[2]
-    scores_BHTT = (q_BHTD @ k_BHTD.transpose(-2, -1)).float() / math.sqrt(q_BHTD.shape[-1])
-    causal_TT = torch.ones(time, time, dtype=torch.bool, device=q_BHTD.device).tril()
-    probs_BHTT = scores_BHTT.masked_fill(~causal_TT, float("-inf")).softmax(dim=-1)
-    return (probs_BHTT.to(v_BHTD.dtype) @ v_BHTD), probs_BHTT
-
-
 def switch_mix(experts_BTKED: Tensor, router_logits_BTKE: Tensor, top_k: int) -> Tensor:
     """SwitchHead's non-competitive routing: the top-k experts of each KV head, weighted by their sigmoid scores."""
     scores_BTKE = torch.sigmoid(router_logits_BTKE)
@@ -67,7 +58,9 @@ class Attention(nn.Module):
     Differences from a plain GQA block: `in_proj` is wider than q|k|v by every input-dependent gate's logits (the
     official code fuses the G1 gate into q_proj; the authors' training code fuses q, gate, k and v, their issue #11),
     and by Switch-Head experts and routers when `config.switch_head` is set. Column blocks are laid out in the order of
-    `self.widths`; the official grouped-per-KV-head layout differs only by a permutation of rows.
+    `self.widths`; the official grouped-per-KV-head layout differs only by a permutation of rows. A learnable sink has
+    one logit per query head (`sink_logits_H`), the KV-bias slot a key and a value per KV head (`kv_bias_key`,
+    `kv_bias_value`, flat K * Dk: 1-D like every bias, which the optimizer does not decay); all start at zero.
     """
 
     def __init__(self, config: ModelConfig, layer_index: int):
@@ -91,11 +84,45 @@ class Attention(nn.Module):
                 self.widths[f"router_{projection}"] = K * self.switch.n_experts
         for index, gate in enumerate(self.gates):
             if gate.logit_width:
-                self.widths[f"gate{index}_{gate.config.position}"] = gate.logit_width
+                self.widths[self._gate_block(index, gate)] = gate.logit_width
         self.in_proj = nn.Linear(D, sum(self.widths.values()), bias=False)
         self.o_proj = nn.Linear(H * Dk, D, bias=False)
         self.q_norm = nn.RMSNorm(Dk, eps=config.norm_eps) if config.qk_norm else nn.Identity()
         self.k_norm = nn.RMSNorm(Dk, eps=config.norm_eps) if config.qk_norm else nn.Identity()
+        self.kind = config.attention
+        if config.attention == "learnable_sink":
+            self.sink_logits_H = nn.Parameter(torch.zeros(H))
+        self.kv_bias = config.kv_bias
+        if config.kv_bias:
+            self.kv_bias_key = nn.Parameter(torch.zeros(K * Dk))
+            self.kv_bias_value = nn.Parameter(torch.zeros(K * Dk))
+
+    @property
+    def uses_sdpa(self) -> bool:
+        """Whether the training path is one SDPA call (a fused kernel); sigmoid and softpick write (B, H, T, T) out."""
+        return KINDS[self.kind].fused
+
+    @property
+    def weights_sum_to_one(self) -> bool:
+        """Whether each query's attention weights over the tokens sum to 1 (no sink, no KV-bias slot, a softmax)."""
+        return self.kind == "softmax" and not self.kv_bias
+
+    def zero_initialised_blocks(self) -> set[str]:
+        """The row blocks of `in_proj` that start at zero: the logit rows of gates with `init: zero`."""
+        return {self._gate_block(index, gate) for index, gate in enumerate(self.gates)
+                if gate.logit_width and gate.config.init == "zero"}
+
+    @staticmethod
+    def _gate_block(index: int, gate: Gate) -> str:
+        return f"gate{index}_{gate.config.position}"
+
+    def _mechanism(self) -> dict:
+        """The attention kind and its parameters, as `attend` and `explicit_attention` take them."""
+        kv_bias = None
+        if self.kv_bias:
+            shape = (self.n_kv_heads, self.head_dim)
+            kv_bias = (self.kv_bias_key.view(shape), self.kv_bias_value.view(shape))
+        return {"kind": self.kind, "sink_logits_H": getattr(self, "sink_logits_H", None), "kv_bias": kv_bias}
 
     def row_blocks(self) -> dict[str, slice]:
         """Which rows of `in_proj.weight` hold which projection: q, k, v, routers, gate logits."""
@@ -108,7 +135,7 @@ class Attention(nn.Module):
     def _gate(self, site: str, x_BTHD: Tensor, logits: dict[str, Tensor], probe) -> Tensor:
         for index, gate in enumerate(self.gates):
             if gate.site == site:
-                x_BTHD, scores = gate(x_BTHD, logits.get(f"gate{index}_{gate.config.position}"))
+                x_BTHD, scores = gate(x_BTHD, logits.get(self._gate_block(index, gate)))
                 if probe is not None and scores is not None:
                     probe.add(self.layer_index, f"gate_score.{gate.config.position}", scores)
         return x_BTHD
@@ -138,9 +165,9 @@ class Attention(nn.Module):
         k_BKTD = Rotary.apply(k_BTKD.transpose(1, 2), cos_TD, sin_TD)
         v_BKTD = v_BTKD.transpose(1, 2)
         if probe is None:
-            y_BHTD = F.scaled_dot_product_attention(q_BHTD, k_BKTD, v_BKTD, is_causal=True, enable_gqa=H != K)
+            y_BHTD = attend(q_BHTD, k_BKTD, v_BKTD, **self._mechanism())
         else:
-            y_BHTD, probs_BHTT = explicit_attention(q_BHTD, k_BKTD, v_BKTD)
+            y_BHTD, probs_BHTT = explicit_attention(q_BHTD, k_BKTD, v_BKTD, **self._mechanism())
             probe.add(self.layer_index, "attention_probs", probs_BHTT)
         y_BTHD = y_BHTD.transpose(1, 2)
 

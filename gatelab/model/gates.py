@@ -21,6 +21,8 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "silu": F.silu,
     "ns_sigmoid": lambda x: 0.5 + 0.5 * torch.sigmoid(x),  # Eq. 9: range [0.5, 1], so it cannot be sparse
     "identity": lambda x: x,
+    "softplus": F.softplus,  # Poolside's Laguna: range (0, inf), log 2 at 0
+    "two_sigmoid": lambda x: 2 * torch.sigmoid(x),  # range (0, 2), exactly 1 at 0: with zero-initialised rows, no gate
 }
 
 
@@ -43,7 +45,9 @@ class Gate(nn.Module):
     (so the gate costs no extra matmul), or, for an input-independent gate, a learned (H, D) tensor that is
     zero-initialised (the paper: sigmoid starts at 0.5). `kind` rmsnorm and silu are Table 3's parameter-free
     non-linearities on Y, and `kind` scale the constant control Y' = c Y: they return no score. `logit_std` is the
-    std of a gate logit at init (sqrt(d_model) * init_std), which `scale: silu_gate_init` matches.
+    std of a gate logit at init (sqrt(d_model) * init_std), which `scale: silu_gate_init` matches. With
+    `compute_dtype: float32` the activation and the product run in (at least) float32 and the product is cast back to
+    Y's dtype; `init: zero` is applied by `gatelab.model.transformer.init_weights` to the gate's logit rows.
     """
 
     def __init__(self, config: GateConfig, n_heads: int, head_dim: int, norm_eps: float = 1e-6,
@@ -74,6 +78,8 @@ class Gate(nn.Module):
             logits = logits_BTW.view(batch, time, self.score_heads, self.score_dim)
         else:
             logits = self.logits_HD
+        if self.config.compute_dtype == "float32":
+            logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 under autocast otherwise
         scores = ACTIVATIONS[self.config.activation](logits)
         if self.config.heads == "shared" and self.score_heads > 1:
             scores = scores.mean(dim=-2, keepdim=True)  # "we average over the query head dimension" (section 4.2)
@@ -87,6 +93,10 @@ class Gate(nn.Module):
         if self.config.kind == "scale":
             return y_BTHD * self.constant, None
         scores = self.scores(logits_BTW, y_BTHD.shape[0], y_BTHD.shape[1])
+        if self.config.compute_dtype == "float32":
+            y_wide = y_BTHD.to(scores.dtype)
+            gated = y_wide + scores if self.config.form == "additive" else y_wide * scores
+            return gated.to(y_BTHD.dtype), scores
         if self.config.form == "additive":
             return y_BTHD + scores, scores
         return y_BTHD * scores, scores

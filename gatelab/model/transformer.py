@@ -111,7 +111,7 @@ def _normal_(target: Tensor, std: float, seed: int, name: str) -> None:
 @torch.no_grad()
 def init_weights(model: GatedTransformer, seed: int) -> None:
     """N(0, init_std) for every matrix (o_proj: times o_proj_init_scale), ones for norms, zeros for input-independent
-    gate logits.
+    gate logits, sink logits, KV biases and the logit rows of a gate with `init: zero`.
 
     Each weight (each row block of a fused projection, each expert) draws from its own random stream named after it,
     so a variant shares with `baseline` the exact initial values of every parameter they have in common, and what the
@@ -121,8 +121,12 @@ def init_weights(model: GatedTransformer, seed: int) -> None:
     for module_name, module in model.named_modules():
         prefix = f"{module_name}." if module_name else ""
         if isinstance(module, Attention):
+            zero_blocks = module.zero_initialised_blocks()
             for block, rows in module.row_blocks().items():
-                _normal_(module.in_proj.weight[rows], std, seed, f"{prefix}in_proj.{block}")
+                if block in zero_blocks:  # its stream is left undrawn: every other block keeps its values
+                    module.in_proj.weight[rows].zero_()
+                else:
+                    _normal_(module.in_proj.weight[rows], std, seed, f"{prefix}in_proj.{block}")
             _normal_(module.o_proj.weight, std * model.config.o_proj_init_scale, seed, f"{prefix}o_proj")
         elif isinstance(module, MoEFeedForward):
             _normal_(module.router.weight, std, seed, f"{prefix}router")
@@ -141,6 +145,8 @@ def init_weights(model: GatedTransformer, seed: int) -> None:
     for name, parameter in model.named_parameters():
         if name.endswith("logits_HD"):
             parameter.zero_()  # input-independent gate: sigmoid(0) = 0.5 at the start (paper, section 4.3)
+        elif name.endswith(("sink_logits_H", "kv_bias_key", "kv_bias_value")):
+            parameter.zero_()  # b_h = 0 as Megatron-LM's learnable softmax offset; k_0 = v_0 = 0 (Gu et al.)
 
 
 def build_model(config: ModelConfig, seed: int = 0, device: torch.device | str | None = None) -> GatedTransformer:

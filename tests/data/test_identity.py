@@ -62,3 +62,25 @@ def test_the_payload_leaves_out_where_a_run_is_recorded_and_how_it_is_stored():
     assert "tracking" not in payload and "shard_mb" not in payload["data"] and "loader_workers" not in payload["data"]
     assert payload["train"]["compile"] is False and "compile_mode" not in payload["train"]
     assert "tokenizer" not in payload["data"] and "source" not in payload["data"]  # the trained BPE, built-in text
+
+
+# issue 33's keys: at their defaults a run keeps its hash (those of GOLDEN_OVERRIDE_HASHES); changed, it gets another.
+AT_DEFAULTS = {
+    "attention and kv_bias": (["model.attention=softmax", "model.kv_bias=false"], "02fbd8eb72ce111b"),
+    "a gate at the model dtype, normal init": (["model.gates=[{position: g1, compute_dtype: model, init: normal}]"],
+                                               "7bf36ff0517ac45e"),
+}
+CHANGED = [["model.attention=off_by_one"], ["model.attention=sigmoid"], ["model.kv_bias=true"],
+           ["model.gates=[{position: g1, compute_dtype: float32}]"], ["model.gates=[{position: g1, init: zero}]"],
+           ["model.gates=[{position: g1, activation: two_sigmoid}]"]]
+
+
+@pytest.mark.parametrize("case", sorted(AT_DEFAULTS))
+def test_the_attention_and_gate_keys_at_their_defaults_keep_the_hashes(case):
+    overrides, expected = AT_DEFAULTS[case]
+    assert spec_hash(load_experiment(TINY, overrides)) == expected
+
+
+def test_the_attention_and_gate_keys_changed_give_each_run_its_own_hash():
+    hashes = {spec_hash(load_experiment(TINY, overrides)) for overrides in CHANGED}
+    assert len(hashes) == len(CHANGED) and not hashes & {"02fbd8eb72ce111b", "7bf36ff0517ac45e"}

@@ -7,7 +7,7 @@ import torch
 
 from gatelab.model import build_model, gates
 from gatelab.model.attention import Attention
-from gatelab.variants import apply_variant
+from gatelab.variants import VARIANTS, apply_variant
 from tests.helpers import Capture, micro_config
 
 B, T, D, H, DK = 2, 7, 32, 4, 8
@@ -172,3 +172,76 @@ def test_a_scale_needs_kind_scale_and_kind_scale_needs_a_scale():
         GateConfig(position="g1", kind="scale")
     with pytest.raises(ValidationError):
         GateConfig(position="g1", kind="scale", scale="half")
+
+
+# --- gates the paper did not train: softplus, 2 sigmoid from zero, a float32 sigmoid ---------------------------------
+
+REFERENCE_ACTIVATIONS = {
+    "sigmoid": lambda z: 1 / (1 + torch.exp(-z)),
+    "softplus": lambda z: torch.log(1 + torch.exp(z)),
+    "two_sigmoid": lambda z: 2 / (1 + torch.exp(-z)),
+}
+NEW_GATE_VARIANTS = [v.id for v in VARIANTS.values() if any(
+    g.activation in ("softplus", "two_sigmoid") or g.compute_dtype != "model" or g.init != "normal" for g in v.gates)]
+
+
+@pytest.mark.parametrize("variant", NEW_GATE_VARIANTS)
+def test_new_gates_equal_their_formula_forward_and_backward_in_float64(variant):
+    attn = _attention(variant).double()
+    gate_config = attn.gates[0].config
+    rows = attn.row_blocks()["gate0_g1"]
+    with torch.no_grad():  # random gate rows, so a zero-initialised gate is checked away from its start too
+        attn.in_proj.weight[rows] = torch.randn(H * DK, D, generator=torch.Generator().manual_seed(3),
+                                                dtype=torch.float64) * 0.3
+    x = _x().double()
+    rope = tuple(t.double() for t in build_model(micro_config()).rotary.cos_sin(T, x.device))
+    got = attn(x, rope)
+    _, probe = _run(attn, x)  # the explicit path's Y (float64), as the reference's input
+    y = probe.tensors[(0, "sdpa_output")].reshape(B, T, H * DK)
+    w_theta = attn.in_proj.weight[rows].detach().clone().requires_grad_()
+    expected = attn.o_proj(y * REFERENCE_ACTIVATIONS[gate_config.activation](x @ w_theta.T))
+    assert got.dtype == torch.float64 and (got - expected).abs().max() < 1e-6
+    weight = torch.randn(B, T, D, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    (got * weight).sum().backward()
+    (expected * weight).sum().backward()
+    got_grad = attn.in_proj.weight.grad[rows]
+    assert (got_grad - w_theta.grad).abs().max() < 1e-6 and w_theta.grad.abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("activation", ["sigmoid", "softplus"])
+def test_a_float32_gate_computes_score_and_product_in_float32_under_bf16(activation):
+    from gatelab.config import GateConfig
+
+    generator = torch.Generator().manual_seed(0)
+    y = torch.randn(B, T, H, DK, generator=generator).bfloat16()
+    logits = torch.randn(B, T, H * DK, generator=generator).bfloat16()
+    act = {"sigmoid": torch.sigmoid, "softplus": torch.nn.functional.softplus}[activation]
+    wide = gates.Gate(GateConfig(position="g1", activation=activation, compute_dtype="float32"), H, DK)
+    model_dtype = gates.Gate(GateConfig(position="g1", activation=activation), H, DK)
+    got, scores = wide(y, logits)
+    assert scores.dtype == torch.float32 and got.dtype == torch.bfloat16
+    assert torch.equal(got, (y.float() * act(logits.float()).view(B, T, H, DK)).bfloat16())
+    narrow, _ = model_dtype(y, logits)
+    assert torch.equal(narrow, y * act(logits).view(B, T, H, DK))
+    assert not torch.equal(got, narrow)  # bf16 rounds the score before the product
+
+
+def test_two_sigmoid_from_zero_starts_as_the_ungated_model_exactly():
+    ids = torch.randint(0, 61, (2, 9), generator=torch.Generator().manual_seed(6))
+    for ffn in ("dense", "moe"):
+        plain = build_model(apply_variant(micro_config(ffn), "baseline"), seed=7)
+        gated = build_model(apply_variant(micro_config(ffn), "g1_elem_2sig_zeroinit"), seed=7)
+        with torch.no_grad():
+            assert torch.equal(gated(ids), plain(ids)), ffn
+        for block_plain, block_gated in zip(plain.blocks, gated.blocks):
+            rows = block_gated.attn.row_blocks()
+            assert block_gated.attn.in_proj.weight[rows["gate0_g1"]].abs().max() == 0
+
+
+@pytest.mark.parametrize("variant", NEW_GATE_VARIANTS + ["sink_learnable", "kv_bias", "sink_off_by_one"])
+def test_new_variants_share_every_baseline_parameter_value(variant):
+    """Common random numbers: a new gate's rows or a new attention parameter shift no other parameter's values."""
+    plain = build_model(apply_variant(micro_config(), "baseline"), seed=5).state_dict()
+    other = build_model(apply_variant(micro_config(), variant), seed=5).state_dict()
+    for name, value in plain.items():
+        torch.testing.assert_close(other[name][: value.shape[0]], value, rtol=0, atol=0, msg=name)

@@ -1,6 +1,7 @@
 """No gate forces SDPA off its fast kernels: every variant hands `F.scaled_dot_product_attention` what the flash (and
 cuDNN) kernels take under mixed precision, so on a GPU no variant's step falls back to the math path, which makes the
-(B, H, T, T) scores whole (small preset: 3.2 GB a layer in fp32)."""
+(B, H, T, T) scores whole (small preset: 3.2 GB a layer in fp32). The attention kinds without a fused kernel (sigmoid,
+softpick: `Attention.uses_sdpa` false, said in their variant notes) make no SDPA call and are skipped."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gatelab.model import attention, build_model
+from gatelab.model import attention_kinds, build_model
 from gatelab.variants import VARIANTS, apply_variant
 from tests.helpers import micro_config
 
@@ -51,8 +52,10 @@ def test_every_variant_hands_sdpa_what_its_flash_kernel_takes_under_bf16_autocas
         calls.append(flash_refusals(*args, **kwargs))
         return real_sdpa(*args, **kwargs)
 
-    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(attention_kinds.F, "scaled_dot_product_attention", spy)
     model = build_model(apply_variant(micro_config(ffn), variant))
+    if not model.blocks[0].attn.uses_sdpa:
+        pytest.skip(f"{model.config.attention} attention has no fused kernel: its training path is explicit")
     with torch.autocast("cpu", dtype=torch.bfloat16):
         model(token_ids).float().sum().backward()
     assert len(calls) == model.config.n_layers
@@ -76,6 +79,8 @@ def test_on_a_gpu_every_variant_trains_with_sdpa_s_flash_or_cudnn_kernel_alone(v
 
     config = micro_config("dense", head_dim=64)
     model = build_model(apply_variant(config, variant), device="cuda")
+    if not model.blocks[0].attn.uses_sdpa:
+        pytest.skip(f"{model.config.attention} attention has no fused kernel: its training path is explicit")
     token_ids = torch.randint(0, config.vocab_size, (2, 128), device="cuda")
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION]), \
             torch.autocast("cuda", dtype=torch.bfloat16):
