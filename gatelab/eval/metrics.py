@@ -101,21 +101,52 @@ def perplexity(model: nn.Module, windows: Windows, batch_size: int = 16) -> floa
     return math.exp(total_nll / n_tokens)
 
 
-def domain_perplexities(
-    model: nn.Module, windows_by_domain: Mapping[str, Tensor], batch_size: int = 16
-) -> dict[str, float]:
-    """Perplexity per held-out domain plus "avg", the arithmetic mean of the domain PPLs.
+def window_nlls(model: nn.Module, windows_NT1: Tensor, batch_size: int = 16) -> tuple[Tensor, Tensor]:
+    """Per window of an (N, T+1) window tensor: its summed NLL (nats, float64) and its number of scored tokens, (N,)
+    each; any subset's perplexity follows without running the model again (`perplexity_of`)."""
+    nll_sums, token_counts = [], []
+    for input_ids_BT, targets_BT in _batches(windows_NT1, batch_size):
+        nll_sums.append(token_nll(model, input_ids_BT, targets_BT).sum(dim=1))
+        token_counts.append((targets_BT != IGNORE_INDEX).sum(dim=1))
+    return torch.cat(nll_sums), torch.cat(token_counts)
 
-    The paper's "Avg PPL" is the mean over its held-out sets (English, Chinese, Code, Math, Law, Literature), not the
-    PPL of the pooled tokens, so a small domain weighs as much as a large one.
-    """
+
+def perplexity_of(nll_N: Tensor, tokens_N: Tensor) -> float:
+    """exp(mean NLL per scored token) over windows whose `window_nlls` these are."""
+    n_tokens = int(tokens_N.sum())
+    if n_tokens == 0:
+        raise ValueError("perplexity: the windows contain no token to score")
+    return math.exp(nll_N.sum().item() / n_tokens)
+
+
+def domain_window_nlls(
+    model: nn.Module, windows_by_domain: Mapping[str, Tensor], batch_size: int = 16
+) -> dict[str, tuple[Tensor, Tensor]]:
+    """`window_nlls` of each held-out domain's windows."""
     if not windows_by_domain:
         raise ValueError("domain_perplexities: no domain given")
     if "avg" in windows_by_domain:
         raise ValueError('domain_perplexities: "avg" is reserved for the mean over domains; rename that domain')
-    ppl_by_domain = {domain: perplexity(model, windows, batch_size) for domain, windows in windows_by_domain.items()}
+    return {domain: window_nlls(model, windows, batch_size) for domain, windows in windows_by_domain.items()}
+
+
+def perplexities_by_domain(nlls_by_domain: Mapping[str, tuple[Tensor, Tensor]]) -> dict[str, float]:
+    """Perplexity per domain from `domain_window_nlls`, plus "avg", the arithmetic mean of the domain PPLs.
+
+    The paper's "Avg PPL" is the mean over its held-out sets (English, Chinese, Code, Math, Law, Literature), not the
+    PPL of the pooled tokens, so a small domain weighs as much as a large one.
+    """
+    ppl_by_domain = {domain: perplexity_of(*nlls) for domain, nlls in nlls_by_domain.items()}
     ppl_by_domain["avg"] = sum(ppl_by_domain.values()) / len(ppl_by_domain)
     return ppl_by_domain
+
+
+def domain_perplexities(
+    model: nn.Module, windows_by_domain: Mapping[str, Tensor], batch_size: int = 16
+) -> dict[str, float]:
+    """Perplexity per held-out domain (a tensor (N, T+1) of windows each) plus "avg", the arithmetic mean of the
+    domain PPLs (`perplexities_by_domain`)."""
+    return perplexities_by_domain(domain_window_nlls(model, windows_by_domain, batch_size))
 
 
 def long_context_perplexity(

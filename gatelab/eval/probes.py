@@ -9,10 +9,28 @@
 - Gate score: mean and 0.05-wide histogram of the gate scores per layer; the flat mean over all gates and layers.
 - Sparsity of the gated SDPA output: the share of |Y'| below 1e-2 and 1e-3, beside the ungated Y and the control Y
   times the layer's mean gate score (appendix A.3).
+
+Beside the paper's, the probes that tell "do-nothing" attention mechanisms apart (issue 33), from the same pass:
+- Sink rate, Sink_1^epsilon of Gu et al. (ICLR 2025, "When Attention Sink Emerges in Language Models: An Empirical
+  View"): a head's importance score of the first token is alpha_1 = (1/T) sum_{i=1..T} A_{i,1}, its mean attention
+  over all T queries, the first included; the head is a sink head where alpha_1 > epsilon = 0.3, and the sink rate is
+  the share of sink heads. As their reference code (sail-sg/Attention-Sink, `compute_attention_sink`) the threshold is
+  applied per sequence and the share taken over (sequence, layer, head), per layer and over all layers. alpha_1
+  depends on T (they probe 64 tokens; here the run's seq_len).
+- Kurtosis of each block's output (the residual stream after the block), as Bondarenko et al. (NeurIPS 2023,
+  "Quantizable Transformers: Removing Outliers by Helping Attention Heads Do Nothing", section 5; their code's
+  `kurtosis`, applied to `x.view(batch, -1)`): per sequence over all its T x D values, mu_4 / s^4 with s the
+  Bessel-corrected std, so Pearson's kurtosis (a Gaussian gives 3, not 0), then averaged over sequences. Their code
+  adds 1e-6 to s^4 against division by zero; here only an exact 0 is guarded, because at a small model's residual
+  scale (std about 0.03 near initialisation) that 1e-6 would halve the value.
+- The largest |activation| of each block's output: M-Act's per-layer maxima (over every probed token), named again.
+  Bondarenko et al. average each sequence's maximum over the validation set instead; the maximum over all tokens is
+  what sets a per-tensor quantisation range.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -25,6 +43,15 @@ from gatelab.eval.metrics import model_device
 SPARSITY_THRESHOLDS = (1e-2, 1e-3)
 HISTOGRAM_BINS = 20  # bins of 0.05 over [0, 1], as the paper's Figure 3
 NEAR_MAX_FRACTION = 0.5
+SINK_EPSILON = 0.3  # Gu et al.'s threshold on a head's mean attention to the first token
+
+
+def sequence_kurtosis(values_BN: Tensor) -> Tensor:
+    """Pearson kurtosis (Gaussian: 3) of each row of (B, N) values, in float64: mu_4 / s^4, s the Bessel-corrected
+    standard deviation, as Bondarenko et al.'s `kurtosis` but for its 1e-6 (module docstring). A constant row: 0."""
+    x_BN = values_BN.double()
+    centred_BN = x_BN - x_BN.mean(dim=1, keepdim=True)
+    return (centred_BN**4).mean(dim=1) / (x_BN.std(dim=1) ** 4).clamp_min(torch.finfo(torch.float64).tiny)
 
 
 def _mean(values: list[float]) -> float:
@@ -54,6 +81,8 @@ class ProbeRecorder:
             first_BHT = tensor[..., 0]
             self._accumulate(layer, "first_token_share", first_BHT[:, :, 1:].sum().item(), first_BHT[:, :, 1:].numel())
             self._accumulate(layer, "first_token_share_with_first_query", first_BHT.sum().item(), first_BHT.numel())
+            alpha_BH = first_BHT.mean(dim=-1)  # Gu et al.'s alpha_1 of each head in each sequence, query 0 included
+            self._accumulate(layer, "sink_heads", (alpha_BH > SINK_EPSILON).sum().item(), alpha_BH.numel())
         elif name in ("attn_output", "attn_residual", "ffn_output", "ffn_residual"):  # (B, T, D)
             token_max_BT = tensor.abs().amax(dim=-1)
             batch_max = token_max_BT.max().item()
@@ -65,6 +94,8 @@ class ProbeRecorder:
             if name == "ffn_residual":
                 near = (token_max_BT >= NEAR_MAX_FRACTION * batch_max).float().mean().item()
                 self.near_max_shares[layer].append(near)
+                kurtosis_B = sequence_kurtosis(tensor.flatten(start_dim=1))
+                self._accumulate(layer, "kurtosis", kurtosis_B.sum().item(), kurtosis_B.numel())
         elif name.startswith("gate_score."):  # (B, T, H, D), or (H, D) for an input-independent gate
             self._accumulate(layer, name, tensor.sum().item(), tensor.numel())
             histogram = torch.histc(tensor.clamp(0.0, 1.0), bins=HISTOGRAM_BINS, min=0.0, max=1.0)
@@ -130,6 +161,8 @@ class ProbeReport:
     gate_histogram: dict[str, list[list[float]]] = field(default_factory=dict)  # counts in HISTOGRAM_BINS bins
     sparsity: dict[str, list[float]] = field(default_factory=dict)  # per measure, per layer
     gate_score: float | None = None  # flat mean over every gate element of every layer; None without gate scores
+    sink_rate: list[float] = field(default_factory=list)  # per layer: the share of (sequence, head) with alpha_1 > 0.3
+    kurtosis: list[float] = field(default_factory=list)  # per block: its output's kurtosis, mean over sequences
 
     @property
     def f_attn(self) -> float:
@@ -152,6 +185,21 @@ class ProbeReport:
             metrics["gate_score_mean"] = self.gate_score
         for measure, values in self.sparsity.items():
             metrics[f"sparsity_{measure}"] = _mean(values)
+        return metrics | self.outlier_summary()
+
+    def outlier_summary(self) -> dict[str, float]:
+        """Sink rate, kurtosis and largest |activation|, per layer (block) and over layers. Every layer has as many
+        heads, so the mean of the per-layer sink rates is the share over all heads, as Gu et al.'s. A layer that
+        handed no attention probabilities (NaN) is left out."""
+        sink = {l: rate for l, rate in enumerate(self.sink_rate) if not math.isnan(rate)}
+        kurtosis = {l: value for l, value in enumerate(self.kurtosis) if not math.isnan(value)}
+        metrics = {"sink_rate": _mean(list(sink.values()))} if sink else {}
+        metrics |= {f"sink_rate/layer{l}": rate for l, rate in sink.items()}
+        if kurtosis:
+            metrics |= {"kurtosis_max": max(kurtosis.values()), "kurtosis_mean": _mean(list(kurtosis.values()))}
+        metrics |= {f"kurtosis/block{l}": value for l, value in kurtosis.items()}
+        metrics["max_abs_activation"] = max(self.max_activation)
+        metrics |= {f"max_abs_activation/block{l}": value for l, value in enumerate(self.max_activation)}
         return metrics
 
     def to_dict(self) -> dict:
@@ -189,4 +237,6 @@ def probe_model(model: nn.Module, batches: Iterable[Tensor]) -> ProbeReport:
         sparsity={name: recorder.per_layer(name, n_layers) for name in sparsity_names},
         gate_score=sum(recorder.sums[k] for k in gate_keys) / sum(recorder.counts[k] for k in gate_keys)
         if gate_keys else None,
+        sink_rate=recorder.per_layer("sink_heads", n_layers),
+        kurtosis=recorder.per_layer("kurtosis", n_layers),
     )

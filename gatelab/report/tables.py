@@ -23,6 +23,11 @@ from gatelab.tracking import SPEC_HASH_TAG, STATUS_TAG, RunStore
 PAPER_PROBES = paper_tables.PROBE_METRICS
 PAPER_BENCHMARKS = paper_tables.BENCHMARK_TASKS
 PPL = "ppl/avg"
+# The probes that tell "do-nothing" attention mechanisms apart (issue 33; gatelab.eval.probes and .quantization): Gu et
+# al.'s sink rate, Bondarenko et al.'s kurtosis and largest |activation| of the blocks' outputs, and the perplexity
+# under W8A8 fake quantisation with its ratio to full precision. The paper has no column for them.
+OUTLIER_PROBES = ("probe/sink_rate", "probe/kurtosis_max", "probe/max_abs_activation", "eval/w8a8_ppl",
+                  "eval/w8a8_ppl_ratio")
 
 
 def paper_reference(paper: str | None) -> pd.DataFrame:
@@ -162,11 +167,12 @@ class GroupNumbers:
 
 def _shown_metrics(records: list[RunRecord]) -> list[str]:
     """The metrics beside the main one, in table order: per-domain and long-context perplexity, BLiMP, the probes,
-    M-Act's location (share of layers whose largest activation sits on token 0), and a synthetic task's own metrics."""
+    M-Act's location (share of layers whose largest activation sits on token 0), the outlier probes, and a synthetic
+    task's own metrics."""
     domain_metrics = sorted({m for r in records for m in r.metrics if m.startswith("ppl/") and m != PPL})
     long_metrics = sorted({m for r in records for m in r.metrics if m.startswith("long_ppl/x")},
                           key=lambda m: int(m.rsplit("x", 1)[1]))
-    extra = ["blimp/accuracy", *PAPER_PROBES.values(), "probe/m_act_share_layers_max_at_first_token",
+    extra = ["blimp/accuracy", *PAPER_PROBES.values(), "probe/m_act_share_layers_max_at_first_token", *OUTLIER_PROBES,
              *sorted({m for r in records for m in r.metrics if m.startswith("bb/")})]
     return domain_metrics + long_metrics + extra + _benchmark_metrics(records)
 

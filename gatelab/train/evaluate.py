@@ -19,10 +19,16 @@ from gatelab.data.datasets import (
 from gatelab.data.synthetic import DOMAIN as BIGRAM_BACKCOPY, BigramBackcopy
 from gatelab.devices import evaluation_batch_size, evaluation_precision, rows_for_length
 from gatelab.eval.benchmarks import PACKAGED_BLIMP, load_blimp, run_in_context_suite, score_blimp
-from gatelab.eval.metrics import domain_perplexities, evaluation_mode, long_context_perplexity, model_device
+from gatelab.eval.metrics import (domain_window_nlls, evaluation_mode, long_context_perplexity, model_device,
+                                  perplexities_by_domain)
 from gatelab.eval.probes import FirstTokenShareByQuery, probe_model
+from gatelab.eval.quantization import w8a8_perplexities
 from gatelab.eval.plots import run_plot_writers
 
+# The W8A8 perplexity runs on this many of each domain's held-out windows, evenly strided (all where a domain has no
+# more): a pass over all of them would cost as much again as the held-out perplexity (2.6 s of the tiny preset's 14 s
+# evaluation on 2 CPU cores), 8 of 32 cost 0.65 s. Their full-precision reference comes from the held-out pass.
+W8A8_WINDOWS_PER_DOMAIN = 8
 # State of the Union addresses: the built-in corpora's long held-out documents. A files or hf source is evaluated on its
 # domain with the most held-out documents long enough.
 LONG_CONTEXT_DOMAIN = "speeches"
@@ -54,7 +60,8 @@ def _evaluate(model, device: torch.device, experiment: ExperimentConfig, tokeniz
     batch_size = evaluation_batch_size(evaluation.batch_size, experiment.train.batch_size, device)
     windows = {d: torch.from_numpy(heldout_windows(corpus, d, seq_len, evaluation.max_windows_per_domain))
                for d in domains}
-    metrics = heldout_metrics(model, corpus, domains, windows, batch_size, log)
+    metrics, nlls = heldout_metrics(model, corpus, domains, windows, batch_size, log)
+    metrics |= quantization_metrics(model, windows, nlls, evaluation.batch_size, log)
     metrics |= long_context_metrics(model, experiment, corpus, domains, batch_size, log)
     if evaluation.blimp and experiment.data.task == "text":  # English minimal pairs: the synthetic task has no words
         # BLiMP's sentences are a few dozen tokens, not seq_len: on a GPU a batch holds about as many tokens as one of
@@ -65,7 +72,7 @@ def _evaluate(model, device: torch.device, experiment: ExperimentConfig, tokeniz
 
     mixed = torch.cat([w[: evaluation.batch_size] for w in windows.values()])[:, :-1]
     batches = [mixed[i::evaluation.probe_batches] for i in range(evaluation.probe_batches)]
-    log("evaluating: probes (attention-sink share, massive activations, gate scores)")
+    log("evaluating: probes (attention-sink share and sink rate, massive activations and kurtosis, gate scores)")
     report = probe_model(model, [b for b in batches if len(b)])
     metrics.update({f"probe/{k}": v for k, v in report.summary().items()})
     metrics["train/spikes_total"] = float(len(spikes))
@@ -83,16 +90,41 @@ def _evaluate(model, device: torch.device, experiment: ExperimentConfig, tokeniz
 
 
 def heldout_metrics(model, corpus, domains: list[str], windows: dict[str, torch.Tensor], batch_size: int,
-                    log) -> dict[str, float]:
+                    log) -> tuple[dict[str, float], dict[str, tuple[torch.Tensor, torch.Tensor]]]:
     """`ppl/<domain>` over each domain's held-out windows, and `unigram_ppl/avg`: the perplexity of the training
-    split's unigram distribution on the held-out one, averaged over the domains."""
+    split's unigram distribution on the held-out one, averaged over the domains; with each window's NLL and tokens."""
     log(f"evaluating: held-out perplexity of {len(domains)} domain(s) ({', '.join(domains)}), "
         f"{sum(len(w) for w in windows.values())} windows")
-    metrics = {f"ppl/{domain}": value for domain, value in domain_perplexities(model, windows, batch_size).items()}
+    nlls = domain_window_nlls(model, windows, batch_size)
+    metrics = {f"ppl/{domain}": value for domain, value in perplexities_by_domain(nlls).items()}
     unigram = [unigram_perplexity(corpus.get(d, "train").counts(corpus.vocab_size),
                                   corpus.get(d, "heldout").counts(corpus.vocab_size)) for d in domains]
     metrics["unigram_ppl/avg"] = float(np.mean(unigram))
-    return metrics
+    return metrics, nlls
+
+
+def w8a8_rows(n_windows: int) -> slice:
+    """Which of a domain's held-out windows the W8A8 perplexity reads: W8A8_WINDOWS_PER_DOMAIN of them, strided so
+    that they span the held-out text as the windows do."""
+    step = max(1, n_windows // W8A8_WINDOWS_PER_DOMAIN)
+    return slice(0, step * W8A8_WINDOWS_PER_DOMAIN, step)
+
+
+def quantization_metrics(model, windows: dict[str, torch.Tensor], nlls: dict[str, tuple[torch.Tensor, torch.Tensor]],
+                         batch_size: int, log) -> dict[str, float]:
+    """`eval/w8a8_ppl`: the held-out perplexity (mean over domains, as ppl/avg) of `w8a8_rows` of each domain's
+    windows, with every linear layer but lm_head computing on int8 fake-quantised weights and inputs
+    (gatelab.eval.quantization); `eval/w8a8_ppl_ratio`: that over the full-precision perplexity of the same windows
+    (from `nlls`, the held-out pass's), 1.0 where quantising costs nothing. Where a domain has more windows than
+    W8A8_WINDOWS_PER_DOMAIN, eval/w8a8_ppl is of a subset and only the ratio compares with ppl/avg.
+    Per-tensor activation scales depend on which windows share a forward pass, so the batch is eval.batch_size on
+    every device, not the larger GPU batch the other metrics use."""
+    rows = {d: w8a8_rows(len(w)) for d, w in windows.items()}
+    subset = {d: w[rows[d]] for d, w in windows.items()}
+    log(f"evaluating: W8A8 fake-quantised perplexity, {sum(len(w) for w in subset.values())} windows")
+    w8a8_ppl = w8a8_perplexities(model, subset, batch_size)["avg"]
+    full_precision = perplexities_by_domain({d: (nll[rows[d]], tokens[rows[d]]) for d, (nll, tokens) in nlls.items()})
+    return {"eval/w8a8_ppl": w8a8_ppl, "eval/w8a8_ppl_ratio": w8a8_ppl / full_precision["avg"]}
 
 
 def long_context_metrics(model, experiment: ExperimentConfig, corpus, domains: list[str], batch_size: int,

@@ -9,9 +9,13 @@ from torch import Tensor, nn
 
 from gatelab.eval.metrics import (
     domain_perplexities,
+    domain_window_nlls,
     long_context_perplexity,
+    perplexities_by_domain,
     perplexity,
+    perplexity_of,
     sequence_nll,
+    window_nlls,
 )
 
 V = 37
@@ -97,6 +101,25 @@ def test_domain_perplexities_average_the_domain_ppls_not_the_tokens():
 
     uniform = domain_perplexities(ZeroLogits(), by_domain, batch_size=5)
     assert uniform == pytest.approx({"counting": V, "skipping": V, "avg": V}, rel=1e-4)
+
+
+def test_per_window_nlls_give_the_perplexity_of_any_subset_without_another_pass():
+    """The held-out pass keeps each window's NLL, so the W8A8 probe's full-precision reference on a subset of the
+    windows needs no second full-precision pass."""
+    boost = 3.0
+    windows = torch.cat([counting_windows(3, 17, step=1), counting_windows(5, 17, step=2)])  # 3 easy, 5 hard
+    nll_N, tokens_N = window_nlls(Successor(boost), windows, batch_size=3)
+    assert tokens_N.tolist() == [16] * 8 and nll_N.dtype == torch.float64
+    easy, hard = -16 * math.log(p_successor(boost)), 16 * math.log(math.exp(boost) + V - 1)
+    assert nll_N.tolist() == pytest.approx([easy] * 3 + [hard] * 5, rel=1e-5)
+    assert perplexity_of(nll_N, tokens_N) == pytest.approx(perplexity(Successor(boost), windows, 3), rel=1e-12)
+    assert perplexity_of(nll_N[:3], tokens_N[:3]) == pytest.approx(1 / p_successor(boost), rel=1e-5)
+    assert perplexity_of(nll_N[3::2], tokens_N[3::2]) == pytest.approx(math.exp(boost) + V - 1, rel=1e-5)
+    by_domain = domain_window_nlls(Successor(boost), {"easy": windows[:3], "hard": windows[3:]}, batch_size=2)
+    assert perplexities_by_domain(by_domain) == pytest.approx(
+        domain_perplexities(Successor(boost), {"easy": windows[:3], "hard": windows[3:]}), rel=1e-12)
+    with pytest.raises(ValueError, match="no token"):
+        perplexity_of(nll_N[:0], tokens_N[:0])
 
 
 def test_domain_named_avg_is_refused():

@@ -6,11 +6,12 @@ import math
 
 import pytest
 import torch
+from scipy import stats as scipy_stats
 
-from gatelab.eval.probes import FirstTokenShareByQuery, ProbeRecorder, probe_model
+from gatelab.eval.probes import FirstTokenShareByQuery, ProbeRecorder, ProbeReport, probe_model, sequence_kurtosis
 from gatelab.model import build_model
 from gatelab.variants import apply_variant
-from tests.helpers import micro_config
+from tests.helpers import Capture, micro_config
 
 
 def test_first_token_share_of_a_hand_built_pattern():
@@ -78,3 +79,78 @@ def test_probe_model_on_a_micro_model():
     assert {"f_attn", "m_act", "gate_score_mean", "sparsity_gated_output_below_0.01"} <= set(summary)
     assert all(math.isfinite(v) for v in summary.values())
     assert "gate_score_mean" not in probe_model(build_model(micro_config()), [ids]).summary()
+
+
+def attention_with_first_token_mean(alpha: float, T: int) -> torch.Tensor:
+    """A causal (T, T) attention pattern whose mean attention to token 0 over all T queries is `alpha`: query 0 sees
+    only itself, the others put the same share on token 0 and spread the rest over the tokens they see."""
+    on_first = (alpha * T - 1) / (T - 1)
+    probs = torch.zeros(T, T)
+    probs[0, 0] = 1.0
+    for query in range(1, T):
+        probs[query, 0] = on_first
+        probs[query, 1: query + 1] = (1 - on_first) / query
+    return probs
+
+
+def test_sink_rate_counts_heads_over_the_threshold_per_sequence_and_layer():
+    """Gu et al.'s sink rate at epsilon 0.3: (sequence, head) pairs of each layer whose alpha_1 exceeds it."""
+    T = 10
+    # layer -> sequence -> head's alpha_1; 0.1 = 1/T is a head that attends to token 0 from query 0 only
+    alphas = {0: [[1.0, 0.29], [0.31, 0.1]], 1: [[0.29, 0.29], [1.0, 0.29]]}
+    recorder = ProbeRecorder()
+    for layer, by_sequence in alphas.items():
+        probs = torch.stack([torch.stack([attention_with_first_token_mean(alpha, T) for alpha in heads])
+                             for heads in by_sequence])  # (B, H, T, T)
+        assert torch.allclose(probs.sum(-1), torch.ones(2, 2, T))
+        torch.testing.assert_close(probs[..., 0].mean(-1), torch.tensor(by_sequence))
+        recorder.add(layer, "attention_probs", probs)
+    rates = recorder.per_layer("sink_heads", 2)
+    assert rates == [2 / 4, 1 / 4]  # an all-on-token-0 head and a 0.31 head count; 0.29 and 0.1 do not
+    report = ProbeReport(n_layers=2, first_token_share=[0.0] * 2, first_token_share_with_first_query=[0.0] * 2,
+                         max_activation=[1.0, 2.0], max_activation_at_first_token=[False] * 2,
+                         tokens_near_max_share=[0.0] * 2, sublayer_max={}, sink_rate=rates)
+    summary = report.summary()
+    assert summary["sink_rate/layer0"] == 0.5 and summary["sink_rate/layer1"] == 0.25
+    assert summary["sink_rate"] == 3 / 8  # the share of all 8 (sequence, layer, head) triples
+
+
+def test_kurtosis_is_pearsons_not_excess():
+    generator = torch.Generator().manual_seed(0)
+    gaussian = torch.randn(2, 200_000, generator=generator)
+    assert sequence_kurtosis(gaussian).tolist() == pytest.approx([3.0, 3.0], abs=0.05)  # not 0: Pearson's
+    laplace = torch.distributions.Laplace(0.0, 1.0).sample((1, 200_000))
+    assert sequence_kurtosis(laplace).item() == pytest.approx(6.0, abs=0.2)
+    outlier = torch.randn(1, 10_000, generator=generator)
+    outlier[0, 17] = 1000.0  # one massive activation among 10^4 ordinary ones
+    assert sequence_kurtosis(outlier).item() > 1000
+    for sample in (gaussian, laplace, outlier):  # against scipy's (population variance; ours is Bessel-corrected)
+        n = sample.shape[1]
+        expected = scipy_stats.kurtosis(sample.double().numpy(), axis=1, fisher=False) * ((n - 1) / n) ** 2
+        assert sequence_kurtosis(sample).numpy() == pytest.approx(expected, rel=1e-9)
+    assert sequence_kurtosis(torch.full((1, 8), 2.0)).item() == 0.0  # a constant row: no division by zero
+
+
+def test_kurtosis_and_largest_activation_of_each_block_output_on_a_micro_model():
+    """Per block: the mean over sequences of each sequence's kurtosis over its T x D output values, and the exact
+    largest |value| (M-Act's); over blocks their max (and kurtosis' mean)."""
+    model = build_model(micro_config(), seed=0)
+    batches = [torch.randint(0, 61, (3, 12), generator=torch.Generator().manual_seed(s)) for s in (1, 2)]
+    report = probe_model(model, batches)
+    outputs = {0: [], 1: []}
+    for ids in batches:
+        capture = Capture()
+        model(ids, probe=capture)
+        for layer in outputs:
+            outputs[layer].append(capture.tensors[(layer, "ffn_residual")])
+    summary = report.summary()
+    for layer, tensors in outputs.items():
+        values = torch.cat(tensors)  # (6, 12, 32)
+        assert summary[f"max_abs_activation/block{layer}"] == values.abs().max().item() == report.max_activation[layer]
+        per_sequence = sequence_kurtosis(values.flatten(start_dim=1))
+        assert summary[f"kurtosis/block{layer}"] == pytest.approx(per_sequence.mean().item(), rel=1e-12)
+    assert summary["max_abs_activation"] == max(report.max_activation)
+    assert summary["kurtosis_max"] == max(report.kurtosis) and summary["kurtosis_mean"] == pytest.approx(
+        sum(report.kurtosis) / 2)
+    assert all(math.isfinite(summary[name]) for name in ("sink_rate", "sink_rate/layer0", "sink_rate/layer1"))
+    assert 0 <= summary["sink_rate"] <= 1

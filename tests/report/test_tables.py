@@ -79,3 +79,30 @@ def test_benchmark_scores_get_a_paired_change_and_the_papers_columns(tmp_path):
     assert frame.loc["g1_elem_sig", "paper Hellaswag"] == "74.64" and f"{acc}/stderr" not in frame.columns
     plain = build_comparison([record(s, False) for s in specs], "table1").frame
     assert not any(c.startswith("paper Hellaswag") or c.startswith("lm_eval") for c in plain.columns)
+
+
+def test_outlier_probes_are_columns_without_a_paper_column(tmp_path):
+    """Sink rate, kurtosis, largest |activation| and the W8A8 perplexity stand beside the paper's probes, as ours only:
+    the paper measured none of them. Per-layer values stay in MLflow, out of the table."""
+    from gatelab.report.tables import OUTLIER_PROBES, RunRecord, build_comparison
+    from gatelab.sweep.spec import expand, load_sweep
+
+    specs = expand(load_sweep(write_micro_sweep(tmp_path, "outliers")))
+    values = {"probe/sink_rate": 0.25, "probe/kurtosis_max": 3076.0, "probe/max_abs_activation": 735.0,
+              "eval/w8a8_ppl": 21.18, "eval/w8a8_ppl_ratio": 1.337}
+
+    def record(spec) -> RunRecord:
+        metrics = {"ppl/avg": 15.84, "probe/f_attn": 0.4, "probe/sink_rate/layer0": 0.5, **values}
+        return RunRecord(spec, "finished", f"run-{spec.index}", metrics)
+
+    result = build_comparison([record(s) for s in specs], "table4")
+    frame = result.frame.set_index("variant")
+    assert list(OUTLIER_PROBES) == list(values)
+    for name, value in values.items():
+        assert frame.loc["baseline", name] == f"{value:.3f} (1)", name
+        assert name in result.secondary and f"paper {name}" not in frame.columns
+    assert "paper F-Attn" in frame.columns and "probe/sink_rate/layer0" not in frame.columns
+    columns = list(frame.columns)
+    assert columns.index("probe/f_attn") < columns.index("probe/sink_rate") < columns.index("eval/w8a8_ppl_ratio")
+    old = build_comparison([RunRecord(s, "finished", "r", {"ppl/avg": 15.0}) for s in specs], "table4").frame
+    assert not set(OUTLIER_PROBES) & set(old.columns)  # runs from before these probes show no empty columns

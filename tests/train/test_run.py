@@ -16,6 +16,11 @@ from tests.helpers import (BLIMP, MlflowServer, sqlite_uri, train_cli, train_in_
                            write_micro_experiment)
 
 IMPORTED = time.monotonic()
+# The probes of issue 33 on the micro model's two layers: sink rate, kurtosis, largest |activation|, W8A8 perplexity.
+OUTLIER_METRICS = ["probe/sink_rate", "probe/sink_rate/layer0", "probe/sink_rate/layer1", "probe/kurtosis_max",
+                   "probe/kurtosis_mean", "probe/kurtosis/block0", "probe/kurtosis/block1", "probe/max_abs_activation",
+                   "probe/max_abs_activation/block0", "probe/max_abs_activation/block1", "eval/w8a8_ppl",
+                   "eval/w8a8_ppl_ratio"]
 
 
 def _runs(uri: str):
@@ -47,7 +52,8 @@ def test_a_run_records_every_metric_and_artifact(tmp_path):
     expected = ["train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s", "train/spikes", "ppl/scripture",
                 "ppl/speeches", "ppl/avg", "long_ppl/x1", "long_ppl/x2", "long_ppl_beyond_train/x2", "icl/induction",
                 "icl/mqar", "probe/f_attn", "probe/f_attn_with_first_query", "probe/m_act", "probe/gate_score_mean",
-                "probe/sparsity_gated_output_below_0.01", "unigram_ppl/avg"] + (["blimp/accuracy"] if BLIMP.is_dir() else [])
+                "probe/sparsity_gated_output_below_0.01", "unigram_ppl/avg", *OUTLIER_METRICS]
+    expected += ["blimp/accuracy"] if BLIMP.is_dir() else []
     for metric in expected:
         assert f"metrics.{metric}" in frame.columns and frame[f"metrics.{metric}"].notna().all(), metric
     client = mlflow.MlflowClient(sqlite_uri(runs))
@@ -144,6 +150,67 @@ def test_a_finished_run_evaluates_on_the_device_it_trained_on(tmp_path, monkeypa
     assert train_in_process(experiment, tmp_path / "runs", "eval.every_n_steps=null").status == "finished"
     assert asked == [(torch.device("cpu"), "auto")]  # the trainer's root device and train.accelerator
     assert evaluated_on == [torch.device("cpu")]
+
+
+def test_a_run_records_the_outlier_probes_and_gatelab_table_shows_them(tmp_path):
+    """Sink rate, kurtosis, largest |activation| and W8A8 perplexity reach MLflow at the end of a real run, finite,
+    and `gatelab table` (its app function, in this process) shows their summaries as columns."""
+    import csv
+    import math
+
+    import yaml
+
+    from gatelab.app.report import make_report
+    from gatelab.report.tables import OUTLIER_PROBES
+
+    runs = tmp_path / "runs"
+    experiment = write_micro_experiment(tmp_path, max_steps=4, checkpoint_every=4)
+    assert train_in_process(experiment, runs).status == "finished"
+    row = _runs(sqlite_uri(runs)).iloc[0]
+    for metric in OUTLIER_METRICS:
+        assert math.isfinite(row[f"metrics.{metric}"]), metric
+    assert 0 <= row["metrics.probe/sink_rate"] <= 1 and row["metrics.probe/kurtosis_max"] >= 1  # Pearson's: >= 1
+    assert row["metrics.probe/max_abs_activation"] == max(row["metrics.probe/max_abs_activation/block0"],
+                                                          row["metrics.probe/max_abs_activation/block1"])
+    assert row["metrics.eval/w8a8_ppl_ratio"] == row["metrics.eval/w8a8_ppl"] / row["metrics.ppl/avg"]
+
+    sweep = tmp_path / "sweep.yaml"  # the run again, as a one-cell sweep of the same spec
+    sweep.write_text(yaml.safe_dump({"name": "micro", "experiment": experiment.name,
+                                     "grid": {"variant": ["g1_elem_sig"], "seed": [3]}}))
+    out = tmp_path / "out"
+    make_report(sweep, None, ["csv"], out, None, runs, None, log=lambda *args: None)
+    table = next(csv.DictReader(next(out.glob("*.csv")).open()))
+    assert table["runs"] == "1 finished"
+    for metric in OUTLIER_PROBES:
+        assert table[metric] == f"{row[f'metrics.{metric}']:.3f} (1)", metric
+
+
+def test_the_w8a8_perplexity_reads_a_strided_subset_against_its_own_full_precision_perplexity():
+    """Past W8A8_WINDOWS_PER_DOMAIN windows a domain's W8A8 perplexity reads an evenly strided subset of them, and the
+    ratio divides by the full-precision perplexity of that same subset, taken from the held-out pass's NLLs."""
+    import torch
+
+    from gatelab.eval.metrics import domain_perplexities, domain_window_nlls
+    from gatelab.eval.quantization import w8a8_perplexities
+    from gatelab.model import build_model
+    from gatelab.train.evaluate import W8A8_WINDOWS_PER_DOMAIN, quantization_metrics, w8a8_rows
+    from tests.helpers import micro_config
+
+    assert W8A8_WINDOWS_PER_DOMAIN == 8
+    assert list(range(32)[w8a8_rows(32)]) == [0, 4, 8, 12, 16, 20, 24, 28]
+    assert list(range(17)[w8a8_rows(17)]) == [0, 2, 4, 6, 8, 10, 12, 14]
+    assert list(range(5)[w8a8_rows(5)]) == [0, 1, 2, 3, 4]  # fewer than 8: all of them
+    model = build_model(micro_config(), seed=0)
+    generator = torch.Generator().manual_seed(0)
+    windows = {"a": torch.randint(0, 61, (20, 13), generator=generator),
+               "b": torch.randint(0, 61, (5, 13), generator=generator)}
+    metrics = quantization_metrics(model, windows, domain_window_nlls(model, windows, 7), 4, log=lambda *args: None)
+    subset = {"a": windows["a"][0:16:2], "b": windows["b"]}
+    assert metrics["eval/w8a8_ppl"] == w8a8_perplexities(model, subset, 4)["avg"]
+    assert metrics["eval/w8a8_ppl_ratio"] == pytest.approx(
+        metrics["eval/w8a8_ppl"] / domain_perplexities(model, subset)["avg"], rel=1e-12)
+    assert metrics["eval/w8a8_ppl_ratio"] != pytest.approx(  # not over all windows' perplexity
+        metrics["eval/w8a8_ppl"] / domain_perplexities(model, windows)["avg"], rel=1e-6)
 
 
 def test_imports_are_timed_for_the_first_run_of_a_process_only(monkeypatch):
