@@ -54,7 +54,7 @@ def test_the_shipped_claims_file_names_real_sweeps_groups_and_kinds(claims):
     assert len(claims) >= 50
     assert {c.kind for c in claims} == set(C.kinds()) == set(C.CHECKS)
     sweeps = {c.sweep for c in claims}
-    assert sweeps == {CORE, MOE, SINK, TRAINED, LR}
+    assert sweeps == {CORE, MOE, SINK, TRAINED, LR, "sink-free"}
     by_text = {c.claim: c for c in claims}
     control = by_text["G1's gain needs input-dependent gating: G1 beats the constant 0.5 control"]
     assert (control.sweep, control.a, control.b) == (TRAINED, "g1_elem_sig", "ctrl_scale_0p5")
@@ -66,6 +66,10 @@ def test_the_shipped_claims_file_names_real_sweeps_groups_and_kinds(claims):
     assert by_text["Multiplicative and additive SiLU gates are close (the paper: no difference)"].kind == "closeness"
     assert by_text["Gate score is higher for g1_elem_nssig"].true_by_construction
     assert by_text["Gate score is higher for g1_inputindep_sig"].true_by_construction
+    # beyond the paper (issue 33): each do-nothing mechanism against the baseline on sink rate, kurtosis and W8A8
+    sink_free = [c for c in claims if c.sweep == "sink-free"]
+    assert {c.metric for c in sink_free} >= {"probe/sink_rate", "probe/kurtosis_max", "eval/w8a8_ppl_ratio"}
+    assert {c.b for c in sink_free} == {"baseline"}
 
 
 def _claims_file(tmp_path: Path, entry: str) -> Path:
