@@ -14,7 +14,7 @@ from __future__ import annotations
 import difflib
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -36,7 +36,9 @@ AttentionKind = Literal["softmax", "off_by_one", "learnable_sink", "sigmoid", "s
 
 
 class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # allow_inf_nan=False: `.inf` and `.nan` are YAML floats, and no gatelab setting means anything at either (a rate
+    # of .inf trained and exited 0; betas of .nan failed inside AdamW's constructor).
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class GateConfig(StrictModel):
@@ -317,7 +319,7 @@ class TrainConfig(StrictModel):
     min_lr: float = Field(3e-5, ge=0)
     warmup_steps: int = Field(100, ge=0)
     weight_decay: float = Field(0.1, ge=0)
-    betas: tuple[float, float] = (0.9, 0.95)
+    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (0.9, 0.95)  # AdamW's
     grad_clip: float = Field(1.0, ge=0)
     precision: Literal["32-true", "bf16-mixed", "16-mixed", "auto"] = "auto"
     accelerator: Literal["auto", "cpu", "gpu", "cuda", "mps"] = "auto"
@@ -340,6 +342,13 @@ class TrainConfig(StrictModel):
     # "max-autotune-no-cudagraphs" benchmarks GEMM and Triton configurations while compiling (minutes). A speed
     # setting like `compile`, not part of a run's identity.
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
+    @model_validator(mode="after")
+    def _check_schedule(self) -> TrainConfig:
+        if self.min_lr > self.lr:
+            raise ValueError(f"min_lr ({self.min_lr:g}) is above lr ({self.lr:g}): the schedule decays from lr to "
+                             "min_lr; set min_lr at most lr (e.g. lr / 100)")
+        return self
+
     # Weight decay on input-independent gate logits (a 2-D (H, D) tensor, decayed by an ndim rule until the fix; decay
     # pulls them to 0, a score of 0.5, which is not what the paper's "no weight decay on gates" set-up does). Off: the
     # logits go with the norms into the group without decay. The first-pass sweeps of results/tiny set it true.
@@ -463,8 +472,14 @@ def _describe(error: dict[str, Any], root: type[BaseModel]) -> str:
         return f"{path}: unknown key{hint} (valid keys: {', '.join(valid)})"
     message = error["msg"].removeprefix("Value error, ")
     if error["type"] not in ("value_error", "missing") and "input" in error:
-        message += f" (got {error['input']!r})"
+        message += f" (got {_shortened(repr(error['input']))})"
     return f"{path}: {message}" if loc else message  # a whole-experiment check names its keys itself
+
+
+def _shortened(text: str, limit: int = 200) -> str:
+    """A value as a message quotes it: a YAML file can hold a value whose text runs to megabytes (a list built from
+    nested aliases printed a 52 MB error)."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
 
 
 def format_validation_error(error: ValidationError, source: str, root: type[BaseModel] = ExperimentConfig) -> str:
@@ -521,8 +536,33 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+    def get_single_node(self):
+        # An alias is a reference, not a copy, yet a value built of nested aliases (`&a [*a, *a, ...]` a few levels
+        # deep) expands to billions of elements wherever it is walked or printed (a 52 MB error message): refuse a
+        # document whose expanded size is beyond any config's, before anything reads it.
+        node = super().get_single_node()
+        if node is not None and _expanded_size(node, {}) > MAX_YAML_NODES:
+            raise _DuplicateKey(f"the document expands to more than {MAX_YAML_NODES:,} values through its aliases "
+                                "(*name); a gatelab file needs far fewer: write the values out")
+        return node
+
+
+MAX_YAML_NODES = 1_000_000
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
+    """Nodes in `node` with every alias expanded, counted once per node object (so nested aliases cost no time)."""
+    if id(node) not in sizes:
+        sizes[id(node)] = 1  # a node reached again while counting it (a recursive alias) counts once
+        if isinstance(node, yaml.SequenceNode):
+            sizes[id(node)] += sum(_expanded_size(child, sizes) for child in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            sizes[id(node)] += sum(_expanded_size(key, sizes) + _expanded_size(value, sizes) for key, value in node.value)
+    return sizes[id(node)]
+
+
 class _DuplicateKey(yaml.YAMLError):
-    pass
+    """A YAML file gatelab refuses though PyYAML would load it (a repeated key, too many aliases)."""
 
 
 def _load_yaml(text: str, source: str) -> Any:

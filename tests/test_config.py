@@ -200,3 +200,62 @@ def test_gate_compute_dtype_and_init_are_checked_with_a_reason(tmp_path, gate, m
     with pytest.raises(GatelabError, match="model.gates.0") as error:
         load_experiment(path)
     assert message in str(error.value)
+
+
+@pytest.mark.parametrize(("assignment", "key", "says"), [
+    ("train.lr=.inf", "train.lr", "finite number"),
+    ("train.betas=[.nan, 0.95]", "train.betas.0", "finite number"),
+    ("train.min_lr=.inf", "train.min_lr", "finite number"),
+    ("train.betas=[0.9, 1.5]", "train.betas.1", "less than 1"),
+    ("train.min_lr=0.1", "train", "min_lr (0.1) is above lr"),
+    ("train.grad_clip=.nan", "train.grad_clip", "finite number"),
+    ("eval.blimp_per_paradigm=.inf", "eval.blimp_per_paradigm", "finite number"),
+])
+def test_a_value_no_setting_can_take_is_refused_naming_its_key(assignment, key, says):
+    """Finiteness for every float of every config (`.inf` and `.nan` are YAML floats), AdamW's beta range, and a
+    schedule that cannot rise: refused before training, the key named, never an error from inside torch."""
+    with pytest.raises(GatelabError) as caught:
+        load_experiment(REPO / "experiments" / "tiny.yaml", [assignment])
+    assert f"{key}: " in str(caught.value) and says in str(caught.value)
+
+
+def test_every_config_model_refuses_infinite_and_nan_floats():
+    """The finiteness rule is the base model's, so a config class added later has it too."""
+    import inspect
+
+    from pydantic import BaseModel
+
+    from gatelab import config
+    from gatelab.sweep import spec
+
+    models = [cls for module in (config, spec) for _, cls in inspect.getmembers(module, inspect.isclass)
+              if issubclass(cls, BaseModel) and cls.__module__ == module.__name__]
+    assert len(models) > 10
+    assert all(cls.model_config.get("allow_inf_nan") is False for cls in models), [
+        cls.__name__ for cls in models if cls.model_config.get("allow_inf_nan") is not False]
+
+
+def test_a_yaml_alias_bomb_is_refused_at_once_in_one_short_line(tmp_path):
+    levels = ["a0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1]"] + [
+        f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 9)]  # 9^9 values expanded
+    path = tmp_path / "bomb.yaml"
+    path.write_text("name: bomb\n" + "\n".join(levels) + "\nmodel: {n_layers: *a8}\n")
+    with pytest.raises(GatelabError) as caught:
+        read_yaml(path)
+    assert str(caught.value).startswith(f"{path}: ") and "aliases" in str(caught.value) and len(str(caught.value)) < 300
+
+
+def test_a_few_anchors_and_aliases_still_load(tmp_path):
+    path = tmp_path / "anchors.yaml"
+    path.write_text("base: &base {lr: 0.001, warmup_steps: 10}\ntrain:\n  <<: *base\n  lr: 0.002\nlist: &l [1, 2]\n"
+                    "again: [*l, *l]\n")
+    data = read_yaml(path)
+    assert data["train"] == {"lr": 0.002, "warmup_steps": 10} and data["again"] == [[1, 2], [1, 2]]
+
+
+def test_a_quoted_value_is_shortened_in_the_message():
+    from gatelab.config import _shortened
+
+    assert _shortened("x" * 50) == "x" * 50
+    long = _shortened("y" * 10_000)
+    assert long.startswith("y" * 200) and long.endswith("(10,000 characters)") and len(long) < 250
