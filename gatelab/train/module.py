@@ -14,10 +14,19 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from gatelab.config import ExperimentConfig, ModelConfig, TrainConfig
 from gatelab.data.datasets import PackedDataset
-from gatelab.errors import GatelabError
+from gatelab.errors import GatelabError, redact
 from gatelab.host import resolve_precision
 from gatelab.model import build_model
 from gatelab.train.head_loss import head_loss, next_token_loss, whole_logits_loss
+
+
+def redacted_strings(tree):
+    """`tree` (JSON-like: dicts, lists, strings, numbers) with every string passed through gatelab.errors.redact."""
+    if isinstance(tree, dict):
+        return {key: redacted_strings(value) for key, value in tree.items()}
+    if isinstance(tree, list):
+        return [redacted_strings(value) for value in tree]
+    return redact(tree) if isinstance(tree, str) else tree
 
 
 def lr_at(step: int, peak: float, floor: float, warmup: int, total: int) -> float:
@@ -109,7 +118,9 @@ class GatedLM(L.LightningModule):
         # The checkpoint describes itself: the experiment (for the tokenizer and training length) and the resolved model
         # config rebuild its model without the YAML, the registry or MLflow (gatelab.eval.harness.load_checkpoint).
         # With the precision it trained in: `auto` may resolve otherwise on the machine that resumes it.
-        checkpoint["gatelab"] = {"experiment": self.experiment.model_dump(mode="json"),
+        # Every string redacted (gatelab.errors.redact): a tracking URI's password was in plain text in last.ckpt,
+        # the file people copy; nothing read back from a checkpoint connects anywhere.
+        checkpoint["gatelab"] = {"experiment": redacted_strings(self.experiment.model_dump(mode="json")),
                                  "model": self.model.config.model_dump(mode="json"),
                                  "precision": self._trainer.precision if self._trainer is not None else None}
 

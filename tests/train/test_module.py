@@ -223,3 +223,22 @@ def test_bf16_counts_as_fast_on_a_cpu_only_where_its_matmuls_beat_fp32(monkeypat
     assert host.cpu_has_fast_bf16() is fast
     monkeypatch.setattr(host, "cpu_info", lambda: "")  # no /proc/cpuinfo (macOS, Windows)
     assert host.cpu_has_fast_bf16() is False
+
+
+def test_a_checkpoint_holds_no_secret_of_the_experiment(tmp_path):
+    """Issue 35: a tracking URI's password was in plain text in last.ckpt (the MLflow params were redacted). Every
+    string of the experiment a checkpoint describes itself with is redacted, and it still reads back as an experiment."""
+    import pickle
+
+    from gatelab.data.resolve import experiment_from_dict, load_experiment
+    from gatelab.model import resolve_model
+    from gatelab.train.module import GatedLM
+    from tests.helpers import write_micro_experiment
+
+    experiment = load_experiment(write_micro_experiment(tmp_path),
+                                 ["tracking.uri=http://bob:Tr0ub4dor-x@127.0.0.1:9", "tracking.experiment=micro"])
+    checkpoint: dict = {}
+    GatedLM(experiment, resolve_model(experiment)).on_save_checkpoint(checkpoint)
+    assert b"Tr0ub4dor-x" not in pickle.dumps(checkpoint)
+    described = experiment_from_dict(checkpoint["gatelab"]["experiment"], "the checkpoint")
+    assert described.tracking.uri == "http://bob:***@127.0.0.1:9" and described.model == experiment.model
