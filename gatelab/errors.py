@@ -53,6 +53,11 @@ def redact(text: str) -> str:
     return text
 
 
+def first_line(error: BaseException) -> str:
+    """The error's first non-blank line, redacted and cut to 300 characters: what a one-line message quotes of it."""
+    return redact(next((line for line in str(error).splitlines() if line.strip()), type(error).__name__))[:300]
+
+
 def remember_passwords(text: str) -> None:
     """Keep the passwords of the URIs in `text`, and their pieces between raw '@' and ':', to hide them later even
     outside a URI: a driver that splits `postgres:hunter@2secret@host` at the first '@' reports host `2secret@host`."""

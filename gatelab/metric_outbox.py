@@ -24,22 +24,15 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
-from gatelab.errors import redact
+from gatelab.errors import first_line, redact
 
 SEND_BATCH = 1000  # the most metrics MLflow's log_batch takes in one call
 RETRY_EVERY_S = 2.0
 IDLE_S = 5.0  # how long the sending thread waits for more metrics before it ends (the next metric starts another)
 
 
-# These two are gatelab.tracking's too, written out again here: tracking imports this module (lazily, once a run is
-# opened), and this one imports nothing of tracking's, so that the dependency runs one way only.
 def always_allowed() -> bool:
     return True
-
-
-def first_line(error: BaseException) -> str:
-    """The error's first non-blank line, redacted and cut to 300 characters: what a one-line message quotes of it."""
-    return redact(next((line for line in str(error).splitlines() if line.strip()), type(error).__name__))[:300]
 
 
 class MetricOutbox:

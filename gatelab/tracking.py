@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gatelab.errors import GatelabError, redact  # redact re-exported: callers that log a tracking URI find it here
+from gatelab.errors import GatelabError, first_line, redact  # redact re-exported: callers that log a tracking URI find it here
 from gatelab.host import repo_root
 
 if TYPE_CHECKING:
@@ -296,12 +296,6 @@ def _check_database(uri: str, scheme: str) -> None:
                            "and the host, port, database name and credentials in the URI") from error
     finally:
         engine.dispose()
-
-
-# gatelab.metric_outbox writes this and always_allowed out again: this module imports that one, never the reverse.
-def first_line(error: BaseException) -> str:
-    """The error's first non-blank line, redacted and cut to 300 characters: what a one-line message quotes of it."""
-    return redact(next((line for line in str(error).splitlines() if line.strip()), type(error).__name__))[:300]
 
 
 def _store_failure(uri: str, error: BaseException) -> str:

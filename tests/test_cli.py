@@ -201,3 +201,21 @@ def test_the_command_line_and_what_its_commands_do_import_no_heavy_library():
                "'matplotlib', 'lm_eval'); print(sorted(name for name in heavy if name in sys.modules))")
     result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("command", ["table", "claims"])
+def test_a_value_the_table_cannot_use_ends_in_one_message_and_exit_2(monkeypatch, tmp_path, command):
+    """A ValueError from the runs (or the claims file) is a user error: one line, exit code 2, no traceback."""
+    from typer.testing import CliRunner
+
+    from gatelab.app import claims as app_claims, report as app_report
+    from gatelab.cli import app
+
+    def refuse(*args, **kwargs):
+        raise ValueError("ppl/avg of run 7 is not a number")
+
+    monkeypatch.setattr(app_report, "make_report", refuse)
+    monkeypatch.setattr(app_claims, "make_claims", refuse)
+    result = CliRunner().invoke(app, [command, str(tmp_path / "s.yaml"), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    assert "error: ppl/avg of run 7 is not a number" in result.output and "Traceback" not in result.output

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 import torch
@@ -203,17 +204,16 @@ class LightningKernelProfile:
         self.first, self.steps = first, steps
         self.summary: dict | None = None
         self._profile = None
-        self._quiet = None
+        self._open = ExitStack()  # the profiler inside kineto_markers_dropped, across two callbacks
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
         from torch.profiler import ProfilerActivity, profile
 
         if batch_idx == self.first:
             torch.cuda.synchronize()
-            self._quiet = kineto_markers_dropped()
-            self._quiet.__enter__()
-            self._profile = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
-            self._profile.start()
+            self._open.enter_context(kineto_markers_dropped())
+            self._profile = self._open.enter_context(profile(activities=[ProfilerActivity.CPU,
+                                                                         ProfilerActivity.CUDA]))
         elif batch_idx == self.first + self.steps:
             self._stop(self.steps)
 
@@ -223,8 +223,7 @@ class LightningKernelProfile:
 
     def _stop(self, steps: int) -> None:
         torch.cuda.synchronize()
-        self._profile.stop()
-        self._quiet.__exit__(None, None, None)
+        self._open.close()
         self.summary = kernel_summary(device_work(self._profile.events(), torch.cuda.current_device()), steps)
         self._profile = None
 

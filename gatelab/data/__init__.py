@@ -20,25 +20,4 @@ def __getattr__(name: str):
     return getattr(importlib.import_module(f"gatelab.data.{_HOME_OF[name]}"), name)
 
 
-__all__ = [
-    "BOS",
-    "DOMAINS",
-    "EOS",
-    "PAD",
-    "CorpusManifest",
-    "DataError",
-    "Document",
-    "PackedDataset",
-    "TokenCorpus",
-    "bos_id",
-    "domains_from_files",
-    "eos_id",
-    "heldout_windows",
-    "load_or_train_tokenizer",
-    "long_context_windows",
-    "pad_id",
-    "prepare_corpora",
-    "tokenize_corpus",
-    "train_dataset",
-    "unigram_perplexity",
-]
+__all__ = sorted(_HOME_OF)

@@ -129,21 +129,18 @@ class GatedLM(L.LightningModule):
             self.log("val/ppl", torch.exp(self.trainer.callback_metrics["val/loss"]))
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
-        """Clips by the global norm and logs that norm, one foreach norm for both (Lightning's clipping and a logged
-        norm took two). Clipping here rather than in Lightning's mixed-precision plugin lets bf16-mixed train with
+        """Clips by the global norm and logs that norm, one norm for both (Lightning's clipping and a logged norm took
+        two; torch takes its foreach kernels where the device has them). Clipping here rather than in Lightning's mixed-precision plugin lets bf16-mixed train with
         torch's fused AdamW, which the plugin refuses to clip for (it unscales 16-mixed's gradients itself). Under FSDP
         Lightning's own clipping (a shard's norm is not the model's)."""
-        grads = [p.grad for p in self.parameters() if p.grad is not None]
-        if self.experiment.train.strategy == "fsdp" or (gradient_clip_algorithm or "norm") != "norm":
-            self.log("train/grad_norm", torch.nn.utils.get_total_norm(grads))
-            if gradient_clip_val:
-                self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
-            return
-        if gradient_clip_val:
-            norm = torch.nn.utils.clip_grad_norm_(self.parameters(), gradient_clip_val, foreach=True)
+        lightning_clips = self.experiment.train.strategy == "fsdp" or (gradient_clip_algorithm or "norm") != "norm"
+        if gradient_clip_val and not lightning_clips:
+            norm = torch.nn.utils.clip_grad_norm_(self.parameters(), gradient_clip_val)
         else:
-            norm = torch.nn.utils.get_total_norm(grads, foreach=True)
+            norm = torch.nn.utils.get_total_norm([p.grad for p in self.parameters() if p.grad is not None])
         self.log("train/grad_norm", norm)
+        if gradient_clip_val and lightning_clips:
+            self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def configure_optimizers(self):
         train = self.experiment.train
