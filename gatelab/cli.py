@@ -32,11 +32,14 @@ from gatelab.errors import GatelabError, install_redaction, print_failure, redac
 from gatelab.output_folders import require_writable_folder
 
 # No pretty exceptions: main() turns every escaping exception into one redacted line, never a traceback.
+# Markdown help: a docstring's lines flow into one paragraph (typer's rich mode keeps each line break, so the command
+# list broke sentences mid-line) and `code` shows as code.
+HELP_MARKUP = "markdown"
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n")[0],
-                  pretty_exceptions_enable=False)
-data_app = typer.Typer(help="Offline corpora: fetch once, cache, check.")
+                  pretty_exceptions_enable=False, rich_markup_mode=HELP_MARKUP)
+data_app = typer.Typer(help="Offline corpora: fetch once, cache, check.", rich_markup_mode=HELP_MARKUP)
 app.add_typer(data_app, name="data")
-sweep_app = typer.Typer(help="Sweeps: plan, run, join from another machine, follow.")
+sweep_app = typer.Typer(help="Sweeps: plan, run, join from another machine, follow.", rich_markup_mode=HELP_MARKUP)
 app.add_typer(sweep_app, name="sweep")
 
 

@@ -219,3 +219,49 @@ def test_a_value_the_table_cannot_use_ends_in_one_message_and_exit_2(monkeypatch
     result = CliRunner().invoke(app, [command, str(tmp_path / "s.yaml"), "--out", str(tmp_path / "out")])
     assert result.exit_code == 2, result.output
     assert "error: ppl/avg of run 7 is not a number" in result.output and "Traceback" not in result.output
+
+
+HELP_COMMANDS = [(), ("train",), ("variants",), ("table",), ("eval",), ("claims",), ("ui",), ("bench",), ("data",),
+                 ("data", "prepare"), ("sweep",), ("sweep", "plan"), ("sweep", "run"), ("sweep", "worker"),
+                 ("sweep", "reset"), ("sweep", "status")]
+
+
+def help_text(*command: str) -> str:
+    """`gatelab ... --help` as a 120-column terminal shows it (rich reads COLUMNS)."""
+    env = {**os.environ, "COLUMNS": "120", "TERMINAL_WIDTH": "120"}
+    result = subprocess.run([sys.executable, "-m", "gatelab", *command, "--help"], capture_output=True, text=True,
+                            cwd=REPO, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def panel_entries(text: str, panel: str) -> list[list[str]]:
+    """The rows of a help panel ('Commands', 'Options'), each as its list of screen lines (the box stripped)."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("╭─ " + panel))
+    entries: list[list[str]] = []
+    for line in lines[start + 1:]:
+        if line.startswith("╰"):
+            break
+        body = line.strip("│").rstrip()
+        if body[:1] == " " and body[1:2] not in (" ", ""):  # a new row: its name in the first column
+            entries.append([body])
+        elif entries:
+            entries[-1].append(body)
+    return entries
+
+
+@pytest.mark.parametrize("command", HELP_COMMANDS, ids=lambda c: " ".join(c) or "gatelab")
+def test_help_shows_flags_as_flags_and_wraps_sentences_only_at_the_edge(command):
+    """Flags take no value, so the help shows no type for them (typer 0.29 printed `--json <bool>`); a command's
+    description runs on to the panel's edge before it wraps (typer's rich markup kept each docstring line break, so
+    the command list broke sentences mid-line: "resumable: run / it again")."""
+    text = help_text(*command)
+    assert "<bool>" not in text
+    if "╭─ Commands" not in text:
+        return
+    width = max(len(line) for line in text.splitlines() if line.startswith("│")) - 2  # inside the box
+    for entry in panel_entries(text, "Commands"):
+        for line, following in zip(entry, entry[1:]):
+            next_word = following.split()[0]
+            assert len(line) + 1 + len(next_word) > width - 1, f"a line broken short of the edge:\n{line}\n{following}"
