@@ -82,6 +82,32 @@ def silence_noise() -> None:
     warnings.filterwarnings("ignore", message=r"Consider setting `persistent_workers=True`.*")
 
 
+def terminal_columns() -> int | None:
+    """The width output must fit: the terminal's (or COLUMNS where it is set), None for a pipe or a file, where a
+    table keeps whole rows for whoever reads the log."""
+    import shutil
+    import sys
+
+    if "COLUMNS" not in os.environ and not sys.stdout.isatty():
+        return None
+    return shutil.get_terminal_size().columns
+
+
+def fit_columns(frame, width: int | None) -> tuple[str, list[str]]:
+    """A DataFrame as text no wider than `width`: its leading columns (the key ones come first), and the names of the
+    columns left out, which a caller points to in the files that hold them."""
+    text = frame.to_string(index=False)
+    if width is None or max(map(len, text.splitlines()), default=0) <= width:
+        return text, []
+    kept = 1
+    while kept < len(frame.columns):
+        wider = frame.iloc[:, :kept + 1].to_string(index=False)
+        if max(map(len, wider.splitlines())) > width:
+            break
+        kept += 1
+    return frame.iloc[:, :kept].to_string(index=False), [str(c) for c in frame.columns[kept:]]
+
+
 def format_duration(seconds: float) -> str:
     """45 s, 1 min 17 s, 12 min, 2 h 5 min, 3.2 days."""
     seconds = max(0.0, seconds)

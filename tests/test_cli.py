@@ -265,3 +265,18 @@ def test_help_shows_flags_as_flags_and_wraps_sentences_only_at_the_edge(command)
         for line, following in zip(entry, entry[1:]):
             next_word = following.split()[0]
             assert len(line) + 1 + len(next_word) > width - 1, f"a line broken short of the edge:\n{line}\n{following}"
+
+
+@pytest.mark.parametrize("args", [(), ("--experiment", "experiments/tiny.yaml")], ids=["plain", "under-tiny"])
+def test_variants_fit_a_120_column_terminal_with_every_id_whole(args):
+    from gatelab.variants import VARIANTS
+
+    env = {**os.environ, "COLUMNS": "120"}
+    result = subprocess.run([sys.executable, "-m", "gatelab", "variants", *args], capture_output=True, text=True,
+                            cwd=REPO, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 120
+    first_words = {line.split()[0] for line in lines if line.strip()}
+    assert set(VARIANTS) <= first_words  # each id whole, at the start of its row: a user copies it from there
+    assert "…" not in result.stdout

@@ -21,13 +21,13 @@ def quiet_noise(verbose: bool) -> None:
 
 
 def stdout_console():
-    """A rich console for stdout. markup=False: a table cell (a path, a run's error) holding `[red]` or `[/bold]` is
-    printed as written; a pipe gets whole rows."""
-    import sys
-
+    """A rich console for stdout, as wide as the terminal (COLUMNS where set). markup=False: a table cell (a path, a
+    run's error) holding `[red]` or `[/bold]` is printed as written; a pipe gets whole rows."""
     from rich.console import Console
 
-    return Console(markup=False) if sys.stdout.isatty() else Console(width=200, markup=False)
+    from gatelab.progress import terminal_columns
+
+    return Console(width=terminal_columns() or 200, markup=False)
 
 
 def comma_list(text: str) -> list[str]:
@@ -37,6 +37,11 @@ def comma_list(text: str) -> list[str]:
 
 def say_written(written: Iterable[Path]) -> None:
     """The closing line of a command that writes files: which."""
+    import textwrap
+
     from typer import echo
 
-    echo("wrote " + ", ".join(str(path) for path in written))
+    from gatelab.progress import terminal_columns
+
+    line, width = "wrote " + ", ".join(str(path) for path in written), terminal_columns()
+    echo(line if width is None else textwrap.fill(line, width, break_long_words=False, break_on_hyphens=False))

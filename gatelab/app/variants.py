@@ -33,6 +33,9 @@ def variant_rows(experiment_path: Path | None) -> list[dict]:
     return rows
 
 
+WIDE_TABLE_COLUMNS = 200  # what the whole table takes, one line a variant for most
+
+
 def _millions(count: int | None, signed: bool = False) -> str:
     if count is None:
         return "n/a"
@@ -51,18 +54,23 @@ def print_variants(experiment: Path | None, as_json: bool) -> None:
     if as_json:
         echo(json.dumps(rows, indent=2))
         return
+    console = stdout_console()
     table = Table(box=None, title=f"{len(VARIANTS)} variants" + (f" under {experiment}" if experiment else ""))
-    for column in ("id", "position", "granularity", "heads", "form", "activation", "attention", "paper rows",
-                   "formula", "reference"):
-        table.add_column(column)
+    # The id is what a user copies into a sweep file: never cut or wrapped. In a terminal narrower than the whole
+    # table the six axes share one column, and the other columns wrap.
+    compact = console.width < WIDE_TABLE_COLUMNS
+    axes = ("position", "granularity", "heads", "form", "activation", "attention")
+    table.add_column("id", no_wrap=True, min_width=max(len(v) for v in VARIANTS))
+    for column in (("axes",) if compact else axes) + ("paper rows", "formula", "reference"):
+        table.add_column(column, overflow="fold", ratio=2 if column == "formula" else 1 if compact else None)
     if experiment:
-        table.add_column("total", justify="right")
-        table.add_column("added", justify="right")
+        table.add_column("total", justify="right", no_wrap=True)
+        table.add_column("added", justify="right", no_wrap=True)
     for row in rows:
-        cells = [row["id"], *(row["axes"][k] for k in ("position", "granularity", "heads", "form", "activation",
-                                                       "attention")),
+        axis_cells = [row["axes"][k] for k in axes]
+        cells = [row["id"], *([" ".join(a for a in axis_cells if a != "-") or "-"] if compact else axis_cells),
                  " ".join(f"T{r['table'][5:]}{r['row']}" for r in row["paper_rows"]), row["formula"], row["reference"]]
         if experiment:
             cells += [_millions(row["total_params"]), _millions(row["added_params"], signed=True)]
         table.add_row(*cells)
-    stdout_console().print(table)
+    console.print(table)

@@ -4,11 +4,13 @@ which gatelab.app.report reads the sweep and its runs for)."""
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
+from gatelab.progress import fit_columns, terminal_columns
 from gatelab.report.export import ReportSection, ReportTable, export_report
 from gatelab.report.plots import (plot_context_length, plot_delta_vs_paper, plot_first_token_attention,
                                   plot_gate_histograms, plot_loss_curves)
@@ -142,7 +144,25 @@ def write_report(sweep_name: str, paper: str | None, records: Sequence[RunRecord
                             sections=[closeness_section(records)])
     store.log_report(sweep_name, written + plots)  # the report opens from the MLflow UI too
     for table in (main, *regime_tables):
-        log(table.frame.to_string(index=False))
-        for note in table.notes:
-            log(note)
+        log_table(table, written, log)
     return written + plots
+
+
+def log_table(table: ReportTable, written: Sequence[Path], log) -> None:
+    """A report table as the terminal can show it, where the rest is, and its notes. Ours beside the paper's come
+    first: the variant, our figure, its change, p and the test, then the paper's figure and change."""
+    width = terminal_columns()
+    frame = table.frame
+    key = [c for c in frame.columns[:1]] + [c for c in frame.columns[1:] if str(c).startswith(PPL) or str(c) in (
+        "runs", "Δ (%)", "p", "test", "paper Avg PPL", "paper Δ (%)")]
+    if width is not None:  # a pipe or a file keeps the table's own order, whole
+        frame = frame[key + [c for c in frame.columns if c not in key]]
+    text, left_out = fit_columns(frame, width)
+    log(text)
+    lines = list(table.notes)
+    if left_out:
+        files = [p.name for p in written if p.suffix in (".md", ".csv", ".html")]
+        lines.insert(0, f"(and {len(left_out)} more columns, too wide for this terminal: {', '.join(left_out)}; "
+                        f"every column is in {', '.join(files) or 'the report files'})")
+    for line in lines:
+        log(line if width is None else textwrap.fill(line, width, break_long_words=False, break_on_hyphens=False))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from gatelab.report.report import spike_steps
 
 NONE: tuple[list[int], list[float]] = ([], [])
@@ -32,3 +34,33 @@ def test_the_count_matches_spikes_total_whatever_the_history():
     for counts, total in (((range(0, 50, 10), [0, 0, 2, 2, 5]), 5.0), ((range(0, 50, 10), [0, 0, 2, 2, 5]), 7.0),
                           ((range(0, 50, 10), [0, 0, 0, 0, 0]), 1.0)):
         assert len(spike_steps(NONE, (list(counts[0]), counts[1]), total)) == total
+
+
+def test_a_report_table_fits_the_terminal_key_columns_first_and_says_where_the_rest_is(monkeypatch):
+    import pandas as pd
+
+    from gatelab.report.export import ReportTable
+    from gatelab.report.report import log_table
+
+    wide = {f"ppl/domain{i}": [f"{100 + i:.3f} (3)"] * 2 for i in range(30)}
+    frame = pd.DataFrame({"variant": ["baseline", "g1_elem_sig"], "runs": ["3 finished"] * 2, **wide,
+                          "paper Avg PPL": [7.499, 7.404], "ppl/avg (mean ± std (n))": ["283 ± 12 (3)"] * 2,
+                          "Δ (%)": ["", "-25.6"], "paper Δ (%)": ["", "-1.27"]})
+    note = "Significance: a note long enough that it has to wrap in a terminal of eighty columns, " * 3
+    table = ReportTable("t", frame, [note])
+    lines: list[str] = []
+    monkeypatch.setenv("COLUMNS", "80")
+    log_table(table, [Path("out/README.md"), Path("out/t.csv"), Path("out/plot.png")], lines.append)
+    text = "\n".join(lines).splitlines()
+    assert max(map(len, text)) <= 80
+    header = text[0].split()
+    assert header[:2] == ["variant", "runs"] and "paper" in header  # ours beside the paper's, before the rest
+    assert "ppl/domain29" in "\n".join(text) and "README.md, t.csv" in "\n".join(text)  # named, and where it is
+    assert "plot.png" not in "\n".join(text)
+
+    lines.clear()
+    monkeypatch.delenv("COLUMNS")
+    monkeypatch.setattr("sys.stdout.isatty", lambda: False)  # a pipe: whole rows, the table's own order
+    log_table(table, [], lines.append)
+    assert lines[0].splitlines()[0].split()[:3] == ["variant", "runs", "ppl/domain0"]
+    assert lines[-1] == note
