@@ -647,3 +647,25 @@ __all__ = [
     "MoEConfig", "SwitchHeadConfig", "TrackingConfig", "TrainConfig", "flatten", "format_validation_error",
     "parse_assignment", "read_experiment_tree", "read_yaml", "set_dotted", "to_yaml", "validate_experiment",
 ]
+
+
+def setting_warnings(experiment: ExperimentConfig) -> list[str]:
+    """Settings that a run accepts but that make it mean less than its user thinks, each with its fix. Warnings, not
+    errors: a deliberate short run (a smoke test, a timing) may want them."""
+    train, steps = experiment.train, experiment.train.max_steps
+    lines = []
+    if train.warmup_steps >= steps:
+        peak = train.lr * steps / train.warmup_steps
+        lines.append(f"train.warmup_steps ({train.warmup_steps}) is not below train.max_steps ({steps}): the learning "
+                     f"rate is still warming up when the run ends (it reaches {peak:.3g}, not lr {train.lr:g}, and "
+                     f"never decays); set train.warmup_steps below max_steps, e.g. "
+                     f"--set train.warmup_steps={max(1, steps // 10)}")
+    if train.log_every > steps:
+        lines.append(f"train.log_every ({train.log_every}) is above train.max_steps ({steps}): no training loss is "
+                     f"logged and the loss curves stay empty; set train.log_every at most max_steps, e.g. "
+                     f"--set train.log_every={max(1, steps // 10)}")
+    every = experiment.eval.every_n_steps
+    if every is not None and every > steps:
+        lines.append(f"eval.every_n_steps ({every}) is above train.max_steps ({steps}): no validation runs during "
+                     f"training; set it at most max_steps, or leave it unset for the end-of-run evaluation alone")
+    return ["warning: " + line for line in lines]

@@ -259,3 +259,18 @@ def test_a_quoted_value_is_shortened_in_the_message():
     assert _shortened("x" * 50) == "x" * 50
     long = _shortened("y" * 10_000)
     assert long.startswith("y" * 200) and long.endswith("(10,000 characters)") and len(long) < 250
+
+
+def test_settings_that_make_a_run_meaningless_are_warned_about_with_their_fix():
+    from gatelab.config import setting_warnings
+    from gatelab.data.resolve import load_experiment
+
+    tiny = load_experiment(REPO / "experiments" / "tiny.yaml")
+    assert setting_warnings(tiny) == []  # the shipped preset means what it says
+    short = load_experiment(REPO / "experiments" / "tiny.yaml", ["train.max_steps=20", "eval.every_n_steps=50"])
+    lines = setting_warnings(short)
+    assert any("train.warmup_steps" in line and "--set train.warmup_steps=2" in line for line in lines)
+    assert any("eval.every_n_steps (50)" in line for line in lines)
+    fixed = load_experiment(REPO / "experiments" / "tiny.yaml", ["train.max_steps=20", "train.warmup_steps=2",
+                                                                 "train.log_every=5"])
+    assert setting_warnings(fixed) == []

@@ -33,6 +33,10 @@ def train(experiment: Path, variant: str | None, seed: int | None, set_: list[st
 
     overrides = [*set_, *([f"variant={variant}"] if variant else []), *([f"seed={seed}"] if seed is not None else [])]
     config = checked_config(experiment, overrides)
+    from gatelab.config import setting_warnings
+
+    for warning in setting_warnings(config):
+        echo(warning, err=True)
     from gatelab.interrupts import Interrupted
     from gatelab.train.ownership import RunInProgress
     from gatelab.train.run import run
