@@ -546,6 +546,9 @@ def _use_failure(storage: str, error: BaseException) -> str:
     if isinstance(error, OSError):
         what = f"{error.strerror or type(error).__name__}" + (f": {error.filename}" if error.filename else "")
         fix = "check that the file and its folder are there, readable and writable, and that the disk has room"
+    elif storage.startswith("sqlite:"):
+        what = _first_line(error)
+        fix = "check that the SQLite file is the ledger's own, whole, readable and writable"
     else:
         what = _first_line(error)
         fix = "check that the database server runs and accepts connections"
