@@ -282,10 +282,10 @@ class SweepWorker:
         set of runs."""
         running = self.ledger.running()
         numbers = frozenset(run.number for run in running)
-        if not running or numbers == self.waited_on:
-            return
+        soonest = max(running, key=lambda run: run.silent_s, default=None)
+        if soonest is None or numbers == self.waited_on or self.grace_s - soonest.silent_s <= 5:
+            return  # nothing new, or a take-over within seconds: not worth a line
         self.waited_on = numbers
-        soonest = max(running, key=lambda run: run.silent_s)
         runs = ", ".join(f"{run.index} ({run.label}) on {run.worker}, last heard {run.silent_s:.0f} s ago"
                          for run in running)
         self.log(f"[{self.ledger.worker}] nothing left to claim; waiting for run{'s' * (len(running) > 1)} {runs}. "
