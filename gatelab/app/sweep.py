@@ -16,7 +16,9 @@ def interrupted_exit(interrupted) -> int:
     """A sweep command stopped by Ctrl-C or SIGTERM: what to run to resume, and the shell's exit code (130, 143)."""
     from gatelab.sweep.queue import interrupted_line
 
-    echo(interrupted_line(interrupted), err=True)
+    line = interrupted_line(interrupted)
+    if line:  # none in a worker whose launcher prints it
+        echo(line, err=True)
     return interrupted.exit_code
 
 
@@ -52,8 +54,7 @@ def worker(sweep: Path, storage: str, experiment: Path | None, tracking_uri: str
 def reset(sweep: Path, cells: list[int], failed: bool, experiment: Path | None, storage: str | None,
           tracking_uri: str | None, runs_dir: Path) -> None:
     """Put the failed cells named (or every failed cell) back in the queue, and say which."""
-    from gatelab.errors import redact
-    from gatelab.sweep.queue import SweepLedger, default_storage, ledger_exists, tracking_stores
+    from gatelab.sweep.queue import SweepLedger, default_storage, ledger_exists, shown_storage, tracking_stores
     from gatelab.sweep.spec import expand, load_sweep
 
     if not cells and not failed:
@@ -63,7 +64,7 @@ def reset(sweep: Path, cells: list[int], failed: bool, experiment: Path | None, 
     storage = storage or default_storage(runs_dir, plan.name)
     stores = tracking_stores(specs, tracking_uri, runs_dir)
     if not ledger_exists(storage, plan.name, stores):
-        raise GatelabError(f"sweep {plan.name} has no ledger in {redact(storage)}: nothing has run yet (pass "
+        raise GatelabError(f"sweep {plan.name} has no ledger in {shown_storage(storage)}: nothing has run yet (pass "
                            "--storage or --runs-dir if it lives elsewhere)")
     requeued = SweepLedger(storage, plan.name, tracking_uris=stores).reset(specs, cells, failed)
     for state in requeued:
@@ -80,12 +81,15 @@ def print_status(sweep: Path, experiment: Path | None, storage: str | None, runs
 
     from rich.table import Table
 
-    from gatelab.sweep.queue import ledger_states
+    from gatelab.sweep.queue import default_storage, ledger_states, torn_tail_note
     from gatelab.sweep.spec import expand, load_sweep
 
     plan = load_sweep(sweep, experiment)
     specs = expand(plan)
-    states = ledger_states(storage, runs_dir, plan.name, specs)
+    states = ledger_states(storage, runs_dir, plan.name, specs)  # read only: status never writes to the ledger
+    note = torn_tail_note(storage or default_storage(runs_dir, plan.name))
+    if note:
+        echo(note, err=True)
     counts = Counter(state.status for state in states)
     if as_json:
         echo(json.dumps({"sweep": plan.name, "counts": dict(counts), "runs": [asdict(s) for s in states]}, indent=2))

@@ -60,14 +60,13 @@ def _open(sweep: Path, experiment: Path | None, storage: str | None, tracking_ur
           workers: int):
     """The sweep, its runs (every cell validated before any ledger, MLflow or training work) and its ledger; prints
     the runs and their estimated time."""
-    from gatelab.errors import redact
-    from gatelab.sweep.queue import default_storage
+    from gatelab.sweep.queue import default_storage, shown_storage
     from gatelab.sweep.spec import expand, load_sweep
 
     plan = load_sweep(sweep, experiment)
     specs = expand(plan)
     storage = storage or default_storage(runs_dir, plan.name)
-    echo(f"sweep {plan.name}: {len(specs)} runs; ledger {redact(storage)}")
+    echo(f"sweep {plan.name}: {len(specs)} runs; ledger {shown_storage(storage)}")
     from gatelab.sweep.plan import sweep_run_estimate
 
     for line in sweep_run_estimate(plan, specs, storage, tracking_uri, runs_dir, workers):

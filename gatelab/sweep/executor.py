@@ -24,7 +24,7 @@ from gatelab import host
 from gatelab.errors import GatelabError
 from gatelab.interrupts import Interrupted, raise_on_signals
 from gatelab.progress import is_verbose
-from gatelab.sweep.queue import CELLS_FAILED
+from gatelab.sweep.queue import CELLS_FAILED, LAUNCHER_SAYS_ENV, USER_COMMAND_ENV, user_command
 
 REGISTRY_ENV = "GATELAB_LOCAL_WORKERS"  # the folder in which this launch's local workers list themselves
 POOL_ENV = "GATELAB_SWEEP_CORES"  # every core the launch was given, e.g. "0,1,2,3"
@@ -200,7 +200,7 @@ def run_local_workers(n_workers: int, **worker_args) -> int:
     with raise_on_signals():
         try:
             for index in range(n_workers):
-                env = dict(os.environ)
+                env = {**os.environ, **launcher_env(says_resume=True)}
                 if on_gpus:
                     env["CUDA_VISIBLE_DEVICES"] = str(index)
                     command = worker_command(threads=None, **worker_args)
@@ -225,8 +225,14 @@ def run_local_workers(n_workers: int, **worker_args) -> int:
     return max(codes)
 
 
-def _submitit_worker(command: list[str]) -> int:
-    return subprocess.run(command, check=False).returncode
+def launcher_env(says_resume: bool) -> dict[str, str]:
+    """What a launched worker is told about its launch: the command the user ran, for its resume line, and whether
+    the launcher prints that line itself (it waits for its workers), so that Ctrl-C gives exactly one."""
+    return {USER_COMMAND_ENV: user_command(), LAUNCHER_SAYS_ENV: "1" if says_resume else "0"}
+
+
+def _submitit_worker(command: list[str], env: dict[str, str]) -> int:
+    return subprocess.run(command, check=False, env={**os.environ, **env}).returncode
 
 
 def submit_workers(n_workers: int, cluster: str, folder: Path, slurm: dict, wait: bool, **worker_args) -> list[str]:
@@ -242,7 +248,8 @@ def submit_workers(n_workers: int, cluster: str, folder: Path, slurm: dict, wait
             parameters["slurm_partition"] = slurm["partition"]
     executor.update_parameters(**parameters)
     command = worker_command(threads=slurm.get("threads"), **worker_args)
-    jobs = executor.map_array(_submitit_worker, [command] * n_workers)
+    env = launcher_env(says_resume=wait)  # a Slurm job outlives this process: its workers say how to resume
+    jobs = executor.map_array(_submitit_worker, [command] * n_workers, [env] * n_workers)
     if wait:
         failed = [job.job_id for job in jobs if job.result() not in (0, CELLS_FAILED)]  # failed cells: the ledger says
         if failed:

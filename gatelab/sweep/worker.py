@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING
 import lightning as L
 import torch
 
-from gatelab import host
+from gatelab import host, tracking
 from gatelab.config import to_yaml
 from gatelab.data.identity import spec_hash
 from gatelab.errors import GatelabError, redact
 from gatelab.interrupts import Interrupted, ignore_signals, raise_on_signals
 from gatelab.progress import RunCosts, is_verbose, sweep_progress_line, sweep_time_left
 from gatelab.sweep.executor import LocalShare
-from gatelab.sweep.queue import Claim, SweepLedger, open_ledger
+from gatelab.sweep.queue import Claim, SweepLedger, open_ledger, tracking_stores
 from gatelab.sweep.spec import RunSpec, Sweep, expand, load_sweep
 from gatelab.train.ownership import RunInProgress, RunTakenOver
 
@@ -127,6 +127,9 @@ def work(sweep_path: Path, experiment: Path | None = None, storage: str | None =
     GATELAB_PROGRESS_EVERY seconds. After each run, a line with the sweep's runs done and its time left."""
     sweep = load_sweep(sweep_path, experiment)
     specs = expand(sweep)
+    problem = setup_problem(specs, tracking_uri, runs_dir)  # before the ledger is touched: a broken set-up fails no cell
+    if problem:
+        raise GatelabError(f"{problem} (this worker claimed no run: the sweep's ledger is as it was)")
     ledger = open_ledger(sweep, specs, storage, tracking_uri, runs_dir, heartbeat_s, grace_s)
     share = LocalShare.from_env()  # only the CPU workers of `gatelab sweep run --workers N` share cores
     if share is not None:
@@ -148,10 +151,26 @@ def work(sweep_path: Path, experiment: Path | None = None, storage: str | None =
                     share.leave()  # nothing to train: the runs still going take this worker's cores
                 if not ledger.unfinished():
                     return worker.report
+                worker.say_what_it_waits_for()
                 time.sleep(min(heartbeat_s, 5.0))  # runs still going elsewhere; one may need taking over
         finally:
             if share is not None:
                 share.leave()
+
+
+def setup_problem(specs: Sequence[RunSpec], tracking_uri: str | None, runs_dir: Path) -> str | None:
+    """What is wrong with this worker's own set-up, where something is: an MLflow store its runs record to that
+    cannot be used (a dead server, a bad URI). It is no cell's fault: checked before a claim, and again after a run
+    fails, so that one worker with a bad `--tracking-uri` does not mark every cell it claims failed."""
+    for uri in sorted(tracking_stores(specs, tracking_uri, runs_dir)):
+        path = tracking.sqlite_file(uri)
+        if path is not None and not path.parent.is_dir():
+            continue  # the embedded store under runs/, made with the first run
+        try:
+            tracking.check_store(uri)
+        except GatelabError as error:
+            return str(error)
+    return None
 
 
 @dataclass
@@ -174,6 +193,7 @@ class SweepWorker:
     costs: RunCosts = field(default_factory=RunCosts)  # what this worker's runs cost, for the sweep's time left
     # Runs this worker found being trained by another process, by hash: not tried again before then.
     busy_until: dict[str, float] = field(default_factory=dict)
+    waited_on: frozenset[int] = frozenset()  # the trials it last said it waits for, so each wait is said once
     by_hash: dict[str, RunSpec] = field(init=False)
     steps_by_hash: dict[str, int] = field(init=False)  # for the sweep's time left
 
@@ -244,12 +264,33 @@ class SweepWorker:
                      f"tried again in {self.grace_s:.0f} s")
         except Exception:  # a failed run is recorded and retried; the worker goes on with the next
             error = traceback.format_exc()
+            problem = setup_problem([spec], self.tracking_uri, self.runs_dir)
+            if problem:  # the worker's fault, not the run's: back in the queue untouched, and this worker stops
+                self.ledger.release(claim, f"worker set-up failed: {problem}")
+                raise GatelabError(f"{problem} (run {spec.index} is back in the queue, its attempts as they were; "
+                                   "this worker stopped)") from None
             retried = self.ledger.fail(claim, error, self.sweep.retries)  # stored redacted
             self.log(f"{me} failed ({redact(error.strip().splitlines()[-1])}); "
                      + ("re-queued" if retried else f"no retries left after {self.sweep.retries}"))
             if not retried:
                 self.report.failed.append(spec.hash)
         return None
+
+    def say_what_it_waits_for(self) -> None:
+        """With nothing to claim while runs go on elsewhere: which runs it waits for, and how long at most before it
+        takes over one whose worker has stopped beating (a SIGKILLed worker's run waits out --grace). Said once per
+        set of runs."""
+        running = self.ledger.running()
+        numbers = frozenset(run.number for run in running)
+        soonest = max(running, key=lambda run: run.silent_s, default=None)
+        if soonest is None or numbers == self.waited_on or self.grace_s - soonest.silent_s <= 5:
+            return  # nothing new, or a take-over within seconds: not worth a line
+        self.waited_on = numbers
+        runs = ", ".join(f"{run.index} ({run.label}) on {run.worker}, last heard {run.silent_s:.0f} s ago"
+                         for run in running)
+        self.log(f"[{self.ledger.worker}] nothing left to claim; waiting for run{'s' * (len(running) > 1)} {runs}. "
+                 f"A run whose worker stays silent for {self.grace_s:.0f} s (--grace) is taken over: the soonest in "
+                 f"{max(0.0, self.grace_s - soonest.silent_s):.0f} s, unless its worker beats again first")
 
     def record(self, spec: RunSpec, claim: Claim, result: RunResult, me: str, started: float) -> None:
         """Tell the ledger how the run ended, and say where the sweep stands."""

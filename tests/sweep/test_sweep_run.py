@@ -205,6 +205,7 @@ def test_a_signal_puts_the_run_back_in_the_queue_at_once_and_says_how_to_resume(
     output, _ = process.communicate(timeout=120)
     assert process.returncode == 128 + signum, output
     assert "Traceback" not in output and f"resume with: gatelab sweep {words[0]} {sweep}" in output, output
+    assert output.count("resume with") == 1 and "--threads" not in output, output  # one line, the user's command
     assert _status(sweep, *storage, "--runs-dir", str(runs))["counts"] == {"pending": 1}  # not `running` on a dead PID
     mlflow.set_tracking_uri(f"sqlite:///{runs / 'mlflow.db'}")
     assert list(mlflow.search_runs(experiment_names=["signalled"])["status"]) == ["KILLED"]

@@ -108,3 +108,107 @@ def test_a_run_that_gatelab_train_is_training_goes_back_to_the_queue_without_cos
     plan = load_sweep(sweep)
     [state] = ledger_states(None, tmp_path / "runs", plan.name, expand(plan))
     assert (state.status, state.attempts) == ("finished", 1)
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_a_worker_whose_tracking_store_is_dead_stops_before_it_claims_or_writes_anything(tmp_path, monkeypatch):
+    """One worker with a dead --tracking-uri marked every cell it claimed failed within 18 s before."""
+    from gatelab.errors import GatelabError
+    from gatelab.sweep.worker import work
+    from gatelab.train import run as training
+    from tests.helpers import write_sweep
+
+    sweep = write_sweep(tmp_path, {"grid": {"variant": ["baseline", "g1_elem_sig"]}})
+    trained = []
+    monkeypatch.setattr(training, "run", lambda experiment, **_: trained.append(experiment))
+    storage = tmp_path / "shared" / "ledger.journal"
+    uri = f"http://127.0.0.1:{_closed_port()}"
+    with pytest.raises(GatelabError) as raised:
+        work(sweep, storage=str(storage), tracking_uri=uri, runs_dir=tmp_path / "runs", log=lambda line: None)
+    assert uri in str(raised.value) and "claimed no run" in str(raised.value)
+    assert not trained and not storage.exists() and not (tmp_path / "runs").exists()
+
+
+class _FakeTrackingServer:
+    """Answers as an MLflow server does to gatelab's pre-flight check (/health, then a search), until stopped."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(b'{"experiments": []}')
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.uri = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_tracking_store_that_dies_mid_sweep_stops_the_worker_and_costs_the_run_no_attempt(tmp_path, monkeypatch):
+    from gatelab.errors import GatelabError
+    from gatelab.sweep.queue import ledger_states
+    from gatelab.sweep.spec import expand, load_sweep
+    from gatelab.sweep.worker import work
+    from gatelab.train import run as training
+    from tests.helpers import write_sweep
+
+    sweep = write_sweep(tmp_path, {"grid": {"variant": ["baseline", "g1_elem_sig"]}, "retries": 0})
+    server = _FakeTrackingServer()
+    calls = []
+
+    def run(experiment, **_):
+        calls.append(experiment.variant)
+        if len(calls) == 1:
+            server.stop()  # the store dies once the first run is recorded
+            return training.RunResult("finished", "mlflow-run", "hash", {"ppl/avg": 2.0})
+        raise RuntimeError("MLflow: connection refused")  # what the run meets: no fault of its own
+
+    monkeypatch.setattr(training, "run", run)
+    with pytest.raises(GatelabError) as raised:
+        work(sweep, tracking_uri=server.uri, runs_dir=tmp_path / "runs", log=lambda line: None)
+    assert server.uri in str(raised.value) and "back in the queue" in str(raised.value)
+    plan = load_sweep(sweep)
+    states = ledger_states(None, tmp_path / "runs", plan.name, expand(plan))
+    assert [(state.status, state.attempts) for state in states] == [("finished", 1), ("pending", 1)]
+
+
+def test_a_worker_with_nothing_to_claim_says_which_runs_it_waits_for_and_how_long(tmp_path):
+    """A SIGKILLed worker's run is taken over only once it has been silent for --grace (60 s): said, not sat out."""
+    from gatelab.sweep.queue import open_ledger
+    from gatelab.sweep.spec import expand, load_sweep
+    from gatelab.sweep.worker import SweepWorker
+    from tests.helpers import write_sweep
+
+    sweep_path = write_sweep(tmp_path, {"grid": {"variant": ["baseline"]}})
+    sweep = load_sweep(sweep_path)
+    specs = expand(sweep)
+    ledger = open_ledger(sweep, specs, None, None, tmp_path / "runs", grace_s=60)
+    ledger.claim()  # as a worker that was then killed left it: running, beating no more
+    lines = []
+    worker = SweepWorker(sweep_path, sweep, specs, ledger, None, None, None, tmp_path / "runs", 60, lines.append, False)
+    worker.say_what_it_waits_for()
+    worker.say_what_it_waits_for()  # the same wait: said once
+    [line] = lines
+    assert f"run 0 ({specs[0].label()}) on {ledger.worker}" in line and "60 s (--grace)" in line, line
+    assert "taken over" in line and " s, unless" in line, line
