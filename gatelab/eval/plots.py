@@ -22,6 +22,24 @@ FIGSIZE = (8.0, 5.0)  # inches
 DPI = 120  # so every PNG is 960 x 600 pixels
 
 
+class VariantColours(dict):
+    """One colour per variant across every figure of a report: a name's colour is fixed when it is first asked for
+    (the report asks in the sweep's order), so a variant has the same colour in the gate-score histogram, which has
+    no baseline, as in the plots that do. Missing: matplotlib's own cycle, plot by plot."""
+
+    def __missing__(self, name: str) -> str:
+        from matplotlib import colormaps
+        from matplotlib.colors import to_hex
+
+        palette = [to_hex(c) for c in colormaps["tab10"].colors] + [to_hex(c) for c in colormaps["tab20"].colors[1::2]]
+        self[name] = palette[len(self) % len(palette)]
+        return self[name]
+
+
+def _colour(colours: Mapping[str, str] | None, name: str) -> str | None:
+    return colours[name] if colours is not None else None
+
+
 def _figure(title: str) -> tuple[Figure, object]:
     figure = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
     FigureCanvasAgg(figure)
@@ -56,7 +74,8 @@ def _legend(axes, count: int) -> None:
         axes.legend(fontsize="small", ncols=1 if count <= 8 else 2, frameon=False)
 
 
-def plot_first_token_attention(per_variant: Mapping[str, Sequence[float]], path: str | Path) -> Path:
+def plot_first_token_attention(per_variant: Mapping[str, Sequence[float]], path: str | Path,
+                               colours: Mapping[str, str] | None = None) -> Path:
     """Per layer, the share of attention that goes to the first token (the attention sink), one line per variant:
     the paper's Figure 2."""
     figure, axes = _figure("Attention to the first token per layer")
@@ -66,7 +85,7 @@ def plot_first_token_attention(per_variant: Mapping[str, Sequence[float]], path:
     if not lines:
         return _no_data(figure, axes, path)
     for name, shares in lines.items():
-        axes.plot(np.arange(len(shares)), shares, marker="o", markersize=3, label=name)
+        axes.plot(np.arange(len(shares)), shares, marker="o", markersize=3, label=name, color=_colour(colours, name))
     layers = max(len(s) for s in lines.values())
     axes.set_xticks(range(layers) if layers <= 32 else range(0, layers, math.ceil(layers / 16)))
     axes.set_ylim(bottom=0.0)
@@ -76,7 +95,8 @@ def plot_first_token_attention(per_variant: Mapping[str, Sequence[float]], path:
     return _save(figure, path)
 
 
-def plot_gate_histograms(per_variant: Mapping[str, Sequence[float]], path: str | Path) -> Path:
+def plot_gate_histograms(per_variant: Mapping[str, Sequence[float]], path: str | Path,
+                         colours: Mapping[str, str] | None = None) -> Path:
     """Gate scores' distribution per variant: bin counts over [0, 1] (20 bins), shown as shares of all scores in
     step plots: the paper's Figure 3."""
     figure, axes = _figure("Gate score distribution")
@@ -90,7 +110,8 @@ def plot_gate_histograms(per_variant: Mapping[str, Sequence[float]], path: str |
     if not steps:
         return _no_data(figure, axes, path)
     for name, shares in steps.items():
-        axes.stairs(shares, np.linspace(0.0, 1.0, len(shares) + 1), label=name, linewidth=1.5)
+        axes.stairs(shares, np.linspace(0.0, 1.0, len(shares) + 1), label=name, linewidth=1.5,
+                    color=_colour(colours, name))
     axes.set_xlim(0.0, 1.0)
     axes.set_ylim(bottom=0.0)
     axes.yaxis.set_major_formatter(PercentFormatter(1.0))
@@ -100,7 +121,7 @@ def plot_gate_histograms(per_variant: Mapping[str, Sequence[float]], path: str |
 
 
 def plot_loss_curves(curves: Mapping[str, tuple[Sequence[int], Sequence[float], Sequence[int]]],
-                     path: str | Path) -> Path:
+                     path: str | Path, colours: Mapping[str, str] | None = None) -> Path:
     """Training loss per variant, (steps, losses, spike steps) each, loss spikes marked as dots: the paper's
     Figure 1 (right)."""
     figure, axes = _figure("Training loss (dots: loss spikes)")
@@ -114,7 +135,8 @@ def plot_loss_curves(curves: Mapping[str, tuple[Sequence[int], Sequence[float], 
         order = np.argsort(steps, kind="stable")
         steps, losses = steps[order], losses[order]
         spikes = np.asarray(sorted(spikes), dtype=float)
-        (line,) = axes.plot(steps, losses, linewidth=1.2, label=f"{name} ({len(spikes)} spikes)")
+        (line,) = axes.plot(steps, losses, linewidth=1.2, label=f"{name} ({len(spikes)} spikes)",
+                            color=_colour(colours, name))
         if spikes.size:
             known = ~np.isnan(losses)
             at = np.interp(spikes, steps[known], losses[known]) if known.any() else np.full(spikes.size, np.nan)

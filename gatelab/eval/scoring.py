@@ -125,10 +125,9 @@ def _offline_error(task: str, error: BaseException) -> GatelabError:
 
 
 def load_tasks(settings: HarnessSettings, manager) -> dict:
-    """lm-eval's task objects, loaded once (datasets included) before any model is: a task whose data cannot be had
-    fails here, as one message."""
-    from lm_eval.tasks import get_task_dict
-
+    """lm-eval's task objects by the name asked for (a task, a group whose scores lm-eval aggregates, or a tag's
+    tasks as a list), loaded once (datasets included) before any model is: a task whose data cannot be had fails
+    here, as one message. TaskManager.load, not get_task_dict, which lm-eval deprecates."""
     from gatelab.data.hub import hub_unreachable
 
     if hub_unreachable() is not None:
@@ -137,11 +136,12 @@ def load_tasks(settings: HarnessSettings, manager) -> dict:
     loaded = {}
     for task in settings.tasks:
         try:
-            loaded.update(get_task_dict([task], manager))
+            built = manager.load([task])
         except GatelabError:
             raise
         except Exception as error:  # noqa: BLE001  datasets and lm-eval raise many kinds for a dataset out of reach
             raise _offline_error(task, error) from None
+        loaded[task] = built["groups"].get(task) or built["tasks"].get(task) or list(built["tasks"].values())
     return loaded
 
 
@@ -153,7 +153,8 @@ def evaluate(lm, settings: HarnessSettings, tasks: dict, manager) -> dict[str, A
     from lm_eval import simple_evaluate
 
     logging.getLogger("lm_eval").setLevel(logging.WARNING)
-    return simple_evaluate(model=lm, tasks=list(tasks.values()), num_fewshot=settings.num_fewshot,
+    objects = [o for value in tasks.values() for o in (value if isinstance(value, list) else [value])]
+    return simple_evaluate(model=lm, tasks=objects, num_fewshot=settings.num_fewshot,
                            limit=settings.limit, log_samples=False, bootstrap_iters=1000, task_manager=manager)
 
 

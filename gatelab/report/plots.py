@@ -19,6 +19,8 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullLocat
 from gatelab.eval.plots import (  # noqa: F401  report.py and older callers import them from here
     DPI,
     FIGSIZE,
+    VariantColours,
+    _colour,
     _figure,
     _finite,
     _legend,
@@ -64,7 +66,8 @@ def plot_delta_vs_paper(our_delta: Mapping[str, float], paper_delta: Mapping[str
 
 
 
-def plot_context_length(per_variant: Mapping[str, Mapping[int, float]], train_len: int, path: str | Path) -> Path:
+def plot_context_length(per_variant: Mapping[str, Mapping[int, float]], train_len: int, path: str | Path,
+                        colours: Mapping[str, str] | None = None) -> Path:
     """Perplexity against evaluation context length (multiplier x train_len, log2 axis), one line per variant:
     how each variant extrapolates beyond its training length (the paper's Table 5)."""
     figure, axes = _figure(f"Perplexity by context length (trained on {train_len} tokens)")
@@ -78,7 +81,7 @@ def plot_context_length(per_variant: Mapping[str, Mapping[int, float]], train_le
     if not lines or train_len <= 0:
         return _no_data(figure, axes, path)
     for name, (lengths, ppl) in lines.items():
-        axes.plot(lengths, ppl, marker="o", markersize=4, label=name)
+        axes.plot(lengths, ppl, marker="o", markersize=4, label=name, color=_colour(colours, name))
     axes.axvline(train_len, color="0.5", linestyle=":", linewidth=1, label="training length")
     axes.set_xscale("log", base=2)
     ticks = sorted({float(x) for lengths, _ in lines.values() for x in lengths})
@@ -99,7 +102,7 @@ def plot_context_length(per_variant: Mapping[str, Mapping[int, float]], train_le
 
 
 def plot_gap_to_baseline(curves: Mapping[str, tuple[Sequence[int], Sequence[float], Sequence[float], Sequence[float]]],
-                         path: str | Path) -> Path:
+                         path: str | Path, colours: Mapping[str, str] | None = None) -> Path:
     """Each variant's val/loss minus the baseline's against the training step, (steps, mean gaps, interval lows,
     interval highs) each: a line with its seed spread shaded (a NaN bound, one seed, leaves no band). Below the zero
     line the variant is ahead; whether the gap grows, holds or closes as the models train is the question (issue 17)."""
@@ -111,7 +114,8 @@ def plot_gap_to_baseline(curves: Mapping[str, tuple[Sequence[int], Sequence[floa
         steps, means = np.asarray(list(steps), dtype=float), _finite(means)
         if not steps.size or steps.size != means.size:
             continue
-        (line,) = axes.plot(steps, means, marker="o", markersize=3, linewidth=1.4, label=name)
+        (line,) = axes.plot(steps, means, marker="o", markersize=3, linewidth=1.4, label=name,
+                            color=_colour(colours, name))
         axes.fill_between(steps, _finite(lows), _finite(highs), color=line.get_color(), alpha=0.18, linewidth=0)
         drawn += 1
     if not drawn:
@@ -124,7 +128,7 @@ def plot_gap_to_baseline(curves: Mapping[str, tuple[Sequence[int], Sequence[floa
 
 def plot_loss_vs_lr(curves: Mapping[str, tuple[Sequence[float], Sequence[float], Sequence[float]]],
                     diverged_rates: Mapping[str, Sequence[float]], init_loss: Mapping[str, float],
-                    path: str | Path) -> Path:
+                    path: str | Path, colours: Mapping[str, str] | None = None) -> Path:
     """Final loss against learning rate (log axis), one line per variant, (rates, mean final losses, sds) each with
     the sd as error bars; each diverged run an 'x' at its variant's loss at init (dotted): Wortsman et al. 2023's
     loss-against-rate curves, a flatter and wider basin being the more stable variant."""
@@ -138,7 +142,7 @@ def plot_loss_vs_lr(curves: Mapping[str, tuple[Sequence[float], Sequence[float],
         if not rates.size or rates.size != means.size or (np.isnan(means).all() and not diverged_rates.get(name)):
             continue
         container = axes.errorbar(rates, means, yerr=np.nan_to_num(_finite(sds)), marker="o", markersize=4,
-                                  capsize=3, linewidth=1.4, label=name)
+                                  capsize=3, linewidth=1.4, label=name, color=_colour(colours, name))
         color = container.lines[0].get_color()
         crashed = np.asarray(list(diverged_rates.get(name, [])), dtype=float)
         if crashed.size:  # nudged sideways per variant (3% of a rate), else every variant's x at a rate coincides

@@ -371,8 +371,8 @@ def lr_table(rows: Sequence[LrRow], sweep_name: str) -> ReportTable:
 
 # -- wiring into `gatelab table` -------------------------------------------------------------------------------------
 
-def regime_reports(records: Sequence[RunRecord], store: Any, sweep_name: str,
-                   out: Path) -> tuple[list[ReportTable], list[Path]]:
+def regime_reports(records: Sequence[RunRecord], store: Any, sweep_name: str, out: Path,
+                   colours: Mapping[str, str] | None = None) -> tuple[list[ReportTable], list[Path]]:
     """The tables and plots of whichever of the two reports the sweep can give; ([], []) for neither."""
     tables, plots = [], []
     curves = gap_curves(records, store)
@@ -382,7 +382,7 @@ def regime_reports(records: Sequence[RunRecord], store: Any, sweep_name: str,
             {c.group: ([p.step for p in c.points], [p.mean for p in c.points],
                        [p.interval[0] if p.interval else math.nan for p in c.points],
                        [p.interval[1] if p.interval else math.nan for p in c.points]) for c in curves},
-            out / "gap_to_baseline.png"))
+            out / "gap_to_baseline.png", colours))
     rows = lr_rows(records, store)
     if rows:
         tables.append(lr_table(rows, sweep_name))
@@ -392,7 +392,7 @@ def regime_reports(records: Sequence[RunRecord], store: Any, sweep_name: str,
                          [np.std(list(c.finished.values()), ddof=1) if len(c.finished) > 1 else 0.0
                           for c in row.cells.values()]) for row in rows},
             {row.group: [rate for rate, cell in row.cells.items() for _ in cell.diverged] for row in rows},
-            {row.group: row.init_loss for row in rows}, out / "loss_vs_lr.png"))
+            {row.group: row.init_loss for row in rows}, out / "loss_vs_lr.png", colours))
     return tables, plots
 
 

@@ -12,8 +12,8 @@ import numpy as np
 
 from gatelab.progress import fit_columns, terminal_columns
 from gatelab.report.export import ReportSection, ReportTable, export_report
-from gatelab.report.plots import (plot_context_length, plot_delta_vs_paper, plot_first_token_attention,
-                                  plot_gate_histograms, plot_loss_curves)
+from gatelab.report.plots import (VariantColours, plot_context_length, plot_delta_vs_paper,
+                                  plot_first_token_attention, plot_gate_histograms, plot_loss_curves)
 from gatelab.report.regimes import regime_reports
 from gatelab.report.stats import mean_std
 from gatelab.report.tables import PPL, RunRecord, build_comparison, comparison_title, data_stamp, probe_payloads
@@ -121,21 +121,24 @@ def write_report(sweep_name: str, paper: str | None, records: Sequence[RunRecord
     means = {g: {int(m.split("x")[1]): np.mean([r.metrics[m] for r in records if r.group == g and m in r.metrics])
                  for m in sorted({m for r in records if r.group == g for m in r.metrics if m.startswith("long_ppl/x")})}
              for g in groups}
+    colours = VariantColours()
+    for group in groups:  # the sweep's order: baseline first where the sweep names it first
+        colours[group]
     plots = [
         # Relative changes: a tiny model's perplexity is two orders of magnitude above the paper's, its deltas too.
         plot_delta_vs_paper(numbers["delta_percent"].dropna().to_dict(),
                             numbers["paper_delta_percent"].dropna().to_dict(), out / "delta_vs_paper.png",
                             metric="Avg PPL", unit="%"),
         plot_first_token_attention({g: p["first_token_share"] for g, p in payloads.items()},
-                                   out / "first_token_attention.png"),
+                                   out / "first_token_attention.png", colours),
         plot_gate_histograms({g: np.sum([np.sum(h, axis=0) for h in p["gate_histogram"].values()], axis=0).tolist()
                               for g, p in payloads.items() if p.get("gate_histogram")},
-                             out / "gate_score_histograms.png"),  # every gate position of a group, all layers
-        plot_loss_curves(_loss_curves(records, store), out / "loss_curves.png"),
-        plot_context_length({g: m for g, m in means.items() if m}, seq_len, out / "context_length.png"),
+                             out / "gate_score_histograms.png", colours),  # every gate position of a group, all layers
+        plot_loss_curves(_loss_curves(records, store), out / "loss_curves.png", colours),
+        plot_context_length({g: m for g, m in means.items() if m}, seq_len, out / "context_length.png", colours),
     ]
     # Where the sweep has them: the gap to baseline against the step, and final loss against the learning rate.
-    regime_tables, regime_plots = regime_reports(records, store, sweep_name, out)
+    regime_tables, regime_plots = regime_reports(records, store, sweep_name, out, colours)
     plots += regime_plots
     main = ReportTable(comparison_title(sweep_name, records, paper), comparison.frame, comparison.notes,
                        key="main", secondary=comparison.secondary)

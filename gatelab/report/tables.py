@@ -373,6 +373,13 @@ def model_kind_notes(rows: list[GroupNumbers], paper: str) -> list[str]:
             f"architecture{fix}."]
 
 
+# Both score one domain at the training length, on different text: a reader comparing the two columns needs this.
+LONG_PPL_NOTE = ("long_ppl/x<m>: the same prefix (the largest multiplier times the training length) of up to 16 "
+                 "long held-out documents at every multiplier, cut into windows of m x the training length; "
+                 "long_ppl/x1 therefore differs from ppl/<its domain>, which scores up to "
+                 "eval.max_windows_per_domain windows spread over the domain's whole held-out split.")
+
+
 def comparison_title(sweep_name: str, records: Sequence[RunRecord], paper: str | None, metric: str = PPL) -> str:
     """The main table's title: what it compares, on which kind of model, beside which of the paper's tables."""
     kinds = model_kinds(records)
@@ -388,6 +395,8 @@ def build_comparison(records: list[RunRecord], paper: str | None, metric: str = 
     frame = format_comparison(rows, metric)
     main = {"variant", "runs", f"{metric} (mean ± std (n))", *TEST_COLUMNS, *PAPER_COLUMNS}
     notes = comparison_notes(rows, agreement, ranked_settings, paper, metric)
+    if "long_ppl/x1" in frame.columns:
+        notes.append(LONG_PPL_NOTE)
     return ComparisonResult(frame, numbers_frame(rows), notes, agreement, [c for c in frame.columns if c not in main])
 
 

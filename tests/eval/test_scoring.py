@@ -3,6 +3,7 @@ kill; `gatelab table` shows them; bad input is one message."""
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 
@@ -61,6 +62,9 @@ def test_eval_scores_each_finished_run_once_and_survives_a_kill(swept):
     resumed = gatelab_cli("eval", str(sweep), *EVAL, *runs, cwd=folder)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert f"scored {3 - len(scored_before)} run(s); {len(scored_before)} already had these scores" in resumed.stdout
+    said = resumed.stdout + resumed.stderr
+    assert "deprecated" not in said and "--metadata" not in said, said  # lm-eval's words about lm-eval, not to our users
+    assert not re.search(r"(^|\r)\s*\d+%\|", said, re.M), said  # every progress bar says what it counts
     after = _scored(folder)
     for run_id, run in after.items():
         assert 0 <= run["metrics"][f"{PREFIX}/gatelab_blimp/acc"] <= 1

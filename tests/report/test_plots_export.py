@@ -303,3 +303,32 @@ def test_run_plot_writers_draw_one_runs_figures(tmp_path):
         write(tmp_path / name)
         assert png_size(tmp_path / name) == SIZE and distinct_colours(tmp_path / name) > 50
     assert "gate_score_histogram.png" not in run_plot_writers("baseline", (steps, losses), [], [0.4], 0.4, {})
+
+
+def test_a_variant_has_one_colour_in_every_figure_of_a_report(tmp_path, monkeypatch):
+    """The gate-score histogram has no baseline: drawn with matplotlib's own cycle, its first variant took the colour
+    the baseline has in every other figure."""
+    import gatelab.eval.plots as kit
+    from gatelab.eval.plots import VariantColours
+    from gatelab.report.plots import plot_context_length, plot_first_token_attention, plot_gate_histograms
+
+    import gatelab.report.plots as report_plots
+
+    drawn = []
+    for module in (kit, report_plots):
+        monkeypatch.setattr(module, "_save", lambda figure, path: drawn.append(figure.axes[0]) or Path(path))
+    colours = VariantColours()
+    for group in ("baseline", "g1_elem_sig", "g2_elem_sig"):
+        colours[group]
+    plot_first_token_attention({"baseline": [0.5, 0.6], "g1_elem_sig": [0.1, 0.2], "g2_elem_sig": [0.3, 0.1]},
+                               tmp_path / "a.png", colours)
+    plot_gate_histograms({"g1_elem_sig": [1, 2, 3], "g2_elem_sig": [3, 2, 1]}, tmp_path / "b.png", colours)
+    plot_context_length({"g2_elem_sig": {1: 10.0, 2: 12.0}}, 64, tmp_path / "c.png", colours)
+    from matplotlib.colors import to_hex
+
+    lines = {line.get_label(): to_hex(line.get_color()) for line in drawn[0].lines}
+    stairs = {patch.get_label(): to_hex(patch.get_edgecolor()) for patch in drawn[1].patches}
+    context = {line.get_label(): to_hex(line.get_color()) for line in drawn[2].lines if line.get_label() in colours}
+    assert len(set(lines.values())) == 3
+    assert stairs == {name: lines[name] for name in ("g1_elem_sig", "g2_elem_sig")}
+    assert context == {"g2_elem_sig": lines["g2_elem_sig"]}
