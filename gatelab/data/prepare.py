@@ -162,8 +162,8 @@ def _holder(path: Path) -> str:
         return "another process (it is preparing or checking this data directory)"
     pid = pids[0]
     if host.is_stopped(pid):
-        return (f"PID {pid}, which is stopped (SIGSTOP or Ctrl-Z): `kill -CONT {pid}` lets it finish, `kill -KILL {pid}` "
-                "ends it and frees the lock")
+        return (f"PID {pid}, which is stopped (SIGSTOP or Ctrl-Z): `kill -CONT {pid}` lets it finish, "
+                f"`kill -KILL {pid}` ends it and frees the lock")
     return f"PID {pid}, which is preparing or checking this data directory"
 
 
