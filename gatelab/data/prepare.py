@@ -75,7 +75,7 @@ def load_data(experiment: ExperimentConfig, log=print, warn=print, progress: Pro
                 f"{foreign.bos} ... {foreign.eos}")
         corpus = tokenize_corpus(manifest, tokenizer, present, log=log, framing=framing,
                                  shard_bytes=int(data.shard_mb * (1 << 20)), progress=progress,
-                                 sources=sources)
+                                 sources=sources, warn=warn)
     check_windows(corpus, present, data.seq_len)
     _warn_if_repeated(experiment, corpus, present, warn)
     return tokenizer, corpus, present
