@@ -28,7 +28,7 @@ from gatelab.app.sweep_run import Launch, run_sweep
 from gatelab.app.train import train as train_run
 from gatelab.app.ui import ui as serve_ui
 from gatelab.app.variants import print_variants
-from gatelab.errors import GatelabError, install_redaction, print_failure, redact
+from gatelab.errors import GatelabError, exit_code, install_redaction, print_failure, redact
 from gatelab.output_folders import require_writable_folder
 
 # No pretty exceptions: main() turns every escaping exception into one redacted line, never a traceback.
@@ -280,7 +280,7 @@ def bench(
 
 def main() -> None:
     """`gatelab` and `python -m gatelab`: whatever escapes a command ends as one redacted line, exit 2 for a user
-    error (GatelabError) and 1 for anything else; GATELAB_DEBUG=1 adds the (redacted) traceback."""
+    error (a GatelabError, or a file or disk refusing: `exit_code`) and 1 for anything else; GATELAB_DEBUG=1 adds the (redacted) traceback."""
     install_redaction()
     # MLflow logs every SQLAlchemy error with its traceback (`_logger.exception`) before raising it; gatelab turns the
     # error itself into one message naming the store.
@@ -289,7 +289,7 @@ def main() -> None:
         app()
     except Exception as error:
         print_failure(error)
-        sys.exit(2 if isinstance(error, GatelabError) else 1)
+        sys.exit(exit_code(error))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import errno
 import logging
 import os
 import re
+import shutil
 import sys
 import threading
 import traceback
@@ -75,10 +76,21 @@ def _known_secrets() -> list[str]:
     first (a secret that contains another is hidden whole)."""
     with _seen_passwords_lock:
         secrets = set(_seen_passwords)
-    secrets |= {value for name, value in os.environ.items()
+    secrets |= {value for name, value in _environment().items()
                 if _SECRET_VARIABLE.search(name.upper()) and not _NOT_A_SECRET.fullmatch(value)}
     secrets |= {urllib.parse.quote(secret, safe="") for secret in secrets}
     return sorted(secrets, key=len, reverse=True)
+
+
+def _environment() -> dict[str, str]:
+    """A copy of os.environ. Copying it while another thread sets or unsets a variable (MLflow's telemetry thread
+    unsets _MLFLOW_TELEMETRY_SESSION_ID) raises KeyError or RuntimeError mid-way: the copy is taken again."""
+    for _ in range(100):
+        try:
+            return dict(os.environ)
+        except (KeyError, RuntimeError):
+            continue
+    return dict(os.environ)
 
 
 # --- the CLI boundary -----------------------------------------------------------------------------------------------
@@ -87,8 +99,10 @@ def _known_secrets() -> list[str]:
 _DEBUG_HINT = f" (set {DEBUG_VARIABLE}=1 for the traceback)"
 _NOT_WRITABLE = ("is read-only or not writable by this user (permission denied): change its permissions or choose "
                  "another folder")
+_FULL = {errno.ENOSPC: "is full", errno.EDQUOT: "is over this user's disk quota"}
 _DISK_FIXES = {
-    errno.ENOSPC: "is full: free space and run the same command again; what was recorded is kept",
+    errno.ENOSPC: "free space and run the same command again; what was recorded is kept",
+    errno.EDQUOT: "free space and run the same command again; what was recorded is kept",
     errno.EROFS: "is on a read-only file system: choose a writable folder (--runs-dir, --out) or remount it",
     errno.EACCES: _NOT_WRITABLE,
     errno.EPERM: _NOT_WRITABLE,
@@ -105,13 +119,46 @@ def failure_message(error: BaseException) -> str:
     return redact(f"{type(error).__name__}: {first_line}".rstrip(": ") + _DEBUG_HINT)
 
 
+def exit_code(error: BaseException) -> int:
+    """2 for a user error: a GatelabError, or a file or disk of the user's refusing (missing, read-only, full); 1 for
+    anything else."""
+    user_error = isinstance(error, GatelabError) or (
+        isinstance(error, OSError) and (error.filename is not None or error.errno in _DISK_FIXES))
+    return 2 if user_error else 1
+
+
 def _os_error_message(error: OSError) -> str:
     where = " -> ".join(str(name) for name in (error.filename, error.filename2) if name is not None)
-    if error.errno == errno.ENOSPC:
-        return f"{f'the disk holding {where}' if where else 'the disk'} {_DISK_FIXES[errno.ENOSPC]}"
+    if error.errno in _FULL:
+        disk = f"the disk holding {where}{_file_system_of(error.filename)}" if where else "the disk"
+        return f"{disk} {_FULL[error.errno]}: {_DISK_FIXES[error.errno]}"
     if error.errno in _DISK_FIXES:
         return f"{where or 'a file'} {_DISK_FIXES[error.errno]}"
     return f"{where}: {error.strerror or error}{_DEBUG_HINT}"
+
+
+def _file_system_of(path) -> str:
+    """' (the file system mounted at /data: 12 KB of 20 GB free)' for `path`, or its nearest folder that exists; ''
+    where it cannot be read."""
+    try:
+        folder = os.path.abspath(os.fspath(path))
+        while not os.path.exists(folder) and folder != os.path.dirname(folder):
+            folder = os.path.dirname(folder)
+        mount = folder
+        while not os.path.ismount(mount):
+            mount = os.path.dirname(mount)
+        usage = shutil.disk_usage(folder)
+    except (OSError, TypeError, ValueError):
+        return ""
+    return f" (the file system mounted at {mount}: {_size(usage.free)} of {_size(usage.total)} free)"
+
+
+def _size(count: float) -> str:
+    for unit in ("bytes", "KB", "MB", "GB", "TB"):
+        if count < 1000 or unit == "TB":
+            return f"{count:.0f} {unit}" if unit == "bytes" else f"{count:.1f} {unit}"
+        count /= 1000
+    return ""
 
 
 def print_failure(error: BaseException) -> None:

@@ -75,6 +75,29 @@ def peak_rss_gb() -> float:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e9
 
 
+def lock_holders(path: Path) -> list[int]:
+    """The PIDs holding a lock (flock or POSIX) on the file `path`, as /proc/locks lists them; [] where none does,
+    the file is gone or there is no /proc. Processes waiting for the lock (the lines marked `->`) are left out."""
+    try:
+        stat = os.stat(path)
+        lines = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return []
+    device = f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"
+    holders = []
+    for line in lines:
+        fields = line.split()
+        if len(fields) >= 6 and fields[1] != "->" and fields[5] == device and fields[4].isdigit():
+            holders.append(int(fields[4]))
+    return holders
+
+
+def is_stopped(pid: int) -> bool:
+    """Whether process `pid` is stopped (SIGSTOP, Ctrl-Z) or traced: it holds what it holds until it is continued."""
+    fields = process_stat(pid)
+    return bool(fields) and fields[0] in ("T", "t")
+
+
 def cpu_info() -> str:
     """/proc/cpuinfo's text; "" where there is none."""
     try:

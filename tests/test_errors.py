@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from gatelab.errors import GatelabError, failure_message, redact
+from gatelab.errors import GatelabError, exit_code, failure_message, redact
 from tests.helpers import REPO
 
 # (text holding a secret, the secret's parts that must go, what must still be shown)
@@ -66,7 +66,8 @@ def test_redact_leaves_text_without_secrets_alone(monkeypatch, text):
 
 @pytest.mark.parametrize("error, expected", [
     (OSError(errno.ENOSPC, "No space left on device", "runs/m/last.ckpt"),
-     "the disk holding runs/m/last.ckpt is full: free space and run the same command again; what was recorded is kept"),
+     "the disk holding runs/m/last.ckpt (the file system mounted at /"),
+    (OSError(errno.EDQUOT, "Disk quota exceeded", "runs/m/last.ckpt"), "the disk holding runs/m/last.ckpt (the file"),
     (OSError(errno.EROFS, "Read-only file system", "/mnt/ro/runs"), "/mnt/ro/runs is on a read-only file system"),
     (PermissionError(errno.EACCES, "Permission denied", "results/x"), "results/x is read-only or not writable"),
     (FileNotFoundError(errno.ENOENT, "No such file or directory", "data/shard.bin"),
@@ -79,6 +80,31 @@ def test_redact_leaves_text_without_secrets_alone(monkeypatch, text):
 def test_failure_message_is_one_redacted_line_naming_the_file(error, expected):
     message = failure_message(error)
     assert message.startswith(expected) and "\n" not in message
+
+
+def test_a_full_disk_names_the_file_its_file_system_and_the_room_left(tmp_path):
+    import os
+
+    mount = tmp_path
+    while not os.path.ismount(mount):
+        mount = mount.parent
+    where = tmp_path / "runs" / "m" / "last.ckpt"  # not there yet: its nearest folder tells the file system
+    message = failure_message(OSError(errno.ENOSPC, "No space left on device", str(where)))
+    assert message.startswith(f"the disk holding {where} (the file system mounted at {mount}: "), message
+    assert " free) is full: free space and run the same command again" in message
+
+
+@pytest.mark.parametrize("error, code", [
+    (GatelabError("train.lr: ..."), 2),
+    (OSError(errno.EROFS, "Read-only file system", "runs/micro"), 2),  # a read-only runs folder exited 1
+    (PermissionError(errno.EACCES, "Permission denied", "runs/mlflow.db"), 2),
+    (OSError(errno.ENOSPC, "No space left on device"), 2),
+    (FileNotFoundError(errno.ENOENT, "No such file or directory", "data/shard.bin"), 2),
+    (RuntimeError("a bug"), 1),
+    (OSError(errno.ECONNRESET, "Connection reset by peer"), 1),
+])
+def test_every_user_error_exits_2_files_and_disks_included(error, code):
+    assert exit_code(error) == code
 
 
 LEAKY_PROGRAM = """

@@ -110,14 +110,16 @@ def _as_split(domain: str, split: str, loaded: LoadedSplit) -> TokenSplit:
 def tokenize_corpus(
     manifest: CorpusManifest, tokenizer: Tokenizer, domains: Sequence[str] | None = None, log: Log = print,
     framing: tuple[int, int] | None = None, shard_bytes: int = SHARD_BYTES, progress: Progress | None = None,
-    sources: dict | None = None,
+    sources: dict | None = None, warn: Log | None = None,
 ) -> TokenCorpus:
     """Tokenize both splits of each domain (default: every prepared domain) into shards once; later calls
     read them in place. A prepare that was killed is resumed: its finished shards are kept.
 
     `framing` is the (BOS, EOS) ids that open and close each document; default the trained BPE's <|bos|> and <|eos|>.
     `progress.advance` hears of every batch of documents encoded (or shard kept). `sources` describes the text for the
-    manifest; default the corpus manifest's sources with their artifacts' sha256.
+    manifest; default the corpus manifest's sources with their artifacts' sha256. `warn` (default `log`) says which
+    file of a split was damaged or deleted since it was written, before the split is remade: said even where `log` is
+    silenced.
     """
     framing = (bos_id(tokenizer), eos_id(tokenizer)) if framing is None else framing
     chosen = list(manifest.available_domains if domains is None else domains)
@@ -134,7 +136,7 @@ def tokenize_corpus(
         for split in SPLITS:
             source = getattr(manifest.record(domain), split)
             folder = split_folder(directory, domain, split)
-            loaded = load_split(folder, source.sha256, framing, log)
+            loaded = load_split(folder, source.sha256, framing, warn or log)
             if loaded is None:
                 log(f"tokenizing {domain}/{split} into {folder}")
                 started = time.perf_counter()

@@ -8,6 +8,7 @@ cold cache never race: the later ones find everything made.
 from __future__ import annotations
 
 import errno
+import os
 import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -49,7 +50,7 @@ def load_data(experiment: ExperimentConfig, log=print, warn=print, progress: Pro
         # mtimes (or the Hub coordinates) go into the token manifest: hashing gigabytes of shards is what it avoids.
         sources = {data.source: source_identity(data)}
     data_dir = Path(data.data_dir).expanduser() if data.data_dir else default_data_dir()
-    with writes_into(data_dir), _one_process_at_a_time(data_dir):
+    with writes_into(data_dir), _one_process_at_a_time(data_dir, say=warn):
         if data.source != "builtin":
             manifest = prepare_source(data, log=log)
             present = list(data.domains) or manifest.available_domains
@@ -74,7 +75,7 @@ def load_data(experiment: ExperimentConfig, log=print, warn=print, progress: Pro
                 f"{foreign.bos} ... {foreign.eos}")
         corpus = tokenize_corpus(manifest, tokenizer, present, log=log, framing=framing,
                                  shard_bytes=int(data.shard_mb * (1 << 20)), progress=progress,
-                                 sources=sources)
+                                 sources=sources, warn=warn)
     check_windows(corpus, present, data.seq_len)
     _warn_if_repeated(experiment, corpus, present, warn)
     return tokenizer, corpus, present
@@ -113,19 +114,57 @@ def _warn_if_repeated(experiment: ExperimentConfig, corpus, domains: list[str], 
 
 
 @contextmanager
-def _one_process_at_a_time(data_dir: Path):
+def _one_process_at_a_time(data_dir: Path, say=print):
     """Holds an exclusive lock on the data directory while a process prepares (or merely checks) its cache.
 
     Processes building a cold cache at once (the ranks torchrun starts, runs side by side) would each tokenize every
-    corpus; one at a time, the later ones find everything cached.
+    corpus; one at a time, the later ones find everything cached. A wait of more than LOCK_QUIET_S is said through
+    `say`, naming the lock and its holder, and said again every LOCK_REPEAT_S while it lasts.
     """
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path = data_dir / ".prepare.lock"
+    with _open_lock(path) or nullcontext() as lock:
+        if lock is not None:
+            _wait_for(lock, path, say)  # released when the file closes, also when its process dies
+        yield
+
+
+LOCK_QUIET_S = 5.0  # a wait this long passes without a word: another process checking a warm cache
+LOCK_REPEAT_S = 10.0
+_LOCK_POLL_S = 0.1
+
+
+def _wait_for(lock: IO, path: Path, say) -> None:
+    """Take the exclusive flock on `lock`, saying what it waits for while another process holds it."""
     import fcntl
 
-    data_dir.mkdir(parents=True, exist_ok=True)
-    with _open_lock(data_dir / ".prepare.lock") or nullcontext() as lock:
-        if lock is not None:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also when its process dies
-        yield
+    started = time.monotonic()
+    next_word = started + LOCK_QUIET_S
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        if time.monotonic() >= next_word:
+            say(f"waiting {time.monotonic() - started:.0f} s for the data directory's lock {path}, held by "
+                f"{_holder(path)}")
+            next_word = time.monotonic() + LOCK_REPEAT_S
+        time.sleep(_LOCK_POLL_S)
+
+
+def _holder(path: Path) -> str:
+    """Who holds the lock on `path`, and how to free it where that process is stopped."""
+    from gatelab import host
+
+    pids = [pid for pid in host.lock_holders(path) if pid != os.getpid()]
+    if not pids:
+        return "another process (it is preparing or checking this data directory)"
+    pid = pids[0]
+    if host.is_stopped(pid):
+        return (f"PID {pid}, which is stopped (SIGSTOP or Ctrl-Z): `kill -CONT {pid}` lets it finish, "
+                f"`kill -KILL {pid}` ends it and frees the lock")
+    return f"PID {pid}, which is preparing or checking this data directory"
 
 
 def _open_lock(path: Path) -> IO | None:

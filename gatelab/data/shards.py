@@ -139,7 +139,12 @@ class TokenStream:
     def _pread(self, k: int, first: int, stop: int) -> np.ndarray:
         """Tokens [first, stop) of shard k."""
         if self._files[k] is None:
-            self._files[k] = os.open(self.paths[k], os.O_RDONLY)
+            try:
+                self._files[k] = os.open(self.paths[k], os.O_RDONLY)
+            except FileNotFoundError:
+                raise DataError(f"{self.paths[k]}: token shard missing (deleted while this run read its data); run the "
+                                "same command again: the shard is remade and the run resumes from its last "
+                                "checkpoint") from None
         itemsize = self.dtype.itemsize
         data = os.pread(self._files[k], (stop - first) * itemsize, first * itemsize)
         if len(data) != (stop - first) * itemsize:
@@ -226,6 +231,8 @@ def _doc_starts(folder: Path, k: int, shard: ShardRecord) -> np.ndarray | None:
     """Shard k's document starts, or None when its .npy or .ids file is damaged or does not match the shard's record."""
     try:
         starts = np.load(_shard_paths(folder, k)["npy"])
+    except FileNotFoundError:
+        raise  # named as missing by `load_split`
     except (OSError, ValueError, EOFError):
         return None
     whole = (starts.ndim == 1 and len(starts) == shard.documents + 1 and starts[0] == 0 and starts[-1] == shard.tokens
@@ -235,7 +242,8 @@ def _doc_starts(folder: Path, k: int, shard: ShardRecord) -> np.ndarray | None:
 
 def load_split(folder: Path, source_sha256: str, framing: tuple[int, int], log: Log = print) -> LoadedSplit | None:
     """The split in `folder` when it is whole, unchanged since it was written and made from this text with this
-    framing, else None; a split whose files were damaged after it was written is named in one `log` line."""
+    framing, else None; a split whose files were damaged or deleted after it was written is named in one `log` line
+    (the caller remakes it, holding the data directory's lock)."""
     record = SplitShards.read(folder / "split.json")
     if record is None or record.source_sha256 != source_sha256 or (record.bos_id, record.eos_id) != framing:
         return None
@@ -243,10 +251,13 @@ def load_split(folder: Path, source_sha256: str, framing: tuple[int, int], log: 
         starts = [_doc_starts(folder, k, s) for k, s in enumerate(record.shards)]
         counts = np.load(folder / "unigram.npy")
         damage = _damage(folder, record, starts)
+        damage = damage and f"{damage} (damaged since it was written)"
+    except FileNotFoundError as exc:
+        damage = f"{exc.filename or folder}: missing (deleted since it was written)"
     except (OSError, ValueError, EOFError) as exc:  # EOFError: np.load of an empty file
-        damage = f"{folder}: unreadable ({exc})"
+        damage = f"{folder}: unreadable ({exc}) (damaged since it was written)"
     if damage is not None:
-        log(f"{damage} (damaged since it was written); remaking it")
+        log(f"{damage}; remaking it")
         return None
     offsets = np.cumsum([0, *(s.tokens for s in record.shards)])
     doc_starts = np.concatenate([[0], *(part[1:] + offsets[k] for k, part in enumerate(starts))]).astype(np.int64)

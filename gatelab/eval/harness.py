@@ -479,6 +479,17 @@ class GatelabLM(LM):
 # ------------------------------------------------------------------------------------------------ lm-eval's own CLI
 
 
+def quiet_git():
+    """A context in which lm-eval's results name gatelab's commit as their git_hash. lm-eval runs `git describe` in the
+    working folder with git's stderr on ours: outside a clone it printed "fatal: not a git repository"; gatelab reads
+    its commit with git's output kept (`tracking.code_version`)."""
+    from unittest import mock
+
+    from lm_eval import evaluator
+
+    return mock.patch.object(evaluator, "get_git_commit_hash", lambda: tracking.code_version()["gatelab.git_commit"])
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """lm-eval's command line (`lm_eval ...`, same arguments) with model `gatelab` registered and gatelab's tasks on
     the include path unless `--include_path` is given (lm-eval takes one; gatelab's tasks can then be named by file,
@@ -494,7 +505,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         args += ["--include_path", str(local_task_dir())]
     sys.argv = [sys.argv[0] if sys.argv else "lm_eval", *args]  # lm-eval's parser reads sys.argv itself
     try:
-        cli_evaluate()
+        with quiet_git():
+            cli_evaluate()
     except GatelabError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)

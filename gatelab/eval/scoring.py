@@ -152,10 +152,13 @@ def evaluate(lm, settings: HarnessSettings, tasks: dict, manager) -> dict[str, A
 
     from lm_eval import simple_evaluate
 
+    from gatelab.eval.harness import quiet_git
+
     logging.getLogger("lm_eval").setLevel(logging.WARNING)
     objects = [o for value in tasks.values() for o in (value if isinstance(value, list) else [value])]
-    return simple_evaluate(model=lm, tasks=objects, num_fewshot=settings.num_fewshot,
-                           limit=settings.limit, log_samples=False, bootstrap_iters=1000, task_manager=manager)
+    with quiet_git():
+        return simple_evaluate(model=lm, tasks=objects, num_fewshot=settings.num_fewshot,
+                               limit=settings.limit, log_samples=False, bootstrap_iters=1000, task_manager=manager)
 
 
 def record(store: RunStore, run_id: str, results: dict[str, Any], tags: dict[str, str]) -> dict[str, float]:

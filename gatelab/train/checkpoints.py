@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from gatelab.errors import first_line
 
 
 class DurableCheckpointIO(TorchCheckpointIO):
@@ -40,12 +43,11 @@ class DurableCheckpointIO(TorchCheckpointIO):
         path.parent.mkdir(parents=True, exist_ok=True)
         staged = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
         try:
-            with staged.open("wb") as file:
-                torch.save(checkpoint, file)
-                file.flush()
-                os.fsync(file.fileno())
-        except BaseException:
+            _write_synced(checkpoint, staged)
+        except BaseException as error:
             staged.unlink(missing_ok=True)  # a failed write (a full disk) leaves the old checkpoint, not half a new one
+            if isinstance(error, OSError) and error.errno is not None:
+                raise OSError(error.errno, error.strerror, str(path)) from error  # the message names the checkpoint
             raise
         self.discard()  # an older staged one of the same step (a save at validation end) is superseded
         self._staged = (staged, path)
@@ -69,6 +71,37 @@ class DurableCheckpointIO(TorchCheckpointIO):
         if self._staged is not None:
             self._staged[0].unlink(missing_ok=True)
             self._staged = None
+
+
+def _write_synced(checkpoint: dict[str, Any], staged: Path) -> None:
+    with staged.open("wb") as file:
+        writer = _WriteErrors(file)
+        try:
+            torch.save(checkpoint, writer)
+        except RuntimeError as error:  # torch's writer hides the file's error: "unexpected pos 704 vs 598"
+            if writer.error is None:
+                raise
+            raise writer.error from error
+        file.flush()
+        os.fsync(file.fileno())
+
+
+class _WriteErrors:
+    """A file that keeps the OSError of a failed write, which torch.save turns into a RuntimeError naming neither the
+    file nor the cause (a full disk): the checkpoint's writer re-raises it naming the checkpoint."""
+
+    def __init__(self, file) -> None:
+        self.file, self.error = file, None
+
+    def write(self, data) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as error:
+            self.error = error
+            raise
+
+    def __getattr__(self, name: str):
+        return getattr(self.file, name)
 
 
 class PublishAfterStepMetrics(L.Callback):
@@ -105,32 +138,108 @@ class PublishAfterStepMetrics(L.Callback):
         self.checkpoint_io.publish()
 
 
-def set_aside_if_unreadable(checkpoint: Path, log) -> bool:
-    """Whether `checkpoint` exists and loads. One that does not (truncated, overwritten) is renamed
-    `<name>.unreadable-<time>` with one line saying so, and the run starts again from step 0: resuming from it would
-    fail on every attempt."""
+# What Lightning reads back to resume a run (its _CheckpointConnector), and gatelab's own record of the run.
+_RESUME_KEYS = ("pytorch-lightning_version", "global_step", "epoch", "state_dict", "loops", "optimizer_states",
+                "gatelab")
+
+
+@dataclass(frozen=True)
+class ThisRun:
+    """What a checkpoint must match to resume this run: the run's spec hash, and its weights' names and shapes."""
+
+    spec_hash: str
+    weights: dict[str, tuple[int, ...]]
+
+    @classmethod
+    def of(cls, spec_hash: str, model_config) -> ThisRun:
+        from gatelab.model import build_model
+
+        with torch.device("meta"):  # names and shapes only: nothing is allocated
+            model = build_model(model_config)
+        return cls(spec_hash, {f"model.{name}": tuple(t.shape) for name, t in model.state_dict().items()})
+
+
+def set_aside_unless_resumable(checkpoint: Path, run: ThisRun, log) -> bool:
+    """Whether `checkpoint` exists and resumes this run. One that does not (truncated, overwritten, a foreign file,
+    another run's or another model's checkpoint) is renamed `<name>.unreadable-<time>` (`.not-this-run-<time>` where
+    it loads) with one line saying why, and the run starts again from step 0: resuming from it would fail on every
+    attempt, or silently train another run's weights."""
     if not checkpoint.exists():
         return False
     try:
-        _load_lazily(checkpoint)
-        return True
+        problem, label = why_not_resumable(_load_lazily(checkpoint), run), "not-this-run"
     except Exception as error:  # torch raises RuntimeError, EOFError, UnpicklingError... for a damaged file
-        aside = checkpoint.with_name(f"{checkpoint.name}.unreadable-{time.strftime('%Y%m%d-%H%M%S')}")
-        os.replace(checkpoint, aside)
-        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
-        log(f"checkpoint {checkpoint} does not load ({reason}); moved it to {aside.name} and training this run again "
-            "from step 0")
-        return False
+        problem, label = f"does not load ({first_line(error)[:160]})", "unreadable"
+    if problem is None:
+        return True
+    aside = _free_name(checkpoint.with_name(f"{checkpoint.name}.{label}-{time.strftime('%Y%m%d-%H%M%S')}"))
+    os.replace(checkpoint, aside)
+    log(f"checkpoint {checkpoint} {problem}; moved it to {aside.name} and training this run again from step 0")
+    return False
 
 
-def recorded_precision(checkpoint: Path) -> str | None:
-    """The precision the run of `checkpoint` trained in, as its checkpoint records it; None without a readable
-    checkpoint or for one written before gatelab recorded it."""
+def why_not_resumable(state: Any, run: ThisRun) -> str | None:
+    """Why the loaded checkpoint `state` cannot resume `run`, or None where it can."""
+    if not isinstance(state, dict):
+        return f"is not a checkpoint (it holds a {type(state).__name__})"
+    missing = [key for key in _RESUME_KEYS if key not in state]
+    if missing:
+        return f"is not a gatelab checkpoint (it has no {', '.join(repr(key) for key in missing)})"
+    recorded = _recorded_spec_hash(state)
+    if recorded != run.spec_hash:
+        return (f"is another run's (spec hash {recorded or 'unknown'}; this run's is {run.spec_hash})")
+    weights = state["state_dict"]
+    if not isinstance(weights, dict) or not isinstance(state["optimizer_states"], list):
+        return "is not a gatelab checkpoint (its state_dict or optimizer_states is of another type)"
+    shapes = {name: tuple(getattr(value, "shape", ())) for name, value in weights.items()}
+    if shapes != run.weights:
+        wrong = sorted(set(shapes) ^ set(run.weights)) or sorted(n for n in shapes if shapes[n] != run.weights[n])
+        return f"holds weights that do not fit this model ({', '.join(wrong[:3])}{', ...' if len(wrong) > 3 else ''})"
+    return None
+
+
+def _recorded_spec_hash(state: dict) -> str | None:
+    """The spec hash of the experiment the checkpoint describes itself with; None where it describes none."""
+    from gatelab.config import ExperimentConfig
+    from gatelab.data.identity import spec_hash
+
+    try:
+        return spec_hash(ExperimentConfig.model_validate(state["gatelab"]["experiment"]))
+    except Exception:  # noqa: BLE001  not a dict, not an experiment this gatelab reads: not this run's either way
+        return None
+
+
+def _free_name(path: Path) -> Path:
+    """`path`, or `path-2`, `path-3`... where it is taken: a second checkpoint set aside in the same second keeps the
+    first."""
+    candidate, n = path, 1
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.name}-{n}")
+    return candidate
+
+
+def remove_unfinished_writes(run_dir: Path, log) -> None:
+    """Remove the temporary files a process killed while writing a checkpoint (or its unsent metric points) left in
+    `run_dir`, saying so in one line. Call it holding the run: no other process writes there then."""
+    leftovers = sorted(p for folder in (run_dir, run_dir / "checkpoints") for p in folder.glob(".*.tmp") if p.is_file())
+    for leftover in leftovers:
+        leftover.unlink(missing_ok=True)
+    if leftovers:
+        log(f"removed {len(leftovers)} unfinished write(s) a killed process left in {run_dir}: "
+            f"{', '.join(str(p.relative_to(run_dir)) for p in leftovers)}")
+
+
+def recorded_precision(checkpoint: Path, run: ThisRun) -> str | None:
+    """The precision the run of `checkpoint` trained in, as its checkpoint records it; None without a checkpoint that
+    resumes `run` (another run's trained in its own precision) or for one written before gatelab recorded it."""
     if not checkpoint.exists():
         return None
     try:
         state = _load_lazily(checkpoint)
     except Exception:  # noqa: BLE001  an unreadable checkpoint is set aside later, with its own message
+        return None
+    if why_not_resumable(state, run) is not None:
         return None
     return (state.get("gatelab") or {}).get("precision")
 

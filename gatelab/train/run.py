@@ -21,14 +21,14 @@ from gatelab.config import ExperimentConfig, ModelConfig, flatten, to_yaml
 from gatelab.data.identity import spec_hash
 from gatelab.data.datasets import heldout_windows, train_dataset
 from gatelab.data.prepare import load_data
-from gatelab.errors import GatelabError
+from gatelab.errors import GatelabError, redact
 from gatelab.interrupts import Interrupted, raise_on_signals
 from gatelab.model import count_parameters, resolve_model
 from gatelab.progress import (DEFAULT_EVERY_S, DEVICE_TAG, HOST_TAG, format_duration, progress_every_s,
                               silence_noise, step_time)
 from gatelab.tracking import TrackedRun
-from gatelab.train.checkpoints import (DurableCheckpointIO, PublishAfterStepMetrics, recorded_precision,
-                                      set_aside_if_unreadable)
+from gatelab.train.checkpoints import (DurableCheckpointIO, PublishAfterStepMetrics, ThisRun, recorded_precision,
+                                      remove_unfinished_writes, set_aside_unless_resumable)
 from gatelab.train.compiling import CompileReport, cannot_compile, forget_earlier_graphs, share_cache
 from gatelab.train.memory import check_fits
 from gatelab.host import resolve_precision
@@ -274,6 +274,8 @@ class RunSession:
     corpus: object = None
     domains: list[str] = field(default_factory=list)
     resuming: bool = False  # from checkpoint, into the same MLflow run
+    set_aside: bool = False  # a checkpoint that could not resume this run was moved aside at this start
+    continuing: bool = False  # from step 0 into the MLflow run an earlier process opened before its first checkpoint
     tracked: TrackedRun | None = None  # rank 0's MLflow run
     module: GatedLM | None = None
 
@@ -315,15 +317,40 @@ def _open_run(session: RunSession) -> None:
     tags = {tracking.VARIANT_TAG: experiment.variant, tracking.SEED_TAG: str(experiment.seed),
             tracking.EXPERIMENT_TAG: experiment.name, HOST_TAG: socket.gethostname(), DEVICE_TAG: device_name(device),
             **SpikeRule.from_config(experiment.train).describe(), **(session.extra_tags or {})}
-    tracked.open(session.resuming, tags, run_name=f"{experiment.variant}-s{experiment.seed}")
+    params = None if session.resuming else _start_params(session)
+    session.continuing = params is not None and _cut_off_before_a_checkpoint(session, params)
+    tracked.open(session.resuming or session.continuing, tags, run_name=f"{experiment.variant}-s{experiment.seed}")
     if session.resuming:
         return
+    if session.continuing:
+        session.log(f"continuing MLflow run {tracked.run_id} from step 0: an earlier process was stopped in it before "
+                    "its first checkpoint; the points it logged are kept")
+    tracked.log_start(params, {"config/experiment.yaml": to_yaml(experiment),
+                               "config/model_resolved.yaml": to_yaml(model_config)})
+
+
+def _start_params(session: RunSession) -> dict:
+    """The parameters a run records once, as it starts: its config, the resolved model, the precision it trains in."""
+    experiment, model_config = session.experiment, session.model_config
     params = flatten(experiment) | {f"resolved.{k}": v for k, v in flatten(model_config.model_dump(mode='json')).items()
                                     if k in ("gates", "n_heads", "n_kv_heads", "ffn_hidden")}
     params["model.total_params"] = count_parameters(model_config)
     params["resolved.train.precision"] = str(session.trainer.precision)
-    tracked.log_start(params, {"config/experiment.yaml": to_yaml(experiment),
-                               "config/model_resolved.yaml": to_yaml(model_config)})
+    return params
+
+
+def _cut_off_before_a_checkpoint(session: RunSession, params: dict) -> bool:
+    """Whether the MLflow run found for this spec hash was stopped (Ctrl-C, SIGTERM, a kill, a crash) before it wrote a
+    checkpoint, so this start, from step 0 like it, continues it rather than leaving it KILLED beside a second run.
+    Not where a checkpoint was set aside at this start (that run trained past what is now lost: README, Reliability),
+    nor where it recorded other parameters (`train.precision: auto` resolved otherwise on another machine)."""
+    tracked = session.tracked
+    if tracked.run_id is None or session.set_aside:
+        return False
+    recorded = tracked.client.get_run(tracked.run_id).data.params
+    kept = {name: redact(str(value))[:500] for name, value in params.items()}  # as log_start records them
+    # A recorded value may be the start of ours: Lightning's MLflow logger cuts values at 250 characters.
+    return all(kept[name].startswith(recorded.get(name, "")) for name in kept)
 
 
 def _module_and_data(experiment: ExperimentConfig, model_config: ModelConfig, corpus, domains: list[str]):
@@ -357,7 +384,7 @@ def _record_pruned(session: RunSession) -> None:
 
 def _record_diverged(session: RunSession) -> None:
     tracked, stability = session.tracked, session.stability
-    log_spikes(tracked, stability, session.resuming)
+    log_spikes(tracked, stability, session.resuming or session.continuing)
     session.clock.log(tracked, session.trainer.global_step)
     tracked.log_metrics({"diverged_step": stability.diverged_step}, step=0)
     tracked.end("diverged")
@@ -370,7 +397,7 @@ def _record_finished(session: RunSession) -> dict[str, float]:
 
     experiment, tracked, log, step = session.experiment, session.tracked, session.chatter, session.trainer.global_step
     started = time.perf_counter()
-    log_spikes(tracked, session.stability, session.resuming)
+    log_spikes(tracked, session.stability, session.resuming or session.continuing)
     # Lightning's teardown moved the module back to the CPU when `fit` ended.
     device = evaluation_device(session.trainer.strategy.root_device, experiment.train.accelerator)
     if device.type != "cpu":
@@ -479,7 +506,8 @@ def _attach_trainer(session: RunSession, lease: Lease | None, bar: bool, extra_c
         forget_earlier_graphs()
         compiling.append(CompileReport(share_cache(session.runs_dir), session.chatter))
     precision = resolve_precision(train.precision, train.accelerator, moe=session.model_config.ffn == "moe")
-    began_in = recorded_precision(session.checkpoint) if train.precision == "auto" else None
+    this_run = ThisRun.of(session.digest, session.model_config)
+    began_in = recorded_precision(session.checkpoint, this_run) if train.precision == "auto" else None
     callbacks = [session.agreement, session.stability, *fence, session.steps, *compiling, *extra_callbacks]
     session.trainer = build_trainer(experiment, session.run_dir, callbacks, bar, began_in or precision)
     session.rank = session.trainer.global_rank
@@ -530,8 +558,15 @@ def _remove_if_left_empty(folders: list[Path]) -> None:
 
 def _train_and_record(session: RunSession) -> RunResult:
     checkpoint = session.checkpoint
-    session.resuming = session.agreement.resuming = (set_aside_if_unreadable(checkpoint, session.log)
-                                                     if session.rank == 0 else checkpoint.exists())
+    if session.rank == 0:
+        remove_unfinished_writes(session.run_dir, session.log)
+        found = checkpoint.exists()
+        resuming = set_aside_unless_resumable(checkpoint, ThisRun.of(session.digest, session.model_config),
+                                              session.log)
+        session.set_aside = found and not resuming
+    else:
+        resuming = checkpoint.exists()
+    session.resuming = session.agreement.resuming = resuming
     # Done already (a worker killed after the run ended, before its ledger heard): never a second run.
     if session.rank == 0 and _open_tracked(session) is not None and _alone_until_fit(session.trainer):
         return session.agreement.recorded  # no other rank exists yet, and none will: `fit` is not called

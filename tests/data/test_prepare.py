@@ -291,3 +291,47 @@ def test_a_cache_of_another_user_is_read_without_writing(shared: Path) -> None:
                                          capture_output=True, text=True, timeout=300, check=False))
     assert line.startswith(f"error: data directory {data_dir}: cannot write "), line
     assert "(permission denied)" in line and "$GATELAB_DATA_DIR" in line, line
+
+
+# --- the data directory's lock, held by a process that does not let go ----------------------------------------------
+
+HOLD_THE_LOCK = ("import fcntl, os, signal, sys; lock = open(sys.argv[1], 'a'); fcntl.flock(lock, fcntl.LOCK_EX); "
+                 "print('held', flush=True); os.kill(os.getpid(), signal.SIGSTOP); signal.pause()")
+
+
+def test_a_wait_for_the_data_lock_says_what_it_waits_for_and_repeats(tmp_path: Path, monkeypatch) -> None:
+    """A process stopped (SIGSTOP) while it holds the lock kept another waiting in silence (92 s in the report)."""
+    import signal
+    import threading
+
+    from gatelab.data import prepare
+
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    lock = data_dir / ".prepare.lock"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_THE_LOCK, str(lock)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        monkeypatch.setattr(prepare, "LOCK_QUIET_S", 0.3)
+        monkeypatch.setattr(prepare, "LOCK_REPEAT_S", 0.3)
+        lines: list[str] = []
+        taken = threading.Event()
+
+        def wait_for_the_lock() -> None:
+            with prepare._one_process_at_a_time(data_dir, say=lines.append):
+                taken.set()
+
+        waiter = threading.Thread(target=wait_for_the_lock, daemon=True)
+        waiter.start()
+        while len(lines) < 2:  # said, and said again while the wait lasts
+            assert waiter.is_alive() and not taken.is_set()
+            taken.wait(0.05)
+        for line in lines[:2]:
+            assert f"the data directory's lock {lock}, held by PID {holder.pid}, which is stopped" in line, line
+            assert f"kill -CONT {holder.pid}" in line, line
+        holder.send_signal(signal.SIGKILL)  # its lock goes with it
+        waiter.join(60)
+        assert taken.is_set()
+    finally:
+        holder.kill()
+        holder.wait()

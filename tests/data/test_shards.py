@@ -378,6 +378,35 @@ def test_a_damaged_shard_is_remade(tmp_path: Path, small_corpus: Path, tokenizer
         np.testing.assert_array_equal(stream_values(again)[key], before[key])
 
 
+@pytest.mark.parametrize("name", ["bin", "npy", "ids", "unigram.npy"])
+def test_a_deleted_shard_file_is_remade_saying_so_where_the_log_is_silenced(tmp_path: Path, small_corpus: Path,
+                                                                           tokenizer: Path, name: str) -> None:
+    """A `shard-00000.bin` deleted from the data directory is remade, in one line that `gatelab train --quiet` shows
+    too (it goes to `warn`, not to the silenced `log`)."""
+    config = experiment(small_corpus, tokenizer, tmp_path / "data", shard_mb=SMALL_SHARDS)
+    _, corpus, _ = load_data(config, **QUIET)
+    before = stream_values(corpus)
+    folder = token_dir(tmp_path / "data") / "poems.train"
+    deleted = folder / ("unigram.npy" if name == "unigram.npy" else f"shard-00000.{name}")
+    digest = sha256(deleted)
+    deleted.unlink()
+    warnings: list[str] = []
+    _, again, _ = load_data(config, log=lambda *_: None, warn=warnings.append)
+    assert warnings == [f"{deleted}: missing (deleted since it was written); remaking it"]
+    assert sha256(deleted) == digest
+    assert all(np.array_equal(stream_values(again)[key], before[key]) for key in before)
+
+
+def test_a_shard_deleted_while_a_run_reads_its_data_is_one_error_naming_it(tmp_path: Path) -> None:
+    paths, _ = write_shards(tmp_path, [10, 10], "uint16")
+    stream = TokenStream(paths, [10, 10], "uint16")
+    assert len(stream[0:5]) == 5  # the first shard is open now; the second is opened when first read
+    paths[1].unlink()
+    with pytest.raises(DataError) as raised:
+        stream[12:14]
+    assert str(raised.value).startswith(f"{paths[1]}: token shard missing") and "same command again" in str(raised.value)
+
+
 def overwrite_in_place(path: Path, keep_mtime: bool) -> None:
     """Junk over 16 bytes near the end of the file (past an .npy header, before its last value), its size unchanged
     (newlines too, so an .ids file keeps its count of lines); with `keep_mtime`, its modification time put back, as

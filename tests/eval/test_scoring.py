@@ -65,6 +65,7 @@ def test_eval_scores_each_finished_run_once_and_survives_a_kill(swept):
     said = resumed.stdout + resumed.stderr
     assert "deprecated" not in said and "--metadata" not in said, said  # lm-eval's words about lm-eval, not to our users
     assert not re.search(r"(^|\r)\s*\d+%\|", said, re.M), said  # every progress bar says what it counts
+    assert "not a git repository" not in resumed.stderr  # lm-eval's own `git describe`, outside a clone
     after = _scored(folder)
     for run_id, run in after.items():
         assert 0 <= run["metrics"][f"{PREFIX}/gatelab_blimp/acc"] <= 1
@@ -108,3 +109,19 @@ def test_a_typo_of_gatelab_s_task_is_answered_from_gatelab_s_own_index():
     assert "gatelab_blimp" in manager.all_tasks and "hellaswag" not in manager.all_tasks
     with pytest.raises(GatelabError, match="no task 'gatelab_blimpp'; did you mean gatelab_blimp"):
         check_tasks(["gatelab_blimpp"], manager)
+
+
+def test_lm_eval_s_git_lookup_prints_nothing_outside_a_clone(tmp_path):
+    """lm-eval runs `git describe` in the working folder, git's stderr on ours: `gatelab eval` printed "fatal: not a
+    git repository" outside a clone. Within quiet_git its results name gatelab's commit, and git says nothing."""
+    import subprocess
+    import sys
+
+    look_up = ("from lm_eval import evaluator; from gatelab.eval.harness import quiet_git\n"
+               "with quiet_git(): print(evaluator.get_git_commit_hash())\n")
+    quiet = subprocess.run([sys.executable, "-c", look_up], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+    assert quiet.stdout.strip() == tracking.code_version()["gatelab.git_commit"]
+    bare = subprocess.run([sys.executable, "-c", "from lm_eval import evaluator; evaluator.get_git_commit_hash()"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert "not a git repository" in bare.stderr  # what quiet_git keeps off the terminal

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import errno
+import os
 import signal
 import time
+from pathlib import Path
 
 import mlflow
 import pytest
 import torch
 
+from gatelab.errors import exit_code, failure_message
 from gatelab.train import checkpoints
-from gatelab.train.checkpoints import DurableCheckpointIO, set_aside_if_unreadable
-from tests.helpers import sqlite_uri, train_cli, train_in_process, write_micro_experiment
+from gatelab.train.checkpoints import DurableCheckpointIO, ThisRun, remove_unfinished_writes, set_aside_unless_resumable
+from tests.helpers import gatelab_cli, sqlite_uri, train_cli, train_in_process, write_micro_experiment
 
 
 def test_a_write_that_fails_leaves_the_previous_checkpoint_and_no_partial_file(tmp_path, monkeypatch):
@@ -75,16 +78,114 @@ def test_during_fit_a_checkpoint_is_published_only_after_its_step_metrics_were_l
     assert not list(tmp_path.glob(".*.tmp"))
 
 
-def test_an_unreadable_checkpoint_is_moved_aside_with_one_line(tmp_path):
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs Linux's /dev/full, a file whose every write fails")
+def test_a_full_disk_while_writing_a_checkpoint_is_an_error_naming_the_checkpoint(tmp_path, monkeypatch):
+    # torch.save turns the file's OSError into a RuntimeError naming neither ("unexpected pos 704 vs 598"). The
+    # temporary file is made /dev/full, where every write fails with ENOSPC, as on a full disk.
+    path = tmp_path / "checkpoints" / "last.ckpt"
+    path.parent.mkdir()
+    monkeypatch.setattr(checkpoints.time, "monotonic_ns", lambda: 7)
+    staged = path.with_name(f".last.ckpt.{os.getpid()}.7.tmp")
+    staged.symlink_to("/dev/full")
+    with pytest.raises(OSError) as raised:
+        DurableCheckpointIO().save_checkpoint({"w": torch.ones(100_000)}, path)
+    assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(path)
+    assert not staged.exists() and list(path.parent.iterdir()) == []
+    message = failure_message(raised.value)
+    assert str(path) in message and "is full" in message and "file system mounted at /" in message
+    assert exit_code(raised.value) == 2
+
+
+@pytest.fixture(scope="module")
+def micro_run():
+    """The micro experiment's ThisRun and a checkpoint state that resumes it (its weights as the model has them)."""
+    from gatelab.data.identity import spec_hash
+    from gatelab.data.resolve import load_experiment
+    from gatelab.model import build_model, resolve_model
+
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        experiment = load_experiment(write_micro_experiment(Path(folder)), [])
+    model_config = resolve_model(experiment)
+    run = ThisRun.of(spec_hash(experiment), model_config)
+    weights = {f"model.{name}": tensor for name, tensor in build_model(model_config).state_dict().items()}
+    state = {"pytorch-lightning_version": "2.6.0", "global_step": 4, "epoch": 0, "state_dict": weights, "loops": {},
+             "optimizer_states": [{}], "gatelab": {"experiment": experiment.model_dump(mode="json")}}
+    return run, state, experiment
+
+
+def _changed(state: dict, **changes) -> dict:
+    return {**state, **changes}
+
+
+def _other_runs(state: dict, experiment) -> dict:
+    other = experiment.model_copy(update={"seed": experiment.seed + 1}).model_dump(mode="json")
+    return _changed(state, gatelab={"experiment": other})
+
+
+@pytest.mark.parametrize("damage, said", [
+    (lambda path, state, experiment: path.write_bytes(path.read_bytes()[:500]), "does not load"),
+    (lambda path, state, experiment: torch.save({"a": 1}, path), "is not a gatelab checkpoint"),
+    (lambda path, state, experiment: torch.save([1, 2, 3], path), "is not a checkpoint (it holds a list)"),
+    (lambda path, state, experiment: torch.save({k: v for k, v in state.items() if k != "loops"}, path), "'loops'"),
+    (lambda path, state, experiment: torch.save(_other_runs(state, experiment), path), "is another run's"),
+    (lambda path, state, experiment: torch.save(_changed(state, gatelab={}), path), "spec hash unknown"),
+    (lambda path, state, experiment: torch.save(
+        _changed(state, state_dict={**state["state_dict"], "model.embed.weight": torch.ones(3, 3)}), path),
+     "do not fit this model (model.embed.weight)"),
+    (lambda path, state, experiment: torch.save(_changed(state, state_dict={"x": torch.ones(1)}), path),
+     "do not fit this model"),
+    (lambda path, state, experiment: (path.unlink(), path.mkdir()), "does not load"),
+])
+def test_a_checkpoint_that_cannot_resume_this_run_is_moved_aside_with_one_line(tmp_path, micro_run, damage, said):
+    run, state, experiment = micro_run
     path = tmp_path / "last.ckpt"
-    torch.save({"w": torch.ones(1000)}, path)
-    assert set_aside_if_unreadable(path, print)
-    path.write_bytes(path.read_bytes()[:500])  # truncated, as by a full disk or a copy cut short
+    torch.save(state, path)
+    assert set_aside_unless_resumable(path, run, print)  # this run's own: resumed
+    assert checkpoints.recorded_precision(path, run) is None  # written before gatelab recorded it
+    damage(path, state, experiment)
     lines = []
-    assert not set_aside_if_unreadable(path, lines.append)
-    assert not path.exists() and len(list(tmp_path.glob("last.ckpt.unreadable-*"))) == 1
-    assert len(lines) == 1 and str(path) in lines[0] and "step 0" in lines[0]
-    assert not set_aside_if_unreadable(path, lines.append)  # no checkpoint: a fresh start, nothing said
+    assert not set_aside_unless_resumable(path, run, lines.append)
+    assert not path.exists() and len(list(tmp_path.glob("last.ckpt.*-*"))) == 1
+    assert len(lines) == 1 and str(path) in lines[0] and said in lines[0] and "step 0" in lines[0], lines
+    assert not set_aside_unless_resumable(path, run, lines.append)  # no checkpoint: a fresh start, nothing said
+    assert len(lines) == 1
+
+
+def test_another_runs_checkpoint_does_not_choose_the_precision(tmp_path, micro_run):
+    run, state, experiment = micro_run
+    path = tmp_path / "last.ckpt"
+    torch.save(_changed(_other_runs(state, experiment), gatelab={**_other_runs(state, experiment)["gatelab"],
+                                                                 "precision": "bf16-mixed"}), path)
+    assert checkpoints.recorded_precision(path, run) is None
+    torch.save(_changed(state, gatelab={**state["gatelab"], "precision": "bf16-mixed"}), path)
+    assert checkpoints.recorded_precision(path, run) == "bf16-mixed"
+
+
+def test_two_checkpoints_set_aside_in_the_same_second_are_both_kept(tmp_path, micro_run):
+    run, _, _ = micro_run
+    path = tmp_path / "last.ckpt"
+    for content in (b"first", b"second"):
+        path.write_bytes(content)
+        set_aside_unless_resumable(path, run, lambda line: None)
+    assert sorted(p.read_bytes() for p in tmp_path.glob("last.ckpt.unreadable-*")) == [b"first", b"second"]
+
+
+def test_the_unfinished_writes_of_a_killed_process_are_removed_with_one_line(tmp_path):
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    leftovers = [run_dir / "checkpoints" / ".last.ckpt.123.456.tmp", run_dir / "checkpoints" / ".last.ckpt.7.8.tmp",
+                 run_dir / ".unsent-metrics.jsonl.123.tmp"]
+    kept = [run_dir / "checkpoints" / "last.ckpt", run_dir / "owner.lock", run_dir / "unsent-metrics.jsonl"]
+    for path in leftovers + kept:
+        path.write_bytes(b"x")
+    lines = []
+    remove_unfinished_writes(run_dir, lines.append)
+    assert not any(path.exists() for path in leftovers) and all(path.exists() for path in kept)
+    assert len(lines) == 1 and str(run_dir) in lines[0] and ".last.ckpt.123.456.tmp" in lines[0], lines
+    remove_unfinished_writes(run_dir, lines.append)
+    assert len(lines) == 1  # nothing left: nothing said
 
 
 def _train_until_a_checkpoint(experiment, runs):
@@ -155,12 +256,16 @@ def test_a_checkpoint_records_the_precision_its_run_trained_in(tmp_path):
     train_in_process(experiment, tmp_path / "runs", "train.precision=32-true", "eval.blimp=false",
                      "eval.every_n_steps=null")
     [checkpoint] = (tmp_path / "runs").glob("micro/*/checkpoints/last.ckpt")
-    assert checkpoints.recorded_precision(checkpoint) == "32-true"
-    assert checkpoints.recorded_precision(tmp_path / "absent.ckpt") is None
+    from gatelab.data.identity import spec_hash
+    from gatelab.data.resolve import load_experiment
+    from gatelab.model import resolve_model
+
+    config = load_experiment(experiment, ["train.precision=32-true", "eval.blimp=false", "eval.every_n_steps=null"])
+    run = ThisRun.of(spec_hash(config), resolve_model(config))
+    assert checkpoints.recorded_precision(checkpoint, run) == "32-true"
+    assert checkpoints.recorded_precision(tmp_path / "absent.ckpt", run) is None
     checkpoint.write_bytes(checkpoint.read_bytes()[:500])
-    assert checkpoints.recorded_precision(checkpoint) is None  # unreadable: set aside later, with its own message
-    torch.save({"gatelab": {"experiment": {}}}, checkpoint)  # written before gatelab recorded the precision
-    assert checkpoints.recorded_precision(checkpoint) is None
+    assert checkpoints.recorded_precision(checkpoint, run) is None  # unreadable: set aside later, with its own message
 
 
 def test_a_run_resumes_in_the_precision_it_began_in_where_auto_now_resolves_otherwise(tmp_path, monkeypatch):
@@ -171,7 +276,7 @@ def test_a_run_resumes_in_the_precision_it_began_in_where_auto_now_resolves_othe
     experiment = load_experiment(write_micro_experiment(tmp_path, max_steps=2, checkpoint_every=2),
                                  ["train.precision=auto", "eval.blimp=false", "eval.every_n_steps=null"])
     monkeypatch.setattr(run_module, "resolve_precision", lambda *args, **kwargs: "32-true")
-    monkeypatch.setattr(run_module, "recorded_precision", lambda checkpoint: "bf16-mixed")
+    monkeypatch.setattr(run_module, "recorded_precision", lambda checkpoint, run: "bf16-mixed")
     built, lines = [], []
     build = run_module.build_trainer
     monkeypatch.setattr(run_module, "build_trainer", lambda *args: built.append(args[-1]) or build(*args))
@@ -182,3 +287,64 @@ def test_a_run_resumes_in_the_precision_it_began_in_where_auto_now_resolves_othe
     client = mlflow.MlflowClient(sqlite_uri(tmp_path / "runs"))
     [recorded] = client.search_runs([client.get_experiment_by_name("micro").experiment_id])
     assert recorded.data.params["resolved.train.precision"] == "bf16-mixed"  # what it trained in, not what auto says
+
+
+# --- the same command again, after a stop or a foreign file -----------------------------------------------------------
+
+def _mlflow_runs(runs):
+    client = mlflow.MlflowClient(sqlite_uri(runs))
+    return client, client.search_runs([client.get_experiment_by_name("micro").experiment_id])
+
+
+@pytest.mark.slow
+def test_a_foreign_checkpoint_and_a_killed_write_are_set_aside_and_the_run_trains_from_step_0(tmp_path):
+    """A last.ckpt torch loads that is no Lightning checkpoint ended every re-run in KeyError 'pytorch-lightning_version';
+    the temporary file of a checkpoint write cut by SIGKILL stayed for ever."""
+    experiment = write_micro_experiment(tmp_path, max_steps=8, checkpoint_every=4)
+    runs = tmp_path / "runs"
+    first = train_cli(experiment, runs, "--seed", "5", "--set", "train.max_steps=6")  # makes runs/, another run
+    assert first.returncode == 0, first.stdout + first.stderr
+    from gatelab.data.identity import spec_hash
+    from gatelab.data.resolve import load_experiment
+
+    config = load_experiment(experiment, [])
+    run_dir = runs / "micro" / f"{config.variant}-s{config.seed}-{spec_hash(config)}"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    torch.save({"a": 1}, run_dir / "checkpoints" / "last.ckpt")
+    (run_dir / "checkpoints" / ".last.ckpt.4242.17.tmp").write_bytes(b"half a checkpoint")
+    result = train_cli(experiment, runs)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert f"checkpoint {run_dir / 'checkpoints' / 'last.ckpt'} is not a gatelab checkpoint" in result.stdout
+    assert "removed 1 unfinished write(s)" in result.stdout and "Traceback" not in output
+    assert sorted(p.name.split("-")[0] for p in (run_dir / "checkpoints").iterdir()) == ["last.ckpt",
+                                                                                         "last.ckpt.not"]
+    client, found = _mlflow_runs(runs)
+    assert sorted(r.info.status for r in found) == ["FINISHED", "FINISHED"]
+
+
+@pytest.mark.slow
+def test_ctrl_c_before_the_first_checkpoint_leaves_one_mlflow_run_after_the_same_command(tmp_path, monkeypatch):
+    """The re-run trains from step 0 in the MLflow run the stopped one opened (it was left KILLED beside a second
+    one); the points the stopped one logged are kept, each step once."""
+    experiment = write_micro_experiment(tmp_path, max_steps=300, checkpoint_every=1000, log_every=1)
+    runs = tmp_path / "runs"
+    monkeypatch.setenv("GATELAB_PROGRESS_EVERY", "0.01")  # a line a step: the test stops it after its first steps
+    process = gatelab_cli("train", str(experiment), "--runs-dir", str(runs), cwd=tmp_path, wait=False)
+    for line in process.stdout:
+        if line.startswith("step 3/"):
+            break
+    process.send_signal(signal.SIGINT)
+    output = process.communicate(timeout=120)[0]
+    assert process.returncode == 130, output
+    client, [stopped] = _mlflow_runs(runs)
+    assert stopped.info.status == "KILLED" and not list(runs.glob("micro/*/checkpoints/last.ckpt"))
+    logged = [m.step for m in client.get_metric_history(stopped.info.run_id, "train/loss")]
+    monkeypatch.delenv("GATELAB_PROGRESS_EVERY")
+    result = train_cli(experiment, runs, "--set", "train.max_steps=300")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"continuing MLflow run {stopped.info.run_id} from step 0" in result.stdout
+    client, [done] = _mlflow_runs(runs)
+    assert done.info.run_id == stopped.info.run_id and done.info.status == "FINISHED"
+    history = client.get_metric_history(done.info.run_id, "train/loss")
+    assert sorted(m.step for m in history) == list(range(300)) and logged and len(logged) < 300
