@@ -90,14 +90,13 @@ def _drop_metadata_hint(record: logging.LogRecord) -> bool:
 
 
 def terminal_columns() -> int | None:
-    """The width output must fit: the terminal's (or COLUMNS where it is set), None for a pipe or a file, where a
-    table keeps whole rows for whoever reads the log."""
+    """The width output must fit where stdout is a terminal (its width, or COLUMNS where set); None for a pipe or a
+    file, where a table keeps whole rows for whoever reads the log (COLUMNS is not read there: libraries and test
+    runners set it to 80 for their own children)."""
     import shutil
     import sys
 
-    if "COLUMNS" not in os.environ and not sys.stdout.isatty():
-        return None
-    return shutil.get_terminal_size().columns
+    return shutil.get_terminal_size().columns if sys.stdout.isatty() else None
 
 
 def fit_columns(frame, width: int | None) -> tuple[str, list[str]]:

@@ -263,3 +263,40 @@ class MlflowServer:
 
     def kill(self) -> None:
         self.stop(signal.SIGKILL)
+
+
+def in_a_terminal(args: list[str], columns: int = 120, cwd: Path = REPO, timeout: float = 300) -> tuple[int, str]:
+    """`args` run with stdout and stderr on a pseudo-terminal `columns` wide, as a user's terminal shows them: the exit
+    code and what was shown (CR LF as LF, colour codes left out). gatelab fits a terminal only where stdout is one, never by COLUMNS alone."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+    import time
+
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=follower, stderr=follower, cwd=cwd, env=env,
+                               close_fds=True)
+    os.close(follower)
+    shown, deadline = bytearray(), time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if select.select([leader], [], [], 0.5)[0]:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the follower's last holder has exited
+                break
+            if not chunk:
+                break
+            shown += chunk
+        elif process.poll() is not None:
+            break
+    else:
+        process.kill()
+    os.close(leader)
+    import re
+
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07", "", shown.decode(errors="replace"))  # colours, links
+    return process.wait(timeout=30), text.replace("\r\n", "\n")

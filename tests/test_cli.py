@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from tests.helpers import REPO, REPORTS_LIGHTNING, write_files_corpus, write_micro_experiment, write_sweep
+from tests.helpers import (REPO, REPORTS_LIGHTNING, in_a_terminal, write_files_corpus, write_micro_experiment,
+                           write_sweep)
 
 
 def gatelab(*args: str) -> subprocess.CompletedProcess:
@@ -227,12 +228,10 @@ HELP_COMMANDS = [(), ("train",), ("variants",), ("table",), ("eval",), ("claims"
 
 
 def help_text(*command: str) -> str:
-    """`gatelab ... --help` as a 120-column terminal shows it (rich reads COLUMNS)."""
-    env = {**os.environ, "COLUMNS": "120", "TERMINAL_WIDTH": "120"}
-    result = subprocess.run([sys.executable, "-m", "gatelab", *command, "--help"], capture_output=True, text=True,
-                            cwd=REPO, timeout=120, env=env)
-    assert result.returncode == 0, result.stderr
-    return result.stdout
+    """`gatelab ... --help` as a terminal 120 columns wide shows it."""
+    code, shown = in_a_terminal([sys.executable, "-m", "gatelab", *command, "--help"])
+    assert code == 0, shown
+    return shown
 
 
 def panel_entries(text: str, panel: str) -> list[list[str]]:
@@ -271,12 +270,10 @@ def test_help_shows_flags_as_flags_and_wraps_sentences_only_at_the_edge(command)
 def test_variants_fit_a_120_column_terminal_with_every_id_whole(args):
     from gatelab.variants import VARIANTS
 
-    env = {**os.environ, "COLUMNS": "120"}
-    result = subprocess.run([sys.executable, "-m", "gatelab", "variants", *args], capture_output=True, text=True,
-                            cwd=REPO, timeout=120, env=env)
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
+    code, shown = in_a_terminal([sys.executable, "-m", "gatelab", "variants", *args])
+    assert code == 0, shown
+    lines = shown.splitlines()
     assert max(len(line) for line in lines) <= 120
     first_words = {line.split()[0] for line in lines if line.strip()}
     assert set(VARIANTS) <= first_words  # each id whole, at the start of its row: a user copies it from there
-    assert "…" not in result.stdout
+    assert "…" not in shown

@@ -111,6 +111,9 @@ class CompileReport(L.Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
         if len(self._started) == 0:
             self._counts_before = cache_counts()
+            if not trainer.global_rank:  # the first step can take a minute: say why nothing moves
+                self.say(f"compiling the model for its first step (train.compile; graphs an earlier run of this "
+                         f"shape compiled load from the inductor cache {self.cache})")
         if len(self._started) < 3:
             self._started.append(time.perf_counter())
 

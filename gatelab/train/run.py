@@ -160,6 +160,42 @@ class StepProgress(L.Callback):
         return ", ".join(parts)
 
 
+class StepBar(TQDMProgressBar):
+    """Lightning's bar over the run's steps, `step/max_steps` (Lightning's counts an epoch's batches: `0/?` on a
+    stream), redrawn every step (every 10 left a minute without output at 6 s a step; tqdm itself redraws at most ten
+    times a second), without `v_num` (a logger's version: gatelab's Trainer has none, so it meant nothing)."""
+
+    def __init__(self) -> None:
+        super().__init__(refresh_rate=1)
+
+    def on_train_epoch_start(self, trainer, *args) -> None:
+        super().on_train_epoch_start(trainer, *args)
+        bar = self.train_progress_bar
+        bar.total, bar.initial, bar.n = trainer.max_steps, trainer.global_step, trainer.global_step  # resumed: from there
+        bar.set_description("training")
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        if self.train_progress_bar is not None and not self.train_progress_bar.disable:
+            self.train_progress_bar.n = trainer.global_step
+            self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module))  # redraws the bar
+
+    def get_metrics(self, trainer, pl_module) -> dict:
+        metrics = super().get_metrics(trainer, pl_module)
+        metrics.pop("v_num", None)
+        return metrics
+
+
+def above_the_bar(log: Callable[[str], object]) -> Callable[[str], object]:
+    """`log` for a run that shows a bar: each line goes above the bar (tqdm clears it, then draws it again below),
+    not onto the bar's own line, where "compiled in ..." was glued and each line left a copy of the bar behind."""
+    def say(line: str) -> None:
+        from tqdm import tqdm
+
+        with tqdm.external_write_mode(file=sys.stdout):
+            log(line)
+    return say
+
+
 _first_run_of_process = True
 
 
@@ -297,7 +333,7 @@ def build_trainer(experiment: ExperimentConfig, run_dir: Path, callbacks: list[L
         strategy=train.strategy, precision=precision,
         gradient_clip_val=train.grad_clip or None, logger=False, log_every_n_steps=train.log_every,
         callbacks=[*callbacks, PublishAfterStepMetrics(checkpoint_io), checkpoints]
-        + ([TQDMProgressBar(refresh_rate=10)] if bar else []),
+        + ([StepBar()] if bar else []),
         enable_progress_bar=bar, enable_model_summary=False, num_sanity_val_steps=0,
         limit_val_batches=1.0 if every else 0, check_val_every_n_epoch=1,
         # Every rank validates on all held-out windows, so val/loss (logged by rank 0, not synced) is the whole set's,
@@ -456,8 +492,9 @@ def run(experiment: ExperimentConfig, tracking_uri: str | None = None, runs_dir:
     clock = _PhaseClock()
     _check_strategy(experiment)
     silence_noise()  # here, not only in the command: Lightning's own import resets its loggers to INFO
-    chatter = (lambda *_: None) if quiet else log
     bar = not quiet and (sys.stdout.isatty() if bar is None else bar)
+    log = above_the_bar(log) if bar else log
+    chatter = (lambda *_: None) if quiet else log
     steps = StepProgress(chatter, every_s=None if quiet or bar else progress_every_s())
     session = _start_session(experiment, runs_dir, clock, steps, log, chatter, extra_tags)
     _attach_trainer(session, lease, bar, extra_callbacks)

@@ -50,6 +50,7 @@ def test_a_report_table_fits_the_terminal_key_columns_first_and_says_where_the_r
     table = ReportTable("t", frame, [note])
     lines: list[str] = []
     monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.setattr("sys.stdout.isatty", lambda: True)  # a terminal, 80 columns wide
     log_table(table, [Path("out/README.md"), Path("out/t.csv"), Path("out/plot.png")], lines.append)
     text = "\n".join(lines).splitlines()
     assert max(map(len, text)) <= 80

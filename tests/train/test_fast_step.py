@@ -313,7 +313,8 @@ def _compile_report_after(steps: int, cache) -> tuple[compiling.CompileReport, l
 
 @pytest.mark.parametrize("steps", [1, 2])
 def test_a_compiled_run_too_short_to_time_the_compiling_still_says_what_the_cache_did(tmp_path, steps):
-    report, [line] = _compile_report_after(steps, tmp_path / "cache")
+    report, [announced, line] = _compile_report_after(steps, tmp_path / "cache")
+    assert announced.startswith("compiling the model for its first step")  # said before the long first step
     assert line.startswith("compiled in at most ") and f"(inductor cache {tmp_path / 'cache'})" in line
     assert "graph(s) loaded from the cache" in line and report.compile_s is None  # no time/compile_s from a guess
     assert not compiling.COMPILED_LINE.search(line)  # the bench reads only measured compile times
@@ -321,7 +322,8 @@ def test_a_compiled_run_too_short_to_time_the_compiling_still_says_what_the_cach
 
 def test_a_run_that_timed_its_compiling_says_it_once(tmp_path):
     report, lines = _compile_report_after(4, tmp_path / "cache")
-    assert len(lines) == 1 and compiling.COMPILED_LINE.search(lines[0]) and report.compile_s is not None
+    assert len(lines) == 2 and lines[0].startswith("compiling the model for its first step")
+    assert compiling.COMPILED_LINE.search(lines[1]) and report.compile_s is not None
 
 
 @pytest.mark.parametrize(("precision", "strategy", "fused"), [("32-true", "auto", True), ("bf16-mixed", "auto", True),
