@@ -80,13 +80,6 @@ def silence_noise() -> None:
     # (StepBatches starts each epoch at the trainer's step).
     warnings.filterwarnings("ignore", message=r".*does not have many workers which may be a bottleneck.*")
     warnings.filterwarnings("ignore", message=r"Consider setting `persistent_workers=True`.*")
-    # lm-eval says this for every task with a custom_dataset (gatelab_blimp has one) and points to its own
-    # `--metadata`, an option `gatelab eval` does not have: gatelab passes what its datasets need itself.
-    logging.getLogger("lm_eval.api.task").addFilter(_drop_metadata_hint)
-
-
-def _drop_metadata_hint(record: logging.LogRecord) -> bool:
-    return "Custom kwargs can be passed to `--metadata`" not in record.getMessage()
 
 
 def terminal_columns() -> int | None:

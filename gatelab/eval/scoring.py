@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import logging
 import math
 import os
 import tempfile
@@ -148,17 +149,34 @@ def load_tasks(settings: HarnessSettings, manager) -> dict:
 def evaluate(lm, settings: HarnessSettings, tasks: dict, manager) -> dict[str, Any]:
     """The harness's results for `lm` on the loaded `tasks`. `manager` is the task index they were loaded from:
     without it `simple_evaluate` builds lm-eval's whole index again (14,000 task files, about 10 s) for every run."""
-    import logging
-
     from lm_eval import simple_evaluate
 
     from gatelab.eval.harness import quiet_git
 
     logging.getLogger("lm_eval").setLevel(logging.WARNING)
+    # lm-eval says this for every task with a custom_dataset (gatelab_blimp has one) and points to its own
+    # `--metadata`, an option `gatelab eval` does not have: gatelab passes what its datasets need itself.
+    logging.getLogger("lm_eval.api.task").addFilter(_drop_metadata_hint)
     objects = [o for value in tasks.values() for o in (value if isinstance(value, list) else [value])]
-    with quiet_git():
+    with quiet_git(), _labelled_request_bar():
         return simple_evaluate(model=lm, tasks=objects, num_fewshot=settings.num_fewshot,
                                limit=settings.limit, log_samples=False, bootstrap_iters=1000, task_manager=manager)
+
+
+def _drop_metadata_hint(record: logging.LogRecord) -> bool:
+    return "Custom kwargs can be passed to `--metadata`" not in record.getMessage()
+
+
+def _labelled_request_bar():
+    """lm-eval (0.4.13) builds each task's requests under a progress bar with no label (`0%| | 0/40`): this one
+    says what it counts, for the length of one evaluation."""
+    from functools import partial
+    from unittest import mock
+
+    import lm_eval.api.task
+    from tqdm import tqdm
+
+    return mock.patch.object(lm_eval.api.task, "tqdm", partial(tqdm, desc="lm-eval: building requests"))
 
 
 def record(store: RunStore, run_id: str, results: dict[str, Any], tags: dict[str, str]) -> dict[str, float]:
