@@ -298,6 +298,51 @@ def _check_database(uri: str, scheme: str) -> None:
         engine.dispose()
 
 
+# What SQLite's own messages mean to someone who did not write the query (sqlite3 says them under SQLAlchemy's and
+# MLflow's wrappers, whose first lines are about sessions and autoflush).
+_SQLITE_MEANINGS = (
+    ("readonly database", "it can no longer be written (the file was deleted, replaced or made read-only)"),
+    ("unable to open database file", "its file cannot be opened (deleted, moved, or its folder is gone)"),
+    ("disk i/o error", "the disk failed to read or write it"),
+    ("database or disk is full", "its disk is full"),
+    ("database is locked", "another process holds its lock"),
+    ("malformed", "its file is damaged"),
+    ("no such table", "the file is no longer MLflow's database (a table is missing)"),
+)
+
+
+def describe_store_failure(uri: str, error: BaseException | None) -> str:
+    """What happened to the store at `uri`, in plain words, for a failure of any library in between: a SQLite file
+    that is gone or read-only is named as such; a server's failure says whether it answered; a database's, what its
+    driver said (the innermost error, not the ORM's wrapping)."""
+    path = sqlite_file(uri)
+    if path is not None and not path.exists():
+        return f"its database file {path} no longer exists (deleted or moved)"
+    if path is not None and not os.access(path, os.W_OK):
+        return f"its database file {path} is read-only"
+    if error is None:
+        return "it failed"
+    if urllib.parse.urlparse(uri).scheme in _SERVER_SCHEMES and _innermost(error, "requests") is not None:
+        return f"the server {_unanswered(_innermost(error, 'requests'))}"
+    driver = _innermost(error, "sqlite3") or _innermost(error, "psycopg") or _innermost(error, "pymysql")
+    said = first_line(driver or error)
+    said = re.sub(r"^\((\w+\.)*\w+\)\s*", "", said)  # SQLAlchemy's "(sqlite3.OperationalError) " prefix
+    if path is not None:
+        return next((meaning for text, meaning in _SQLITE_MEANINGS if text in said.lower()), said)
+    return said
+
+
+def _innermost(error: BaseException, module: str) -> BaseException | None:
+    """The innermost error in `error`'s chain (causes, contexts, SQLAlchemy's `orig`) raised by `module`'s code."""
+    found, seen = None, set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if type(error).__module__.split(".")[0] == module:
+            found = error
+        error = getattr(error, "orig", None) or error.__cause__ or error.__context__
+    return found
+
+
 def _store_failure(uri: str, error: BaseException) -> str:
     """One line for a failure of the store at `uri`: what it said, and the fix for that kind of store."""
     scheme = urllib.parse.urlparse(uri).scheme
@@ -311,7 +356,7 @@ def _store_failure(uri: str, error: BaseException) -> str:
     else:
         fix = ("check that the store runs, and the host, database and credentials in the URI; or pass another "
                "--tracking-uri")
-    return f"MLflow tracking store {redact(uri)} failed: {first_line(error)}; {fix}"
+    return f"MLflow tracking store {redact(uri)} failed: {describe_store_failure(uri, error)}; {fix}"
 
 
 @contextlib.contextmanager
@@ -680,7 +725,9 @@ class TrackedRun:
             kept = f"{unsent} metric points wait in {self.unsent_path} and are sent when you run the same command again"
         kind = "server" if urllib.parse.urlparse(self.uri).scheme in _SERVER_SCHEMES else "store"
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(outbox.failing_since or time.time()))
-        raise GatelabError(f"tracking {kind} {redact(self.uri)} unreachable since {since} ({outbox.last_error}): "
+        what = describe_store_failure(self.uri, outbox.last_failure) if outbox.last_failure else outbox.last_error
+        state = "unreachable" if kind == "server" else "failing"
+        raise GatelabError(f"tracking {kind} {redact(self.uri)} {state} since {since} ({what}): "
                            f"training reached step {outbox.last_step} and its checkpoint is kept; {kept}")
 
     def _outbox(self) -> MetricOutbox | None:
