@@ -338,10 +338,13 @@ class SweepLedger:
     """The Optuna study of one sweep, seen as a queue of RunSpecs keyed by their content hash."""
 
     def __init__(self, storage: str, sweep_name: str, heartbeat_s: float = 10.0, grace_s: float = 60.0,
-                 tracking_uris: Collection[str] = ()):
+                 tracking_uris: Collection[str] = (), read_only: bool = False):
         self.storage_uri = storage
-        self.study = optuna.create_study(study_name=sweep_name, storage=open_storage(storage, tracking_uris),
-                                         load_if_exists=True, direction="minimize")
+        if read_only:  # an existing ledger, only read: create_study(load_if_exists) appends a record to a journal
+            self.study = optuna.load_study(study_name=sweep_name, storage=open_storage(storage, tracking_uris))
+        else:
+            self.study = optuna.create_study(study_name=sweep_name, storage=open_storage(storage, tracking_uris),
+                                             load_if_exists=True, direction="minimize")
         self.heartbeat_s, self.grace_s = heartbeat_s, grace_s
         self.worker = f"{socket.gethostname()}:{os.getpid()}"
 
@@ -558,7 +561,7 @@ def ledger_states(storage: str | None, runs_dir: Path, sweep_name: str, specs: S
     storage = storage or default_storage(runs_dir, sweep_name)
     if not ledger_exists(storage, sweep_name):
         return [RunState(spec.hash, spec.index, spec.label(), "not started", 0) for spec in specs]
-    return SweepLedger(storage, sweep_name).states(specs)
+    return SweepLedger(storage, sweep_name, read_only=True).states(specs)
 
 
 def open_ledger(sweep, specs, storage: str | None, tracking_uri: str | None, runs_dir: Path,
