@@ -101,6 +101,18 @@ def missing_local_store(uri: str) -> str | None:
     return None
 
 
+def read_only_store(uri: str) -> str | None:
+    """Why a local SQLite store must only be read, else None: its file or folder has no write permission (the mode
+    bits are honoured even for root, who could write anyway: `chmod -w` is how a user says "do not write here")."""
+    path = sqlite_file(uri)
+    if path is None or not path.is_file():
+        return None
+    for where in (path, path.resolve().parent):
+        if not where.stat().st_mode & 0o222 or not os.access(where, os.W_OK):
+            return f"{where} is read-only"
+    return None
+
+
 def always_allowed() -> bool:
     return True
 
@@ -387,8 +399,10 @@ def _reported(method):
 class RunStore:
     """One MLflow tracking store seen as gatelab's runs: find them, read them back, log a report beside them."""
 
-    def __init__(self, uri: str, runs_dir: Path = Path("runs")) -> None:
-        self.uri, self.runs_dir = uri, runs_dir
+    def __init__(self, uri: str, runs_dir: Path = Path("runs"), read_only: bool = False) -> None:
+        """`read_only`: only read (gatelab ui, table on a read-only store): no experiment is created or tagged and no
+        report logged."""
+        self.uri, self.runs_dir, self.read_only = uri, runs_dir, read_only
         with store_errors(uri):
             self.client = client(uri)
 
@@ -407,15 +421,22 @@ class RunStore:
 
     def ensure_landing_tags(self, experiment) -> None:
         """Add the landing tags an experiment lacks (one made before gatelab set them, or by someone else); a tag it
-        has, even changed from the UI (an updated saved view), is kept."""
+        has, even changed from the UI (an updated saved view), is kept. A read-only store is left as it is."""
+        if self.read_only:
+            return
         for key, value in landing_tags().items():
             if key not in experiment.tags:
                 self.client.set_experiment_tag(experiment.experiment_id, key, value)
 
-    @_reported
     def browsable_experiments(self) -> list[tuple[str, str]]:
         """(name, id) of every active experiment with runs, report experiments aside, oldest first; each gets its
-        landing tags."""
+        landing tags (unless the store is read-only)."""
+        return [(name, experiment_id) for name, experiment_id, _ in self.browsable_experiment_views()]
+
+    @_reported
+    def browsable_experiment_views(self) -> list[tuple[str, str, bool]]:
+        """browsable_experiments with whether each has gatelab's saved view of the runs table (always, unless the
+        store is read-only: then only where gatelab set it when it made the experiment)."""
         found = []
         for experiment in self.client.search_experiments(order_by=["creation_time ASC"]):
             if REPORTS_OF_TAG in experiment.tags:
@@ -423,7 +444,8 @@ class RunStore:
             if not self.client.search_runs([experiment.experiment_id], max_results=1):
                 continue  # MLflow's empty "Default", or an experiment whose first run has not started
             self.ensure_landing_tags(experiment)
-            found.append((experiment.name, experiment.experiment_id))
+            has_view = not self.read_only or SAVED_VIEW_TAG_PREFIX + KEY_METRICS_VIEW in experiment.tags
+            found.append((experiment.name, experiment.experiment_id, has_view))
         return found
 
     @_reported
@@ -526,10 +548,12 @@ class RunStore:
         self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
 
     @_reported
-    def log_report(self, experiment_name: str, paths: Iterable[Path]) -> str:
+    def log_report(self, experiment_name: str, paths: Iterable[Path]) -> str | None:
         """The files of a report as artifacts of one sweep-level run (tagged REPORT_TAG), so the report opens from the
         MLflow UI too. The run lives in the experiment reports_experiment(experiment_name), so the training runs'
-        table and charts hold training runs only. Returns that run's id."""
+        table and charts hold training runs only. Returns that run's id; None on a read-only store (nothing logged)."""
+        if self.read_only:
+            return None
         experiment = self.experiment_id(reports_experiment(experiment_name), {REPORTS_OF_TAG: experiment_name})
         found = self.client.search_runs([experiment], filter_string=f"tags.`{REPORT_TAG}` = 'true'", max_results=1)
         run_id = found[0].info.run_id if found else self.client.create_run(
