@@ -20,6 +20,7 @@ from gatelab.sweep.queue import open_storage, set_trial_state, tracking_stores
 from gatelab.sweep.spec import with_values
 from gatelab.tracking import STATUS_TAG
 
+MAX_INVALID_TRIALS = 20  # suggestions that are no valid run, in one cell, before the search stops with an error
 PRUNERS = {
     "none": lambda: optuna.pruners.NopPruner(),
     "median": lambda: optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0),
@@ -77,15 +78,21 @@ def run_search(sweep, specs, storage: str, tracking_uri: str | None, runs_dir: P
         for stale in study.get_trials(states=(TrialState.RUNNING,)):  # left by a killed search: start it again
             set_trial_state(study, stale, TrialState.FAIL)
         counted = (TrialState.COMPLETE, TrialState.PRUNED)
+        invalid_trials = 0
         while len(study.get_trials(states=counted)) < search.n_trials:
             trial = study.ask()
             try:
                 experiment = with_values(spec, search.suggest(trial)).experiment
-            except GatelabError as invalid:  # a combination of values the per-value checks could not foresee
+            except GatelabError as invalid:  # a combination of values the load-time checks could not foresee
                 log(f"cell {spec.index} trial {trial.number}: {trial.params} is no valid run, failed without "
                     f"training: {redact(str(invalid))}")
                 trial.set_user_attr("gatelab.error", redact(str(invalid))[-2000:])
                 study.tell(trial, state=TrialState.FAIL)
+                invalid_trials += 1
+                if invalid_trials >= MAX_INVALID_TRIALS:  # the sampler keeps proposing them: stop, do not spin
+                    raise GatelabError(f"sweep {sweep.name}, cell {spec.index}: {invalid_trials} suggested trials were "
+                                       f"no valid run (the last: {redact(str(invalid))}); narrow search.params so "
+                                       "that every combination is valid") from None
                 continue
             log(f"cell {spec.index} ({spec.label()}) trial {trial.number}: {trial.params}")
             pruning = pruning_callback(trial)

@@ -38,6 +38,7 @@ from gatelab.paper import SWEEP_TABLES
 
 PaperTable = Literal[tuple(SWEEP_TABLES)]  # the paper registry's keys, so a sweep can name only what a report can read
 MAX_LISTED_LINES = 20  # an error listing longer than this ends in "and N more"
+MAX_COMBINATIONS = 4096  # searched values checked together; beyond, the corners of the space (each range's ends)
 MAX_CHECKED_INTS = 1024  # an int search range wider than this is checked at this many values, its ends included
 PROGRESS_AFTER_S = 5.0  # loading or planning a sweep that takes longer says how far it is, every PROGRESS_AFTER_S
 _RESERVED = {"name": "the run's name is the sweep's name; rename the sweep instead"}
@@ -297,6 +298,13 @@ def load_sweep(path: str | Path, experiment_override: str | Path | None = None) 
         if problem:
             raise GatelabError(f"{source}: {problem}; nothing was run")
 
+    runs, duplicates = _runs_once(sweep_file.name, resolved)
+    return Sweep(path, sweep_file.name, experiment_path, sweep_file, runs, duplicates)
+
+
+def _runs_once(sweep_name: str, resolved: list[tuple[int, dict[str, Any], ExperimentConfig, str]],
+               ) -> tuple[tuple[RunSpec, ...], tuple[Duplicate, ...]]:
+    """The cells as runs, each config once: a cell of the same spec hash as an earlier one is a Duplicate."""
     runs: list[RunSpec] = []
     duplicates: list[Duplicate] = []
     first_of: dict[str, int] = {}
@@ -305,8 +313,8 @@ def load_sweep(path: str | Path, experiment_override: str | Path | None = None) 
             duplicates.append(Duplicate(index, cell, first_of[digest]))
             continue
         first_of[digest] = index
-        runs.append(RunSpec(sweep_file.name, index, cell, experiment, digest))
-    return Sweep(path, sweep_file.name, experiment_path, sweep_file, tuple(runs), tuple(duplicates))
+        runs.append(RunSpec(sweep_name, index, cell, experiment, digest))
+    return tuple(runs), tuple(duplicates)
 
 
 def _dotted_problem(where: str, key: str) -> str | None:
@@ -501,7 +509,29 @@ def _resolve_cell(base: dict[str, Any], sweep_file: SweepFile, cell: dict[str, A
         return (None if problems else experiment), problems
     for key, param in sweep_file.search.params.items():
         problems += _search_problems(tree, key, param, check)
+    if not problems:
+        problems += _combination_problems(tree, sweep_file.search, check)
     return (None if problems else experiment), problems
+
+
+def _combination_problems(tree: dict[str, Any], search: SearchSpace, check: _CellChecker) -> list[str]:
+    """Where each searched value is valid alone, their combinations (up to MAX_COMBINATIONS of them: a range's ends,
+    every choice) must be too: `train.lr` and `train.min_lr` each in range can still put min_lr above lr."""
+    if len(search.params) < 2:
+        return []
+    values = [param.checked_values() for param in search.params.values()]
+    if math.prod(len(v) for v in values) > MAX_COMBINATIONS:
+        values = [[v[0], v[-1]] for v in values]  # the corners of the space
+    for combination in itertools.product(*values):
+        trial_tree = copy.deepcopy(tree)
+        for key, value in zip(search.params, combination):
+            set_dotted(trial_tree, key, value)
+        _, found = check(trial_tree)
+        if found:
+            together = format_cell(dict(zip(search.params, combination)))
+            return [f"search.params: together, {together} make an invalid run ({found[0]}); narrow the ranges so "
+                    "that every combination is a valid run"]
+    return []
 
 
 def _search_problems(tree: dict[str, Any], key: str, param: SearchParam, check: _CellChecker) -> list[str]:

@@ -408,3 +408,12 @@ def test_a_long_check_says_how_far_it_is(tmp_path, monkeypatch, capsys):
     load_sweep(write_sweep(tmp_path, {"grid": {"seed": [0, 1, 2]}}))
     err = capsys.readouterr().err
     assert "s.yaml: 2 of 3 cells" in err and capsys.readouterr().out == ""
+
+
+def test_searched_values_valid_alone_are_checked_together(tmp_path):
+    """lr and min_lr each within their ranges can still put min_lr above lr: the corners are checked too."""
+    message = error_of(write_sweep(tmp_path, {"search": {"params": {
+        "train.lr": {"type": "float", "low": 1.0e-4, "high": 1.0e-2, "log": True},
+        "train.min_lr": {"type": "float", "low": 1.0e-5, "high": 1.0e-3, "log": True}}, "n_trials": 2}}))
+    assert "search.params: together, {train.lr: 0.0001, train.min_lr: 0.001} make an invalid run" in message
+    assert "min_lr (0.001) is above lr (0.0001)" in message and "narrow the ranges" in message
