@@ -559,9 +559,13 @@ def ledger_exists(storage: str, sweep_name: str, tracking_uris: Collection[str] 
 def ledger_states(storage: str | None, runs_dir: Path, sweep_name: str, specs: Sequence) -> list[RunState]:
     """The ledger's view of each spec, without creating a ledger where none exists yet."""
     storage = storage or default_storage(runs_dir, sweep_name)
+    not_started = [RunState(spec.hash, spec.index, spec.label(), "not started", 0) for spec in specs]
     if not ledger_exists(storage, sweep_name):
-        return [RunState(spec.hash, spec.index, spec.label(), "not started", 0) for spec in specs]
-    return SweepLedger(storage, sweep_name, read_only=True).states(specs)
+        return not_started
+    try:
+        return SweepLedger(storage, sweep_name, read_only=True).states(specs)
+    except KeyError:  # load_study: a ledger file shared with other sweeps that holds no study of this one yet
+        return not_started
 
 
 def open_ledger(sweep, specs, storage: str | None, tracking_uri: str | None, runs_dir: Path,
