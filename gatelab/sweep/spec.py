@@ -426,8 +426,11 @@ class Progress:
 
     def __init__(self, what: str, total: int, unit: str = "cells") -> None:
         self.what, self.total, self.unit = what, total, unit
-        if Progress._last_word is None:
-            Progress._last_word = time.monotonic()
+        now = time.monotonic()
+        # A phase starting long after the last one (a worker reloading its sweep an hour later) is new work: its
+        # clock starts now, rather than saying "0 of N" at once.
+        if Progress._last_word is None or now - Progress._last_word > 12 * PROGRESS_AFTER_S:
+            Progress._last_word = now
 
     def __call__(self, done: int) -> None:
         now = time.monotonic()
