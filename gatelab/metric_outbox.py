@@ -51,6 +51,7 @@ class MetricOutbox:
         self.client, self.run_id, self.writes_allowed, self.unsent_path = client, run_id, writes_allowed, unsent_path
         self.failing_since: float | None = None  # wall time of the first failed send since the last good one
         self.last_error = ""
+        self.last_failure: BaseException | None = None  # the error itself, for gatelab.tracking to say in plain words
         self.last_step = 0
         self._queued: list[Metric] = []
         self._taken = 0  # bumped by give_up and stop, so a send under way then removes nothing it did not send
@@ -156,6 +157,7 @@ class MetricOutbox:
         with self._changed:
             self.failing_since = self.failing_since or time.time()
             self.last_error = first_line(error)
+            self.last_failure = error
             self._changed.notify_all()
         self._retry_now.wait(RETRY_EVERY_S)
         self._retry_now.clear()

@@ -101,6 +101,18 @@ def missing_local_store(uri: str) -> str | None:
     return None
 
 
+def read_only_store(uri: str) -> str | None:
+    """Why a local SQLite store must only be read, else None: its file or folder has no write permission (the mode
+    bits are honoured even for root, who could write anyway: `chmod -w` is how a user says "do not write here")."""
+    path = sqlite_file(uri)
+    if path is None or not path.is_file():
+        return None
+    for where in (path, path.resolve().parent):
+        if not where.stat().st_mode & 0o222 or not os.access(where, os.W_OK):
+            return f"{where} is read-only"
+    return None
+
+
 def always_allowed() -> bool:
     return True
 
@@ -298,6 +310,51 @@ def _check_database(uri: str, scheme: str) -> None:
         engine.dispose()
 
 
+# What SQLite's own messages mean to someone who did not write the query (sqlite3 says them under SQLAlchemy's and
+# MLflow's wrappers, whose first lines are about sessions and autoflush).
+_SQLITE_MEANINGS = (
+    ("readonly database", "it can no longer be written (the file was deleted, replaced or made read-only)"),
+    ("unable to open database file", "its file cannot be opened (deleted, moved, or its folder is gone)"),
+    ("disk i/o error", "the disk failed to read or write it"),
+    ("database or disk is full", "its disk is full"),
+    ("database is locked", "another process holds its lock"),
+    ("malformed", "its file is damaged"),
+    ("no such table", "the file is no longer MLflow's database (a table is missing)"),
+)
+
+
+def describe_store_failure(uri: str, error: BaseException | None) -> str:
+    """What happened to the store at `uri`, in plain words, for a failure of any library in between: a SQLite file
+    that is gone or read-only is named as such; a server's failure says whether it answered; a database's, what its
+    driver said (the innermost error, not the ORM's wrapping)."""
+    path = sqlite_file(uri)
+    if path is not None and not path.exists():
+        return f"its database file {path} no longer exists (deleted or moved)"
+    if path is not None and not os.access(path, os.W_OK):
+        return f"its database file {path} is read-only"
+    if error is None:
+        return "it failed"
+    if urllib.parse.urlparse(uri).scheme in _SERVER_SCHEMES and _innermost(error, "requests") is not None:
+        return f"the server {_unanswered(_innermost(error, 'requests'))}"
+    driver = _innermost(error, "sqlite3") or _innermost(error, "psycopg") or _innermost(error, "pymysql")
+    said = first_line(driver or error)
+    said = re.sub(r"^\((\w+\.)*\w+\)\s*", "", said)  # SQLAlchemy's "(sqlite3.OperationalError) " prefix
+    if path is not None:
+        return next((meaning for text, meaning in _SQLITE_MEANINGS if text in said.lower()), said)
+    return said
+
+
+def _innermost(error: BaseException, module: str) -> BaseException | None:
+    """The innermost error in `error`'s chain (causes, contexts, SQLAlchemy's `orig`) raised by `module`'s code."""
+    found, seen = None, set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if type(error).__module__.split(".")[0] == module:
+            found = error
+        error = getattr(error, "orig", None) or error.__cause__ or error.__context__
+    return found
+
+
 def _store_failure(uri: str, error: BaseException) -> str:
     """One line for a failure of the store at `uri`: what it said, and the fix for that kind of store."""
     scheme = urllib.parse.urlparse(uri).scheme
@@ -311,7 +368,7 @@ def _store_failure(uri: str, error: BaseException) -> str:
     else:
         fix = ("check that the store runs, and the host, database and credentials in the URI; or pass another "
                "--tracking-uri")
-    return f"MLflow tracking store {redact(uri)} failed: {first_line(error)}; {fix}"
+    return f"MLflow tracking store {redact(uri)} failed: {describe_store_failure(uri, error)}; {fix}"
 
 
 @contextlib.contextmanager
@@ -342,8 +399,10 @@ def _reported(method):
 class RunStore:
     """One MLflow tracking store seen as gatelab's runs: find them, read them back, log a report beside them."""
 
-    def __init__(self, uri: str, runs_dir: Path = Path("runs")) -> None:
-        self.uri, self.runs_dir = uri, runs_dir
+    def __init__(self, uri: str, runs_dir: Path = Path("runs"), read_only: bool = False) -> None:
+        """`read_only`: only read (gatelab ui, table on a read-only store): no experiment is created or tagged and no
+        report logged."""
+        self.uri, self.runs_dir, self.read_only = uri, runs_dir, read_only
         with store_errors(uri):
             self.client = client(uri)
 
@@ -362,15 +421,22 @@ class RunStore:
 
     def ensure_landing_tags(self, experiment) -> None:
         """Add the landing tags an experiment lacks (one made before gatelab set them, or by someone else); a tag it
-        has, even changed from the UI (an updated saved view), is kept."""
+        has, even changed from the UI (an updated saved view), is kept. A read-only store is left as it is."""
+        if self.read_only:
+            return
         for key, value in landing_tags().items():
             if key not in experiment.tags:
                 self.client.set_experiment_tag(experiment.experiment_id, key, value)
 
-    @_reported
     def browsable_experiments(self) -> list[tuple[str, str]]:
         """(name, id) of every active experiment with runs, report experiments aside, oldest first; each gets its
-        landing tags."""
+        landing tags (unless the store is read-only)."""
+        return [(name, experiment_id) for name, experiment_id, _ in self.browsable_experiment_views()]
+
+    @_reported
+    def browsable_experiment_views(self) -> list[tuple[str, str, bool]]:
+        """browsable_experiments with whether each has gatelab's saved view of the runs table (always, unless the
+        store is read-only: then only where gatelab set it when it made the experiment)."""
         found = []
         for experiment in self.client.search_experiments(order_by=["creation_time ASC"]):
             if REPORTS_OF_TAG in experiment.tags:
@@ -378,7 +444,8 @@ class RunStore:
             if not self.client.search_runs([experiment.experiment_id], max_results=1):
                 continue  # MLflow's empty "Default", or an experiment whose first run has not started
             self.ensure_landing_tags(experiment)
-            found.append((experiment.name, experiment.experiment_id))
+            has_view = not self.read_only or SAVED_VIEW_TAG_PREFIX + KEY_METRICS_VIEW in experiment.tags
+            found.append((experiment.name, experiment.experiment_id, has_view))
         return found
 
     @_reported
@@ -481,10 +548,12 @@ class RunStore:
         self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
 
     @_reported
-    def log_report(self, experiment_name: str, paths: Iterable[Path]) -> str:
+    def log_report(self, experiment_name: str, paths: Iterable[Path]) -> str | None:
         """The files of a report as artifacts of one sweep-level run (tagged REPORT_TAG), so the report opens from the
         MLflow UI too. The run lives in the experiment reports_experiment(experiment_name), so the training runs'
-        table and charts hold training runs only. Returns that run's id."""
+        table and charts hold training runs only. Returns that run's id; None on a read-only store (nothing logged)."""
+        if self.read_only:
+            return None
         experiment = self.experiment_id(reports_experiment(experiment_name), {REPORTS_OF_TAG: experiment_name})
         found = self.client.search_runs([experiment], filter_string=f"tags.`{REPORT_TAG}` = 'true'", max_results=1)
         run_id = found[0].info.run_id if found else self.client.create_run(
@@ -680,7 +749,9 @@ class TrackedRun:
             kept = f"{unsent} metric points wait in {self.unsent_path} and are sent when you run the same command again"
         kind = "server" if urllib.parse.urlparse(self.uri).scheme in _SERVER_SCHEMES else "store"
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(outbox.failing_since or time.time()))
-        raise GatelabError(f"tracking {kind} {redact(self.uri)} unreachable since {since} ({outbox.last_error}): "
+        what = describe_store_failure(self.uri, outbox.last_failure) if outbox.last_failure else outbox.last_error
+        state = "unreachable" if kind == "server" else "failing"
+        raise GatelabError(f"tracking {kind} {redact(self.uri)} {state} since {since} ({what}): "
                            f"training reached step {outbox.last_step} and its checkpoint is kept; {kept}")
 
     def _outbox(self) -> MetricOutbox | None:

@@ -320,3 +320,46 @@ def test_finished_run_metrics_can_be_read_for_one_seed(tmp_path):
     store = tracking.RunStore(uri, tmp_path)
     assert sorted(m["time/eval_s"] for m in store.finished_run_metrics(("time/",))) == [1.0, 17.0]
     assert store.finished_run_metrics(("time/",), seed=1) == [{"time/eval_s": 17.0}]
+
+
+# --- a store that goes away mid-run ---------------------------------------------------------------------------------
+
+
+def test_a_sqlite_store_deleted_mid_run_is_named_in_plain_words(tmp_path):
+    unsent = tmp_path / "unsent-metrics.jsonl"
+    tracked = tracking.TrackedRun(sqlite_uri(tmp_path), tmp_path, "micro", "hash-1", unsent_path=unsent)
+    tracked.open(False, {}, run_name="baseline-s0")
+    tracked.log_metrics({"train/loss": 1.0}, 1)
+    tracked.flush(timeout_s=30)
+    (tmp_path / "mlflow.db").unlink()
+    tracked.log_metrics({"train/loss": 0.5}, 2)
+    with pytest.raises(GatelabError) as raised:
+        tracked.flush(timeout_s=3)
+    message = str(raised.value)
+    assert f"its database file {tmp_path / 'mlflow.db'} no longer exists (deleted or moved)" in message
+    assert f"1 metric points wait in {unsent}" in message
+    for internal in ("autoflush", "sqlite3.", "SQL:", "sqlalche.me", "OperationalError"):
+        assert internal not in message
+    with pytest.raises(GatelabError) as raised:
+        tracked.end("finished")
+    assert "no longer exists" in str(raised.value) and "autoflush" not in str(raised.value)
+    assert not (tmp_path / "mlflow.db").exists(), "nothing recreates an empty store in its place"
+
+
+def test_store_failures_are_said_without_the_orms_wrapping(tmp_path):
+    import sqlalchemy
+
+    database = tmp_path / "mlflow.db"
+    database.write_bytes(b"")
+    uri = sqlite_uri(tmp_path)
+    wrapped = sqlalchemy.exc.OperationalError("UPDATE tags ...", {}, sqlite3.OperationalError("database is locked"))
+    assert tracking.describe_store_failure(uri, wrapped) == "another process holds its lock"
+    database.chmod(0o444)
+    try:
+        assert tracking.describe_store_failure(uri, wrapped) == f"its database file {database} is read-only" \
+            or os.geteuid() == 0
+    finally:
+        database.chmod(0o644)
+    postgres = "postgresql://dave:pw@127.0.0.1/db"
+    refused = sqlalchemy.exc.OperationalError("SELECT 1", {}, RuntimeError("connection refused"))
+    assert tracking.describe_store_failure(postgres, refused) == "connection refused"

@@ -24,7 +24,7 @@ def make_claims(sweep_paths: Sequence[Path], out_dir: Path, formats: Sequence[st
     from gatelab.report.tables import collect_runs
     from gatelab.sweep.queue import ledger_states
     from gatelab.sweep.spec import expand, load_sweep
-    from gatelab.tracking import RunStore, default_tracking_uri
+    from gatelab.tracking import RunStore, default_tracking_uri, missing_local_store
 
     check_formats(formats)
     sweeps = {}
@@ -35,7 +35,11 @@ def make_claims(sweep_paths: Sequence[Path], out_dir: Path, formats: Sequence[st
         raise GatelabError(f"{claims_path}: no such claims file; run gatelab claims from the repository root (the "
                            "default is sweeps/claims/tiny.yaml there) or name one with --claims FILE")
     claims = load_claims(claims_path, sweeps)
-    store = RunStore(tracking_uri or default_tracking_uri(runs_dir), runs_dir)
+    uri = tracking_uri or default_tracking_uri(runs_dir, create=False)
+    missing = missing_local_store(uri)  # reading a missing store would create an empty one
+    if missing:
+        raise GatelabError(missing)
+    store = RunStore(uri, runs_dir, read_only=True)  # claims only read the runs
     records = {}
     for name, sweep in sweeps.items():
         specs = expand(sweep)

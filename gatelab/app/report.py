@@ -23,10 +23,14 @@ def make_report(sweep_path: Path, experiment: Path | None, formats: list[str], o
     from gatelab.report.tables import collect_runs
     from gatelab.sweep.queue import ledger_states
     from gatelab.sweep.spec import expand, load_sweep
-    from gatelab.tracking import RunStore, default_tracking_uri
+    from gatelab.tracking import RunStore, default_tracking_uri, missing_local_store, read_only_store
 
     check_formats(formats)  # a wrong format is an error before any download or plot
     sweep = load_sweep(sweep_path, experiment)
+    uri = tracking_uri or default_tracking_uri(runs_dir, create=False)
+    missing = missing_local_store(uri)  # reading a missing store would create an empty one
+    if missing:
+        raise GatelabError(missing)
     out = out_dir or Path(runs_dir) / REPORTS / sweep.name
     require_writable_folder(out, "--out" if out_dir else "--runs-dir")  # the default one too, before any run is read
     if "md" in check_formats(formats):
@@ -34,10 +38,16 @@ def make_report(sweep_path: Path, experiment: Path | None, formats: list[str], o
     command = command or " ".join(["gatelab table", shlex.quote(str(sweep_path)),
                                    *(["--out", shlex.quote(str(out_dir))] if out_dir else [])])
     specs = expand(sweep)
-    store = RunStore(tracking_uri or default_tracking_uri(runs_dir), runs_dir)
+    # The report is also logged to a sweep-level MLflow run, so that it opens from the UI beside the runs: only where
+    # the store may be written; a store made read-only (chmod -w, a shared copy) is read and left byte for byte.
+    read_only = read_only_store(uri)
+    store = RunStore(uri, runs_dir, read_only=read_only is not None)
     records = collect_runs(specs, store, sweep.name, ledger_states(storage, runs_dir, sweep.name, specs))
-    return write_report(sweep.name, sweep.paper, records, store, out, formats, command,
-                        specs[0].experiment.data.seq_len, log=log)
+    written = write_report(sweep.name, sweep.paper, records, store, out, formats, command,
+                           specs[0].experiment.data.seq_len, log=log)
+    if read_only:
+        log(f"not logged to MLflow: {read_only}, so the report is only in {out}")
+    return written
 
 
 def table(sweep_path: Path, experiment: Path | None, formats: str, out_dir: Path | None, tracking_uri: str | None,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import os
 import shutil
 import signal
@@ -33,7 +34,9 @@ from pathlib import Path
 
 from gatelab.errors import GatelabError, redact
 from gatelab.host import has_proc, live_pids, process_stat
-from gatelab.tracking import KEY_METRICS_VIEW, RunStore, missing_local_store
+from gatelab.tracking import KEY_METRICS_VIEW, RunStore, check_store, missing_local_store
+
+SERVER_SCHEMES = ("http", "https")  # a tracking URI of these is an `mlflow server`, which serves its own UI
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
@@ -77,9 +80,12 @@ def _local_address(host: str, port: int) -> str:
     return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
 
 
-def runs_page(address: str, experiment_id: str) -> str:
-    """The runs table of one experiment in gatelab's saved view (its tag is set by RunStore.experiment_id)."""
-    query = f"{urllib.parse.urlencode(TRAINING_WORKFLOW)}&{SAVED_VIEW_PARAMETER}={urllib.parse.quote(KEY_METRICS_VIEW)}"
+def runs_page(address: str, experiment_id: str, saved_view: bool = True) -> str:
+    """The runs table of one experiment, in gatelab's saved view where the experiment has it (its tag is set by
+    RunStore.experiment_id when gatelab makes the experiment)."""
+    query = urllib.parse.urlencode(TRAINING_WORKFLOW)
+    if saved_view:
+        query += f"&{SAVED_VIEW_PARAMETER}={urllib.parse.quote(KEY_METRICS_VIEW)}"
     return f"{address}#/experiments/{urllib.parse.quote(experiment_id)}/runs?{query}"
 
 
@@ -89,12 +95,12 @@ def experiments_page(address: str) -> str:
 
 def landing_pages(tracking_uri: str, address: str, sweep_name: str | None = None) -> tuple[str, list[tuple[str, str]]]:
     """(the page to open, [(experiment, its runs page)] for every experiment with runs). The page is the sweep's runs
-    table where `sweep_name` is given and has runs, else the only experiment's, else the experiments list. A SQLite
-    store that does not exist yet is left to the server to create."""
+    table where `sweep_name` is given and has runs, else the only experiment's, else the experiments list. The store
+    is only read: a SQLite store that does not exist is not created, no experiment is tagged."""
     if missing_local_store(tracking_uri):
         return experiments_page(address), []
-    pages = [(name, runs_page(address, experiment_id))
-             for name, experiment_id in RunStore(tracking_uri).browsable_experiments()]
+    pages = [(name, runs_page(address, experiment_id, has_view)) for name, experiment_id, has_view
+             in RunStore(tracking_uri, read_only=True).browsable_experiment_views()]
     if sweep_name is not None:
         return next((page for name, page in pages if name == sweep_name), experiments_page(address)), pages
     return (pages[0][1] if len(pages) == 1 else experiments_page(address)), pages
@@ -197,34 +203,38 @@ def serve_ui(tracking_uri: str, host: str = "127.0.0.1", port: int = 5000, artif
 
     Prints the page to open once the server answers (landing_pages: the sweep `sweep_name`'s runs, or the only
     experiment's, or the experiments list), and each experiment's runs page where there are several. With
-    `screenshot`, writes a PNG of that page (headless Chromium) and stops. Raises GatelabError when the port is taken,
-    when the server exits or does not answer within START_TIMEOUT_S, or when the screenshot fails. `artifacts_dir` is
-    where artifacts of experiments created from the UI go (gatelab's own experiments record their artifact location
-    already). The server's own lines (uvicorn's access log, its libraries' warnings) go to a log file, named in any
-    error, and are removed after a clean stop; `verbose` shows them instead."""
+    `screenshot`, writes a PNG of that page (headless Chromium) and stops. An http(s) store is an `mlflow server`,
+    which serves the UI itself: its pages are printed (`show_server_ui`), nothing is started. Raises GatelabError when
+    the store does not exist (it is only read, never created), when the port is taken, when the server exits or does
+    not answer within START_TIMEOUT_S, or when the screenshot fails. `artifacts_dir` is where artifacts of
+    experiments created from the UI go. The server's own lines (uvicorn's access log, its libraries' warnings) go,
+    redacted, to a log file named in any error and removed after a clean stop; `verbose` shows them instead."""
+    chromium = _screenshot_tool(screenshot)
+    if urllib.parse.urlparse(tracking_uri).scheme in SERVER_SCHEMES:
+        show_server_ui(tracking_uri, sweep_name, screenshot, chromium)
+        return
     if _port_taken(host, port):
         raise GatelabError(f"port {port} on {host} is already in use: stop what listens there or pass --port "
                            f"{find_free_port(host)}")
-    chromium = find_chromium() if screenshot is not None else None
-    if screenshot is not None and not Path(screenshot).resolve().parent.is_dir():
-        raise GatelabError(f"--screenshot {screenshot}: its folder {Path(screenshot).resolve().parent} does not "
-                           "exist; create it or name a file in an existing folder")
+    missing = missing_local_store(tracking_uri)
+    if missing:
+        raise GatelabError(missing)
     address = _local_address(host, port)
     page, pages = landing_pages(tracking_uri, address, sweep_name)
-    command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", tracking_uri, "--host", host,
-               "--port", str(port), "--workers", str(workers)]
+    command = [sys.executable, "-m", "mlflow", "ui", "--host", host, "--port", str(port), "--workers", str(workers)]
     if artifacts_dir is not None:
         command += ["--artifacts-destination", Path(artifacts_dir).resolve().as_uri()]
+    # The store's URI goes in the environment, not the command line, which `ps` shows to every user. MLflow 3's
+    # server also runs a GenAI job runner (huey consumers, a store in /dev/shm that outlives a kill); gatelab's runs
+    # need none of it, so it is off unless the environment turns it on.
+    env = {**os.environ, "MLFLOW_BACKEND_STORE_URI": tracking_uri, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION":
+           os.environ.get("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")}
     stop = threading.Event()
     with _stopping_on_signals(stop):
-        server_log, output = _server_output(verbose)
-        # MLflow 3's server also runs a GenAI job runner (huey consumers, a store in /dev/shm that outlives a kill);
-        # gatelab's runs need none of it, so it is off unless the environment turns it on.
-        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": os.environ.get(
-            "MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")}
-        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=output, stderr=output, env=env,
-                                   start_new_session=True)
-        where = f"its log: {server_log.name}" if server_log else "its messages are above"
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        server_log, copier = _server_output(process, verbose)
+        where = f"its log: {server_log}" if server_log else "its messages are above"
         clean = False
         try:
             _wait_until_up(process, address, stop, where)
@@ -241,10 +251,44 @@ def serve_ui(tracking_uri: str, host: str = "127.0.0.1", port: int = 5000, artif
             clean = True
         finally:
             _stop_group(process)
-            if server_log is not None:
-                server_log.close()
-                if clean:
-                    Path(server_log.name).unlink(missing_ok=True)
+            copier.join(timeout=5)
+            if server_log is not None and clean:
+                server_log.unlink(missing_ok=True)
+
+
+def _screenshot_tool(screenshot: Path | None) -> str | None:
+    """Chromium's path where a screenshot is asked for (None where not), its folder checked: before anything starts."""
+    if screenshot is None:
+        return None
+    chromium = find_chromium()
+    if not Path(screenshot).resolve().parent.is_dir():
+        raise GatelabError(f"--screenshot {screenshot}: its folder {Path(screenshot).resolve().parent} does not "
+                           "exist; create it or name a file in an existing folder")
+    return chromium
+
+
+def server_address(tracking_uri: str) -> str:
+    """An `mlflow server`'s own address, the one a browser opens: the URI without its user and password."""
+    parts = urllib.parse.urlsplit(tracking_uri)
+    host = parts.hostname or ""
+    netloc = (f"[{host}]" if ":" in host else host) + (f":{parts.port}" if parts.port else "")
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path.rstrip("/") + "/", "", ""))
+
+
+def show_server_ui(tracking_uri: str, sweep_name: str | None = None, screenshot: Path | None = None,
+                   chromium: str | None = None) -> None:
+    """An http(s) tracking store is an `mlflow server`, which already serves the UI: check that it answers, then print
+    its pages as `serve_ui` does for a local store (without the URI's credentials: the browser asks for them), and
+    take the screenshot if asked. Starts nothing and writes nothing to the server."""
+    check_store(tracking_uri)
+    address = server_address(tracking_uri)
+    page, pages = landing_pages(tracking_uri, address, sweep_name)
+    print(f"MLflow UI of the tracking server {redact(tracking_uri)}: {page}  (served by that server; gatelab starts "
+          "none)", flush=True)
+    _say_where_the_runs_are(page, pages, sweep_name, tracking_uri)
+    if screenshot is not None:
+        take_screenshot(page, screenshot, chromium)
+        print(f"wrote {screenshot}", flush=True)
 
 
 @contextlib.contextmanager
@@ -264,16 +308,30 @@ def _stopping_on_signals(stop: threading.Event) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def _server_output(verbose: bool):
-    """Where the server's own lines go: stderr with `verbose` (stdout says only where the UI is), else a log file of
-    their own. Returns (the log file or None, what the server's stdout and stderr are)."""
+def _server_output(process: subprocess.Popen, verbose: bool) -> tuple[Path | None, threading.Thread]:
+    """Copy the server's lines, each redacted (a database URI's password shows up in its errors), to stderr with
+    `verbose` (stdout says only where the UI is), else to a log file of their own. Returns (that file or None, the
+    copying thread, which ends when the server's output does)."""
     if verbose:
+        sink, server_log = sys.stderr, None
+    else:
+        sink = tempfile.NamedTemporaryFile("w", prefix="gatelab-mlflow-ui-", suffix=".log", delete=False)
+        server_log = Path(sink.name)
+
+    def copy() -> None:
         try:
-            return None, sys.stderr.fileno()
-        except (AttributeError, OSError, ValueError):
-            return None, None
-    server_log = tempfile.NamedTemporaryFile("w", prefix="gatelab-mlflow-ui-", suffix=".log", delete=False)
-    return server_log, server_log
+            for line in io.TextIOWrapper(process.stdout, errors="replace"):
+                sink.write(redact(line))
+                sink.flush()
+        except (OSError, ValueError):  # the terminal or the log went away: the server's lines are not needed
+            pass
+        finally:
+            if sink is not sys.stderr:
+                sink.close()
+
+    copier = threading.Thread(target=copy, name="mlflow-ui-log", daemon=True)
+    copier.start()
+    return server_log, copier
 
 
 def _serve_until_stopped(process: subprocess.Popen, stop: threading.Event, where: str) -> None:

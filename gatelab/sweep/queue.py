@@ -556,6 +556,10 @@ def _use_failure(storage: str, error: BaseException) -> str:
             "ledger holds is kept, and an interrupted run is taken over from its checkpoint)")
 
 
+class NoLedgerYet(GatelabError):
+    """A read-only look at a sweep whose study the storage does not hold: nothing has run yet."""
+
+
 class SweepLedger:
     """The Optuna study of one sweep, seen as a queue of RunSpecs keyed by their content hash. A `read_only` ledger
     (`gatelab sweep status`, tables) only reads: it must exist already, and nothing is written to its storage."""
@@ -574,7 +578,7 @@ class SweepLedger:
             return optuna.load_study(study_name=sweep_name, storage=storage)
         except KeyError:
             if self.read_only:
-                raise GatelabError(f"sweep {sweep_name} has no ledger in {redact(self.storage_uri)}: nothing has "
+                raise NoLedgerYet(f"sweep {sweep_name} has no ledger in {redact(self.storage_uri)}: nothing has "
                                    "run yet (pass --storage or --runs-dir if it lives elsewhere)") from None
         return optuna.create_study(study_name=sweep_name, storage=storage, load_if_exists=True, direction="minimize")
 
@@ -810,9 +814,13 @@ def ledger_exists(storage: str, sweep_name: str, tracking_uris: Collection[str] 
 def ledger_states(storage: str | None, runs_dir: Path, sweep_name: str, specs: Sequence) -> list[RunState]:
     """The ledger's view of each spec, read only: where no ledger exists yet none is made, and nothing is written."""
     storage = storage or default_storage(runs_dir, sweep_name)
+    not_started = [RunState(spec.hash, spec.index, spec.label(), "not started", 0) for spec in specs]
     if not ledger_exists(storage, sweep_name):
-        return [RunState(spec.hash, spec.index, spec.label(), "not started", 0) for spec in specs]
-    return SweepLedger(storage, sweep_name, read_only=True).states(specs)
+        return not_started
+    try:
+        return SweepLedger(storage, sweep_name, read_only=True).states(specs)
+    except NoLedgerYet:  # a ledger file shared with other sweeps that holds no study of this one yet
+        return not_started
 
 
 def open_ledger(sweep, specs, storage: str | None, tracking_uri: str | None, runs_dir: Path,

@@ -15,11 +15,12 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from gatelab.errors import redact
+from gatelab.errors import GatelabError, redact
 from gatelab.sweep.queue import open_storage, set_trial_state, tracking_stores
 from gatelab.sweep.spec import with_values
 from gatelab.tracking import STATUS_TAG
 
+MAX_INVALID_TRIALS = 20  # suggestions that are no valid run, in one cell, before the search stops with an error
 PRUNERS = {
     "none": lambda: optuna.pruners.NopPruner(),
     "median": lambda: optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0),
@@ -48,6 +49,19 @@ def pruning_callback(trial: optuna.Trial, monitor: str = "val/loss"):
     return PruneRun(trial, monitor=monitor)
 
 
+def _final_value(result, metric: str, tracking_uri: str | None, experiment, runs_dir: Path) -> float:
+    """The run's last value of `metric`: from its evaluation's result, else as MLflow recorded it (`val/loss`,
+    logged during training); +inf where the run has none."""
+    if metric in result.metrics:
+        return result.metrics[metric]
+    from gatelab import tracking
+
+    uri = tracking.run_tracking_uri(tracking_uri, experiment, runs_dir)
+    with tracking.store_errors(uri):
+        recorded = tracking.client(uri).get_run(result.run_id).data.metrics
+    return recorded.get(metric, math.inf)
+
+
 def run_search(sweep, specs, storage: str, tracking_uri: str | None, runs_dir: Path, log=print) -> dict[str, dict]:
     """Run (or finish) the search of every cell; returns each cell's best parameters and value."""
     from gatelab.train.run import run
@@ -64,9 +78,22 @@ def run_search(sweep, specs, storage: str, tracking_uri: str | None, runs_dir: P
         for stale in study.get_trials(states=(TrialState.RUNNING,)):  # left by a killed search: start it again
             set_trial_state(study, stale, TrialState.FAIL)
         counted = (TrialState.COMPLETE, TrialState.PRUNED)
+        invalid_trials = 0
         while len(study.get_trials(states=counted)) < search.n_trials:
             trial = study.ask()
-            experiment = with_values(spec, search.suggest(trial)).experiment
+            try:
+                experiment = with_values(spec, search.suggest(trial)).experiment
+            except GatelabError as invalid:  # a combination of values the load-time checks could not foresee
+                log(f"cell {spec.index} trial {trial.number}: {trial.params} is no valid run, failed without "
+                    f"training: {redact(str(invalid))}")
+                trial.set_user_attr("gatelab.error", redact(str(invalid))[-2000:])
+                study.tell(trial, state=TrialState.FAIL)
+                invalid_trials += 1
+                if invalid_trials >= MAX_INVALID_TRIALS:  # the sampler keeps proposing them: stop, do not spin
+                    raise GatelabError(f"sweep {sweep.name}, cell {spec.index}: {invalid_trials} suggested trials were "
+                                       f"no valid run (the last: {redact(str(invalid))}); narrow search.params so "
+                                       "that every combination is valid") from None
+                continue
             log(f"cell {spec.index} ({spec.label()}) trial {trial.number}: {trial.params}")
             pruning = pruning_callback(trial)
             tags = {"optuna.study": study.study_name, "optuna.trial": str(trial.number), "gatelab.search_cell": spec.hash}
@@ -82,7 +109,8 @@ def run_search(sweep, specs, storage: str, tracking_uri: str | None, runs_dir: P
             if result.status == "pruned":
                 study.tell(trial, state=TrialState.PRUNED)
             else:
-                value = result.metrics.get(search.metric, math.inf) if result.status == "finished" else math.inf
+                value = _final_value(result, search.metric, tracking_uri, experiment, runs_dir) \
+                    if result.status == "finished" else math.inf
                 study.tell(trial, value if math.isfinite(value) else math.inf)
         finished = [t for t in study.get_trials(states=(TrialState.COMPLETE,)) if math.isfinite(t.value)]
         if finished:

@@ -14,6 +14,7 @@ error message, the plan and the ledger.
 
 from __future__ import annotations
 
+import ast
 import copy
 import difflib
 import itertools
@@ -21,6 +22,8 @@ import json
 import math
 import os
 import re
+import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -35,6 +38,9 @@ from gatelab.paper import SWEEP_TABLES
 
 PaperTable = Literal[tuple(SWEEP_TABLES)]  # the paper registry's keys, so a sweep can name only what a report can read
 MAX_LISTED_LINES = 20  # an error listing longer than this ends in "and N more"
+MAX_COMBINATIONS = 4096  # searched values checked together; beyond, the corners of the space (each range's ends)
+MAX_CHECKED_INTS = 1024  # an int search range wider than this is checked at this many values, its ends included
+PROGRESS_AFTER_S = 5.0  # loading or planning a sweep that takes longer says how far it is, every PROGRESS_AFTER_S
 _RESERVED = {"name": "the run's name is the sweep's name; rename the sweep instead"}
 
 
@@ -73,13 +79,20 @@ class SearchParam(StrictModel):
             raise ValueError(f"an int parameter needs whole low and high, got {self.low:g} and {self.high:g}")
         return self
 
-    def extremes(self) -> list[Any]:
-        """The values checked against every cell before a search starts: both ends of a range, or every choice."""
+    def checked_values(self) -> list[Any]:
+        """The values checked against every cell before a search starts: every choice, every value of an int range
+        (a cross-field rule such as n_heads divisible by n_kv_heads fails inside a range, not only at its ends; up to
+        MAX_CHECKED_INTS, beyond which its ends and MAX_CHECKED_INTS values spread over it), a float range's ends. A
+        trial whose suggestion is still invalid is failed without training (gatelab.sweep.search)."""
         if self.type == "categorical":
             return list(self.choices or [])
-        if self.type == "int":
-            return [int(self.low), int(self.high)]
-        return [self.low, self.high]
+        low, high = int(self.low), int(self.high)
+        if self.type == "float":
+            return [self.low, self.high]
+        if high - low < MAX_CHECKED_INTS:
+            return list(range(low, high + 1))
+        step = (high - low) / (MAX_CHECKED_INTS - 1)
+        return sorted({low + round(step * i) for i in range(MAX_CHECKED_INTS)} | {high})
 
     def suggest(self, trial: Any, name: str) -> Any:
         """Ask an Optuna trial for a value of this parameter."""
@@ -213,7 +226,7 @@ class Sweep:
 
 
 def search_space(sweep: Sweep) -> SearchSpace | None:
-    """The sweep's Optuna search block, already checked against every cell (both ends of each range)."""
+    """The sweep's Optuna search block, already checked against every cell (`SearchParam.checked_values`)."""
     return sweep.file.search
 
 
@@ -267,28 +280,41 @@ def load_sweep(path: str | Path, experiment_override: str | Path | None = None) 
     except GatelabError as exc:
         raise GatelabError(f"{source}: experiment: {exc}") from None
 
-    resolved: list[tuple[int, dict[str, Any], ExperimentConfig]] = []
+    resolved: list[tuple[int, dict[str, Any], ExperimentConfig, str]] = []
     cell_problems: list[tuple[int, dict[str, Any], str]] = []
+    check, progress = _CellChecker(sweep_file), Progress(f"checking {source}", len(cells))
     for index, cell in enumerate(cells):
-        experiment, found = _resolve_cell(base, sweep_file, cell)
+        progress(index)
+        experiment, found = _resolve_cell(base, sweep_file, cell, check)
         if found:
             cell_problems += [(index, cell, problem) for problem in found]
-        else:
-            resolved.append((index, _canonical(cell, experiment), experiment))
+        elif not cell_problems:  # once one cell is bad nothing runs: the others are only checked
+            resolved.append((index, _canonical(cell, experiment), experiment, spec_hash(experiment)))
     if cell_problems:
         raise GatelabError(_cell_report(source, cell_problems, len(cells)))
+    if sweep_file.search is not None:
+        distinct = {experiment.data.model_dump_json(): experiment for _, _, experiment, _ in resolved}
+        problem = _search_metric_problem(sweep_file.search, list(distinct.values()))
+        if problem:
+            raise GatelabError(f"{source}: {problem}; nothing was run")
 
+    runs, duplicates = _runs_once(sweep_file.name, resolved)
+    return Sweep(path, sweep_file.name, experiment_path, sweep_file, runs, duplicates)
+
+
+def _runs_once(sweep_name: str, resolved: list[tuple[int, dict[str, Any], ExperimentConfig, str]],
+               ) -> tuple[tuple[RunSpec, ...], tuple[Duplicate, ...]]:
+    """The cells as runs, each config once: a cell of the same spec hash as an earlier one is a Duplicate."""
     runs: list[RunSpec] = []
     duplicates: list[Duplicate] = []
     first_of: dict[str, int] = {}
-    for index, cell, experiment in resolved:
-        digest = spec_hash(experiment)
+    for index, cell, experiment, digest in resolved:
         if digest in first_of:
             duplicates.append(Duplicate(index, cell, first_of[digest]))
             continue
         first_of[digest] = index
-        runs.append(RunSpec(sweep_file.name, index, cell, experiment, digest))
-    return Sweep(path, sweep_file.name, experiment_path, sweep_file, tuple(runs), tuple(duplicates))
+        runs.append(RunSpec(sweep_name, index, cell, experiment, digest))
+    return tuple(runs), tuple(duplicates)
 
 
 def _dotted_problem(where: str, key: str) -> str | None:
@@ -391,24 +417,52 @@ def _cells(sweep_file: SweepFile, problems: list[str]) -> list[dict[str, Any]]:
     return cells
 
 
-def _resolve_cell(base: dict[str, Any], sweep_file: SweepFile,
-                  cell: dict[str, Any]) -> tuple[ExperimentConfig | None, list[str]]:
-    """(the resolved experiment, []) or (None, the cell's problems, each naming its key)."""
-    from gatelab.model.params import resolve_model  # torch: imported only once a sweep is being resolved
-    from gatelab.variants import variant_ids
+class Progress:
+    """'<what>: N of M <unit>' on stderr once the command has said nothing for PROGRESS_AFTER_S, and again every
+    PROGRESS_AFTER_S: the clock is shared by every Progress of the process, so a command of several phases (check the
+    cells, price the runs) that each take less still speaks. stdout stays the command's output (`--json`)."""
 
-    tree = copy.deepcopy(base)
-    for key, value in sweep_file.overrides.items():
-        set_dotted(tree, key, copy.deepcopy(value))  # paths checked in _structure_problems
-    problems = []
-    for key, value in cell.items():
-        try:
-            set_dotted(tree, key, copy.deepcopy(value))
-        except GatelabError as exc:
-            problems.append(str(exc))  # reported with whatever else is wrong with the cell
-    tree["name"] = sweep_file.name
+    _last_word: float | None = None
 
-    def check(tree: dict[str, Any], model_too: bool = True) -> tuple[ExperimentConfig | None, list[str]]:
+    def __init__(self, what: str, total: int, unit: str = "cells") -> None:
+        self.what, self.total, self.unit = what, total, unit
+        now = time.monotonic()
+        # A phase starting long after the last one (a worker reloading its sweep an hour later) is new work: its
+        # clock starts now, rather than saying "0 of N" at once.
+        if Progress._last_word is None or now - Progress._last_word > 12 * PROGRESS_AFTER_S:
+            Progress._last_word = now
+
+    def __call__(self, done: int) -> None:
+        now = time.monotonic()
+        if now - (Progress._last_word or now) >= PROGRESS_AFTER_S:
+            print(f"{self.what}: {done} of {self.total} {self.unit}", file=sys.stderr, flush=True)
+            Progress._last_word = now
+
+
+class _CellChecker:
+    """Checks resolved config trees as a run would be set up, with one answer per distinct tree: a search's values
+    are checked against every cell, and cells that differ only in their seed share every answer."""
+
+    def __init__(self, sweep_file: SweepFile) -> None:
+        self.sweep_file = sweep_file
+        self._answers: dict[str, tuple[ExperimentConfig | None, list[str]]] = {}
+
+    def __call__(self, tree: dict[str, Any], model_too: bool = True) -> tuple[ExperimentConfig | None, list[str]]:
+        seed = tree.get("seed")
+        plain_seed = type(seed) is int  # any int is a valid seed; anything else is checked as part of the tree
+        key = json.dumps({**tree, "seed": None if plain_seed else seed}, sort_keys=True, default=str) + str(model_too)
+        if key not in self._answers:
+            self._answers[key] = self._check(tree, model_too)
+            return self._answers[key]
+        experiment, found = self._answers[key]
+        if experiment is not None and plain_seed and experiment.seed != seed:
+            experiment = experiment.model_copy(update={"seed": seed})
+        return experiment, found
+
+    def _check(self, tree: dict[str, Any], model_too: bool) -> tuple[ExperimentConfig | None, list[str]]:
+        from gatelab.model.params import resolve_model  # torch: imported only once a sweep is being resolved
+        from gatelab.variants import variant_ids
+
         found = []
         if isinstance(tree.get("variant"), str):
             try:
@@ -426,7 +480,7 @@ def _resolve_cell(base: dict[str, Any], sweep_file: SweepFile,
         if experiment.train.num_nodes > 1:
             found.append(f"train.num_nodes: {experiment.train.num_nodes} cannot run inside a sweep worker, which trains "
                          "on one machine; use 1, or start `gatelab train` on every node under srun or torchrun")
-        if sweep_file.search is not None and experiment.train.devices not in (1, "auto"):
+        if self.sweep_file.search is not None and experiment.train.devices not in (1, "auto"):
             found.append(f"train.devices: {experiment.train.devices} with a search: block is not supported (a pruned "
                          "trial cannot stop every DDP rank); use 1 device per trial and more workers")
         if found:
@@ -438,17 +492,168 @@ def _resolve_cell(base: dict[str, Any], sweep_file: SweepFile,
                 return None, [str(exc)]
         return experiment, []
 
+
+def _resolve_cell(base: dict[str, Any], sweep_file: SweepFile, cell: dict[str, Any],
+                  check: _CellChecker) -> tuple[ExperimentConfig | None, list[str]]:
+    """(the resolved experiment, []) or (None, the cell's problems, each naming its key)."""
+    tree = copy.deepcopy(base)
+    for key, value in sweep_file.overrides.items():
+        set_dotted(tree, key, copy.deepcopy(value))  # paths checked in _structure_problems
+    problems = []
+    for key, value in cell.items():
+        try:
+            set_dotted(tree, key, copy.deepcopy(value))
+        except GatelabError as exc:
+            problems.append(str(exc))  # reported with whatever else is wrong with the cell
+    tree["name"] = sweep_file.name
     experiment, found = check(tree)
     problems += found
     if problems or sweep_file.search is None:
         return (None if problems else experiment), problems
     for key, param in sweep_file.search.params.items():
-        for value in param.extremes():
-            trial_tree = copy.deepcopy(tree)
-            set_dotted(trial_tree, key, value)
-            _, found = check(trial_tree, model_too=key.startswith("model.") or key == "variant")
-            problems += [f"search.params.{key} = {format_value(value)}: {p}" for p in found]
+        problems += _search_problems(tree, key, param, check)
+    if not problems:
+        problems += _combination_problems(tree, sweep_file.search, check)
     return (None if problems else experiment), problems
+
+
+def _combination_problems(tree: dict[str, Any], search: SearchSpace, check: _CellChecker) -> list[str]:
+    """Where each searched value is valid alone, their combinations (up to MAX_COMBINATIONS of them: a range's ends,
+    every choice) must be too: `train.lr` and `train.min_lr` each in range can still put min_lr above lr."""
+    if len(search.params) < 2:
+        return []
+    values = [param.checked_values() for param in search.params.values()]
+    if math.prod(len(v) for v in values) > MAX_COMBINATIONS:
+        values = [[v[0], v[-1]] for v in values]  # the corners of the space
+    for combination in itertools.product(*values):
+        trial_tree = copy.deepcopy(tree)
+        for key, value in zip(search.params, combination):
+            set_dotted(trial_tree, key, value)
+        _, found = check(trial_tree)
+        if found:
+            together = format_cell(dict(zip(search.params, combination)))
+            return [f"search.params: together, {together} make an invalid run ({found[0]}); narrow the ranges so "
+                    "that every combination is a valid run"]
+    return []
+
+
+def _search_problems(tree: dict[str, Any], key: str, param: SearchParam, check: _CellChecker) -> list[str]:
+    """What is wrong with the run of `tree` at each value `param` may take (`SearchParam.checked_values`), as one line
+    naming the key, the bad values and the fix: for an int range, the valid values as categorical choices."""
+    bad: dict[Any, str] = {}
+    good: list[Any] = []
+    model_too = key.startswith("model.") or key == "variant"
+    values = param.checked_values()
+    for value in values:
+        trial_tree = copy.deepcopy(tree)
+        set_dotted(trial_tree, key, value)
+        _, found = check(trial_tree, model_too=model_too)
+        if found:
+            bad[value] = found[0]
+        else:
+            good.append(value)
+    if not bad:
+        return []
+    first, why = next(iter(bad.items()))
+    if param.type == "float":
+        return [f"search.params.{key} = {format_value(value)}: {problem}; narrow low and high to values that are "
+                "valid" for value, problem in bad.items()]
+    listed = ", ".join(format_value(value) for value in list(bad)[:12]) + (
+        f" and {len(bad) - 12} more" if len(bad) > 12 else "")
+    span = f"of {int(param.low)}..{int(param.high)} " if param.type == "int" else "of its choices "
+    if not good:
+        fix = "no value is valid for this cell: change the range or the cell"
+    elif param.type == "int" and good == list(range(good[0], good[-1] + 1)):
+        fix = f"narrow the range to low: {good[0]}, high: {good[-1]}"
+    elif param.type == "int":
+        fix = (f"search the valid ones only: {{type: categorical, choices: "
+               f"[{', '.join(format_value(value) for value in good[:40])}{', ...' if len(good) > 40 else ''}]}}")
+    else:
+        fix = "drop them from choices"
+    return [f"search.params.{key}: {listed} {span}make an invalid run (at {format_value(first)}: {why}); {fix}"]
+
+
+# --- the metrics a run logs, for a search's `metric` ----------------------------------------------------------------
+
+METRIC_PACKAGES = ("gatelab.train", "gatelab.eval")  # the code that computes and logs a run's metrics
+_METRIC_SHAPE = re.compile(r"[a-z][a-z0-9_]*(/[A-Za-z0-9_.{}]+)+")
+_NOT_A_METRIC = re.compile(r"\.(ya?ml|json|jsonl|npy|png|csv|md|txt|html|ckpt|pt)$")
+
+
+def logged_metric_names(experiment: ExperimentConfig) -> tuple[set[str], list[re.Pattern]]:
+    """(the metric names a run of `experiment` logs, patterns for the ones named at run time), read from the code that
+    logs them, not kept by hand: every metric-shaped string in gatelab.train and gatelab.eval (`val/loss`,
+    `blimp/accuracy`), each f-string among them as a pattern (`probe/{k}`, with module-level constants filled in:
+    `{PREFIX}/{task}/{name}` is lm_eval's), except `ppl/{domain}`, whose names come from the evaluation's own
+    function over the experiment's domains (`ppl/<domain>` and the `ppl/avg` it adds)."""
+    import importlib
+    import pkgutil
+
+    import torch
+
+    from gatelab.config import DataConfig
+    from gatelab.eval.metrics import perplexities_by_domain
+
+    names: set[str] = set()
+    patterns: list[re.Pattern] = []
+    for package_name in METRIC_PACKAGES:
+        package = importlib.import_module(package_name)
+        for info in pkgutil.iter_modules(package.__path__):
+            source = Path(package.__path__[0]) / f"{info.name}.py"
+            if not source.is_file():
+                continue
+            constants: dict[str, str] = {}
+            for node in ast.walk(ast.parse(source.read_text())):
+                if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) \
+                        and isinstance(node.value.value, str):
+                    constants.update({target.id: node.value.value for target in node.targets
+                                      if isinstance(target, ast.Name)})
+            for node in ast.walk(ast.parse(source.read_text())):
+                text = _metric_text(node, constants)
+                if text is None or not _METRIC_SHAPE.fullmatch(text) or _NOT_A_METRIC.search(text):
+                    continue
+                if "{" not in text:
+                    names.add(text)
+                elif not text.startswith("ppl/{"):
+                    pattern = "".join(re.escape(part) if i % 2 == 0 else "[A-Za-z0-9_.-]+"
+                                      for i, part in enumerate(re.split(r"\{|\}", text)))
+                    patterns.append(re.compile(pattern))
+    domains = experiment.data.domains or DataConfig.model_fields["domains"].default or []
+    one = (torch.ones(1), torch.ones(1))
+    by_domain = perplexities_by_domain({domain: one for domain in domains} or {"": one})
+    names |= {f"ppl/{key}" for key in by_domain if key}
+    return names, patterns
+
+
+def _metric_text(node: Any, constants: dict[str, str]) -> str | None:
+    """A string constant as written, an f-string with each placeholder as `{}` (a module constant filled in)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if not isinstance(node, ast.JoinedStr):
+        return None
+    parts = []
+    for value in node.values:
+        if isinstance(value, ast.Constant):
+            parts.append(str(value.value))
+        elif isinstance(value.value, ast.Name) and value.value.id in constants:
+            parts.append(constants[value.value.id])
+        else:
+            parts.append("{}")
+    return "".join(parts)
+
+
+def _search_metric_problem(search: SearchSpace, experiments: list[ExperimentConfig]) -> str | None:
+    """None where every cell's runs log the search's metric; else one line naming it, a did-you-mean and the names."""
+    for experiment in experiments:
+        names, patterns = logged_metric_names(experiment)
+        if search.metric in names or any(pattern.fullmatch(search.metric) for pattern in patterns):
+            continue
+        close = difflib.get_close_matches(search.metric, sorted(names), n=1, cutoff=0.6)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        common = [name for name in ("ppl/avg", "val/loss", "blimp/accuracy") if name in names]
+        return (f"search.metric: '{search.metric}' is not a metric a run logs, so there would be nothing to "
+                f"{search.direction}; {hint}(e.g. {', '.join(common)}; the runs' metrics are listed in the MLflow UI)")
+    return None
 
 
 def _canonical(cell: dict[str, Any], experiment: ExperimentConfig) -> dict[str, Any]:

@@ -65,7 +65,7 @@ class _Store:
 
     logged: list[Path] = []
 
-    def __init__(self, *args) -> None:
+    def __init__(self, *args, **kwargs) -> None:
         pass
 
     def metric_history(self, run_id, name):
@@ -83,6 +83,7 @@ class _Store:
 def fake_store(monkeypatch):
     def use(records: list[RunRecord]) -> None:
         monkeypatch.setattr(tracking, "RunStore", _Store)  # where gatelab.app.report looks them up, as it runs
+        monkeypatch.setattr(tracking, "missing_local_store", lambda uri: None)  # the stand-in store is there
         monkeypatch.setattr(tables, "collect_runs", lambda *args, **kwargs: records)
     return use
 

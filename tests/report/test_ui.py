@@ -16,8 +16,11 @@ from pathlib import Path
 import pytest
 
 from gatelab.errors import GatelabError
+from gatelab.errors import redact
+from gatelab.report import ui
 from gatelab.report.ui import find_free_port, serve_ui
-from tests.helpers import REPO
+from gatelab.tracking import RunStore
+from tests.helpers import REPO, MlflowServer, gatelab_cli
 
 
 def _processes() -> dict[int, tuple[int, str, str]]:
@@ -63,7 +66,8 @@ def test_gatelab_ui_answers_then_stops_on_ctrl_c_leaving_nothing(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
            "TMPDIR": str(tmp_path)}  # where the server's own log goes while it runs
     log = (tmp_path / "server.log").open("w")
-    # The command a user types: `gatelab ui` over a tracking store (here an empty one).
+    # The command a user types: `gatelab ui` over a tracking store (here an empty one: made first, the UI only reads).
+    RunStore(f"sqlite:///{db}").client.search_experiments()
     process = subprocess.Popen([sys.executable, "-m", "gatelab", "ui", "--tracking-uri", f"sqlite:///{db}",
                                 "--port", str(port)], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=log,
                                text=True)
@@ -121,3 +125,43 @@ def test_find_free_port_gives_a_bindable_port():
     assert 0 < port < 65536
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))
+
+
+def test_the_servers_own_lines_are_redacted_in_its_log(tmp_path, monkeypatch):
+    """A server that fails prints its store's URI (MLflow names it in its errors): the log gatelab keeps has no
+    password, whatever else the line says."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr("tempfile.tempdir", None)
+    uri = "postgresql://dave:Hunter2Secret@db.example:5432/mlflow"
+    redact(uri)  # as gatelab does when it names the store: the password is known from then on
+    server = subprocess.Popen(["sh", "-c", f"echo 'cannot connect to {uri}'; echo 'password Hunter2Secret'"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    log, copier = ui._server_output(server, verbose=False)
+    server.wait()
+    copier.join(timeout=10)
+    text = log.read_text()
+    assert log.parent == tmp_path and "Hunter2Secret" not in text
+    assert "postgresql://dave:***@db.example:5432/mlflow" in text and text.count("***") == 2
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_an_http_store_is_shown_where_its_server_serves_it_without_credentials(tmp_path):
+    """`gatelab ui --tracking-uri http://dave:PW@host:port`: the server serves the UI already; gatelab checks that it
+    answers and prints its page, starts no server of its own, and no password shows anywhere."""
+    server = MlflowServer(tmp_path)
+    server.start()
+    try:
+        store = RunStore(server.url)
+        experiment = store.experiment_id("quick")
+        store.client.create_run(experiment)
+        uri = f"http://dave:Pa55word9@127.0.0.1:{server.port}"
+        done = gatelab_cli("ui", "--tracking-uri", uri, "--port", str(find_free_port()), cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        page = f"http://127.0.0.1:{server.port}/#/experiments/{experiment}/runs?workflowType=machine_learning"
+        assert page in done.stdout and "dave" not in done.stdout.replace("dave:***", "")
+        assert "Pa55word9" not in done.stdout + done.stderr and not list(tmp_path.glob("gatelab-mlflow-ui-*"))
+    finally:
+        server.kill()
+    done = gatelab_cli("ui", "--tracking-uri", uri, cwd=tmp_path)
+    assert done.returncode == 2 and "cannot be reached" in done.stderr and "Pa55word9" not in done.stderr

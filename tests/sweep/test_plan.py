@@ -376,3 +376,29 @@ def test_the_json_total_is_the_wall_time_the_estimate_prints(tmp_path):
     totals = plan_totals(rows)
     assert totals["wall_s"] == pytest.approx(rows[0]["seconds"] + rows[1]["seconds"] + rows[0]["import_s"])
     assert estimate_lines(rows)[0].startswith(f"estimate: roughly {format_duration(totals['wall_s'])} for 2 run(s)")
+
+
+def test_a_long_plan_prints_every_run_as_aligned_text(tmp_path, monkeypatch):
+    """Above RICH_TABLE_ROWS rows the table is plain text (rich took 2 ms a row): the same columns and cells."""
+    from gatelab.sweep import plan
+
+    sweep = load_sweep(write_sweep(tmp_path, {"grid": {"variant": ["baseline", "g1_head_sig"], "seed": [0, 1, 2]}}))
+    rows = plan_rows(expand(sweep))
+    monkeypatch.setattr(plan, "RICH_TABLE_ROWS", 2)
+    out = io.StringIO()
+    render_plan(rows, title="t", console=Console(file=out, width=200))
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "t" and lines[1].split()[:3] == ["#", "variant", "seed"]
+    assert [line.split()[1] for line in lines[2:8]] == ["baseline"] * 3 + ["g1_head_sig"] * 3
+    assert len({line.index("variant") for line in lines[1:2]}) == 1 and "6 runs" in out.getvalue()
+    widths = {len(line) for line in lines[1:8]}
+    assert len(widths) == 1, "every row as wide as the header: the columns line up"
+
+
+def test_pricing_many_runs_says_how_far_it_is(tmp_path, monkeypatch, capsys):
+    from gatelab.sweep import spec
+
+    sweep = load_sweep(write_sweep(tmp_path, {"grid": {"seed": [0, 1, 2]}}))
+    monkeypatch.setattr(spec, "PROGRESS_AFTER_S", 0.0)
+    plan_rows(expand(sweep))
+    assert "pricing the runs: 2 of 3 runs" in capsys.readouterr().err

@@ -322,7 +322,8 @@ def test_search_ranges_are_checked_against_every_cell(tmp_path):
     message = error_of(write_sweep(tmp_path, {
         "grid": {"variant": ["baseline"]},
         "search": {"params": {"train.warmup_steps": {"type": "int", "low": -5, "high": 10}}, "n_trials": 2}}))
-    assert "search.params.train.warmup_steps = -5" in message and "cell 0" in message
+    assert "search.params.train.warmup_steps: -5, -4, -3, -2, -1 of -5..10" in message and "cell 0" in message
+    assert "narrow the range to low: 0, high: 10" in message
     message = error_of(write_sweep(tmp_path, {
         "grid": {"train.lr": [1.0e-3]},
         "search": {"params": {"train.lr": {"type": "float", "low": 0.0, "high": 1.0, "log": True}}, "n_trials": 2}}))
@@ -346,3 +347,73 @@ def test_search_space_suggests_through_optuna(tmp_path):
     assert 1e-4 <= values["train.lr"] <= 1e-2 and values["model.n_layers"] in (1, 2, 3)
     trial = with_values(expand(sweep)[0], values)
     assert trial.experiment.variant == values["variant"]
+
+
+def test_every_value_of_an_int_search_range_is_checked_with_the_valid_ones_named(tmp_path):
+    """n_heads 4 is divisible by n_kv_heads 1, 2 and 4 only: 3, inside the range 1..4, would fail in training."""
+    message = error_of(write_sweep(tmp_path, {
+        "grid": {"variant": ["baseline", "g1_elem_sig"], "seed": [0, 1]},
+        "search": {"params": {"model.n_kv_heads": {"type": "int", "low": 1, "high": 4}}, "n_trials": 2}}))
+    assert message.startswith(str(tmp_path / "sweeps" / "s.yaml")) and "nothing was run" in message
+    assert "search.params.model.n_kv_heads: 3 of 1..4 make an invalid run" in message
+    assert "choices: [1, 2, 4]" in message and "the same in cells 1, 2, 3" in message
+
+
+def test_a_bad_choice_among_valid_ones_is_named(tmp_path):
+    message = error_of(write_sweep(tmp_path, {
+        "search": {"params": {"model.n_kv_heads": {"type": "categorical", "choices": [1, 2, 3]}}, "n_trials": 2}}))
+    assert "search.params.model.n_kv_heads: 3 of its choices make an invalid run" in message
+    assert "drop them from choices" in message
+
+
+def test_a_valid_int_range_loads(tmp_path):
+    sweep = load_sweep(write_sweep(tmp_path, {
+        "grid": {"seed": [0, 1]},
+        "search": {"params": {"train.warmup_steps": {"type": "int", "low": 0, "high": 3000}}, "n_trials": 2}}))
+    assert len(sweep.runs) == 2
+
+
+@pytest.mark.parametrize("metric, hint", [("ppl/avgg", "did you mean 'ppl/avg'?"),
+                                          ("blimp/acc", "did you mean 'blimp/accuracy'?"),
+                                          ("ppl/nowhere", "")])
+def test_a_search_metric_no_run_logs_is_refused_before_anything_runs(tmp_path, metric, hint):
+    message = error_of(write_sweep(tmp_path, {
+        "search": {"params": {"train.lr": {"type": "float", "low": 1e-4, "high": 1e-2}}, "n_trials": 2,
+                   "metric": metric}}))
+    assert f"search.metric: '{metric}' is not a metric a run logs" in message and hint in message
+    assert "nothing was run" in message
+
+
+@pytest.mark.parametrize("metric", ["ppl/avg", "val/loss", "blimp/accuracy", "probe/f_attn", "unigram_ppl/avg",
+                                    "lm_eval/hellaswag/acc_norm", "long_ppl/x4"])
+def test_metrics_that_runs_log_are_accepted(tmp_path, metric):
+    sweep = load_sweep(write_sweep(tmp_path, {
+        "search": {"params": {"train.lr": {"type": "float", "low": 1e-4, "high": 1e-2}}, "n_trials": 2,
+                   "metric": metric}}))
+    assert sweep.search.metric == metric
+
+
+def test_the_held_out_domains_of_the_experiment_name_ppl_metrics(tmp_path):
+    from gatelab.sweep.spec import logged_metric_names
+
+    sweep = load_sweep(write_sweep(tmp_path, {"overrides": {"data.domains": ["code"]}}))
+    names, _ = logged_metric_names(sweep.runs[0].experiment)
+    assert {"ppl/code", "ppl/avg", "val/loss"} <= names and "ppl/fiction" not in names
+
+
+def test_a_long_check_says_how_far_it_is(tmp_path, monkeypatch, capsys):
+    from gatelab.sweep import spec
+
+    monkeypatch.setattr(spec, "PROGRESS_AFTER_S", 0.0)
+    load_sweep(write_sweep(tmp_path, {"grid": {"seed": [0, 1, 2]}}))
+    err = capsys.readouterr().err
+    assert "s.yaml: 2 of 3 cells" in err and capsys.readouterr().out == ""
+
+
+def test_searched_values_valid_alone_are_checked_together(tmp_path):
+    """lr and min_lr each within their ranges can still put min_lr above lr: the corners are checked too."""
+    message = error_of(write_sweep(tmp_path, {"search": {"params": {
+        "train.lr": {"type": "float", "low": 1.0e-4, "high": 1.0e-2, "log": True},
+        "train.min_lr": {"type": "float", "low": 1.0e-5, "high": 1.0e-3, "log": True}}, "n_trials": 2}}))
+    assert "search.params: together, {train.lr: 0.0001, train.min_lr: 0.001} make an invalid run" in message
+    assert "min_lr (0.001) is above lr (0.0001)" in message and "narrow the ranges" in message
