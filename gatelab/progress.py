@@ -108,7 +108,8 @@ def fit_columns(frame, width: int | None) -> tuple[str, list[str]]:
 
 
 def format_duration(seconds: float) -> str:
-    """45 s, 1 min 17 s, 12 min, 2 h 5 min, 3.2 days."""
+    """45 s, 1 min 17 s, 12 min, 2 h 5 min, 3.2 days, 44,636 years (a paper-scale run priced on a CPU: the plan's rows
+    say `44,636y`, and its total must read as the same kind of number)."""
     seconds = max(0.0, seconds)
     if seconds < 59.5:
         return f"{seconds:.0f} s"
@@ -121,7 +122,10 @@ def format_duration(seconds: float) -> str:
     if seconds < 48 * 3600:
         hours, rest = divmod(minutes, 60)
         return f"{hours} h {rest} min" if rest else f"{hours} h"
-    return f"{seconds / 86400:.1f} days"
+    if seconds < 365 * 86400:
+        return f"{seconds / 86400:.1f} days"
+    years = seconds / (365.25 * 86400)
+    return f"{years:.3g} years" if years < 1000 else f"{years:,.0f} years"
 
 
 def step_time(seconds: float) -> str:

@@ -54,6 +54,9 @@ def format_tokens(count: float) -> str:
     return f"{count:.3g}"
 
 
+MIN_STEPS_WORTH_A_RUN = 10  # below this, "lower max_steps to one pass" suggests a run that trains almost nothing
+
+
 def repeat_warning(subject: str, data: DataConfig, train_tokens: int, corpus_tokens: int | None,
                    tokens_per_step: int, estimated: bool = False) -> str | None:
     """The warning for `subject` ("this run", "runs 0-2") when it would pass over its corpus more than once, else None.
@@ -70,8 +73,10 @@ def repeat_warning(subject: str, data: DataConfig, train_tokens: int, corpus_tok
     if data.task == "bigram_backcopy":
         more = "raise data.bigram_backcopy.train_sequences"
     one_pass = corpus_tokens // tokens_per_step
-    fewer = (f"or lower train.max_steps to {one_pass:,} for one pass" if one_pass
-             else f"one step ({format_tokens(tokens_per_step)} tokens) already holds more than the corpus")
+    # Lowering max_steps is advice only where a pass is a run worth making; a pass of a handful of steps is no run.
+    fewer = (f"or lower train.max_steps to {one_pass:,} for one pass" if one_pass >= MIN_STEPS_WORTH_A_RUN
+             else f"one pass is only {one_pass:,} step(s) of {format_tokens(tokens_per_step)} tokens: the corpus is "
+                  "far too small for this model, so bring the data or pick a smaller preset")
     their = "their" if subject.startswith("runs") else "its"
     return (f"{subject} would pass over {their} corpus {about}{passes:,.0f}x" if passes >= 100 else
             f"{subject} would pass over {their} corpus {about}{passes:.3g}x") + \

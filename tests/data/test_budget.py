@@ -128,6 +128,8 @@ def test_the_warning_names_the_factor_above_one_pass_only():
     assert message.startswith("runs 0-2 would pass over their corpus 160x")
     assert "data.user_files" in message and "train.max_steps to 10 for one pass" in message
     assert "about 1.5x" in repeat_warning("run 3", data, 1500, 1000, 100, estimated=True)
+    tiny_corpus = repeat_warning("runs 0-14", data, 419 * 10**9, 6_490_000, 4 * 10**6)  # the paper's run, our data
+    assert "max_steps to 1 " not in tiny_corpus and "far too small for this model" in tiny_corpus
 
 
 def test_training_warns_at_its_start_with_the_exact_count(prepared):

@@ -95,7 +95,8 @@ def test_the_interval_comes_from_the_environment_and_a_bad_one_is_one_message(mo
 
 
 @pytest.mark.parametrize("seconds, text", [(0.4, "0 s"), (45, "45 s"), (77, "1 min 17 s"), (120, "2 min"),
-                                           (1500, "25 min"), (7500, "2 h 5 min"), (3 * 86400, "3.0 days")])
+                                           (1500, "25 min"), (7500, "2 h 5 min"), (3 * 86400, "3.0 days"),
+                                           (400 * 86400, "1.1 years"), (16302772.3 * 86400, "44,635 years")])
 def test_durations_read_as_a_person_would_say_them(seconds, text):
     assert format_duration(seconds) == text
 
