@@ -131,3 +131,31 @@ def test_the_check_sees_an_upward_import_and_a_circle(tmp_path):
     finally:
         layers.PACKAGE = package
     assert LAYER_OF[unit_of("gatelab.data.corpora")] > LAYER_OF[unit_of("gatelab.config")]
+
+
+MAX_FUNCTION_LINES = 60  # issue 32: a function a reader takes in at once; data tables are module constants, not functions
+MAX_CLI_LINES = 300  # the command line stays a thin map from arguments to gatelab.app
+
+
+def long_functions(package: Path) -> list[str]:
+    """Every function or method of `package` longer than MAX_FUNCTION_LINES (its def line to its last), as
+    'path:line name (N lines)'."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    found.append(f"{path.relative_to(package.parent)}:{node.lineno} {node.name} ({lines} lines)")
+    return found
+
+
+def test_no_function_is_longer_than_a_screen_and_the_command_line_stays_thin():
+    assert long_functions(PACKAGE) == []
+    assert len((PACKAGE / "cli.py").read_text().splitlines()) < MAX_CLI_LINES
+
+
+def test_the_length_check_sees_a_long_function(tmp_path):
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    (tmp_path / "long.py").write_text(f"def short():\n    return 1\n\n\ndef long():\n{body}\n")
+    assert long_functions(tmp_path) == [f"{tmp_path.name}/long.py:5 long ({MAX_FUNCTION_LINES + 1} lines)"]
