@@ -46,18 +46,12 @@ def thread_ids() -> list[int]:
         return []
 
 
-def seconds_since_process_start() -> float | None:
-    """Wall seconds since this process started; None where that cannot be read.
+def seconds_since_start() -> float:
+    """Wall seconds since this program first imported gatelab (`gatelab.STARTED`): the imports, set-up and whatever
+    else it did before now, without what the process ran before it became this Python program."""
+    import gatelab
 
-    /proc/self/stat field 22 is the start in clock ticks after boot; it is read against CLOCK_BOOTTIME, the clock it
-    counts on, rather than against /proc/stat's `btime`, which is rounded to whole seconds.
-    """
-    fields = process_stat()
-    try:
-        started = int(fields[22 - 3]) / os.sysconf("SC_CLK_TCK")
-        return time.clock_gettime(time.CLOCK_BOOTTIME) - started
-    except (TypeError, ValueError, IndexError, AttributeError):  # AttributeError: no CLOCK_BOOTTIME off Linux
-        return None
+    return time.perf_counter() - gatelab.STARTED
 
 
 def peak_rss_gb() -> float:

@@ -72,3 +72,4 @@ def test_short_sequences_fill_a_gpu_batch_by_tokens_and_keep_the_cpus_rows():
     assert rows_for_length(16, 1024, 32, torch.device("cuda", 0)) == 512  # 16 x 1024 tokens
     assert rows_for_length(16, 1024, 1024, torch.device("cuda", 0)) == 16
     assert rows_for_length(16, 1024, 4096, torch.device("cuda", 0)) == 16  # never fewer than configured
+

@@ -200,9 +200,9 @@ _first_run_of_process = True
 
 
 class _PhaseClock:
-    """Where a run's wall time went, as `time/*` metrics: `import_s` from the process's start to its first `run()`
-    (0 for its later runs: a sweep worker imports once), then `setup_s` (data, tokenizer, model, MLflow), `train_s`
-    (`fit`) and `eval_s` (the final evaluation and its artifacts), each from the end of the one before.
+    """Where a run's wall time went, as `time/*` metrics: `import_s` from the program's start (its first import of
+    gatelab) to its first `run()` (0 for its later runs: a sweep worker imports once), then `setup_s` (data,
+    tokenizer, model, MLflow), `train_s` (`fit`) and `eval_s` (the final evaluation and its artifacts), each from the end of the one before.
 
     A resumed run records the session that ended it, so the seconds of one killed before the end are not counted.
     """
@@ -210,10 +210,8 @@ class _PhaseClock:
     def __init__(self) -> None:
         global _first_run_of_process
         self.seconds: dict[str, float] = {}
-        imports = host.seconds_since_process_start() if _first_run_of_process else 0.0
+        self.seconds["time/import_s"] = host.seconds_since_start() if _first_run_of_process else 0.0
         _first_run_of_process = False
-        if imports is not None:
-            self.seconds["time/import_s"] = imports
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.reset_peak_memory_stats()  # a sweep worker's GPU peak is each run's own, not its largest run's
         self._since = time.perf_counter()
