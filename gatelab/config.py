@@ -233,7 +233,10 @@ class CorpusFields(StrictModel):
 
     @model_validator(mode="after")
     def _check_domain(self) -> CorpusFields:
-        if self.domain_field is not None and "domain" in self.model_fields_set:
+        # Only a domain other than the default: a dumped config (a checkpoint's record, the params) names the default
+        # beside domain_field, and must read back as itself.
+        default = type(self).model_fields["domain"].default
+        if self.domain_field is not None and "domain" in self.model_fields_set and self.domain != default:
             raise ValueError("set domain_field (a column that names each document's domain) or domain (one name for "
                              "the whole source), not both")
         return self

@@ -159,6 +159,12 @@ def prepare_store(uri: str) -> None:
         client(uri).search_experiments(max_results=1)
 
 
+class StoreBusy(GatelabError):
+    """A SQLite store whose write lock another process has held for longer than the check waits: the store is there
+    and sound, only busy (a paused worker can hold it for minutes); an error before a command's first run, not a
+    reason for a sweep worker to stop (MLflow's own connections wait out the lock)."""
+
+
 def check_store(uri: str) -> None:
     """Raise GatelabError, within seconds and before any training, naming the URI and the fix, where the tracking
     store at `uri` cannot be used: a server that does not answer as MLflow does; a SQLite URI that is malformed, or
@@ -223,7 +229,7 @@ def _check_sqlite_file(where: str, path: Path) -> None:
         tables = {name for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     except sqlite3.OperationalError as error:
         if "locked" in str(error):
-            raise GatelabError(f"{where}: {path} is locked by another process, which has held it for more than "
+            raise StoreBusy(f"{where}: {path} is locked by another process, which has held it for more than "
                                f"{SQLITE_LOCK_WAIT_S:g} s; let it finish or stop it (fuser {path} names it), or pass "
                                "another --tracking-uri") from error
         raise GatelabError(f"{where}: {path} cannot be written as a SQLite database ({error}); check the file's "

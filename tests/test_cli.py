@@ -75,6 +75,7 @@ def test_claims_of_a_sweep_with_no_runs_marks_every_claim_not_run(tmp_path):
     markdown = (out / "claims.md").read_text()
     assert "Generated from no ended runs" in markdown and "holds |" not in markdown
     assert markdown.count("| not run ") >= 40
+    assert "no MLflow store at" in result.stdout and not (tmp_path / "runs").exists()  # read, never made
 
 
 # --- issue 16: every failure is one message naming the file, key or URI, and no password ----------------------------

@@ -274,3 +274,22 @@ def test_settings_that_make_a_run_meaningless_are_warned_about_with_their_fix():
     fixed = load_experiment(REPO / "experiments" / "tiny.yaml", ["train.max_steps=20", "train.warmup_steps=2",
                                                                  "train.log_every=5"])
     assert setting_warnings(fixed) == []
+
+
+@pytest.mark.parametrize("files", [None, {"paths": ["*.parquet"], "domain_field": "source"}],
+                         ids=["preset", "files-domain-field"])
+@pytest.mark.parametrize("preset", [p for p in PRESETS if p.name != "small-fineweb.yaml"], ids=lambda p: p.stem)
+def test_a_dumped_experiment_reads_back_as_itself(preset, files, tmp_path):
+    """What a checkpoint records of its run (and gatelab eval rebuilds the model from): a files source with a
+    domain_field dumped its default domain beside it and was refused on reading, so no such run could resume."""
+    from gatelab.config import read_experiment_tree
+
+    tree = read_experiment_tree(preset)
+    if files:
+        (tmp_path / "a.parquet").touch()  # the glob must match a file
+        files = {**files, "paths": [str(tmp_path / files["paths"][0])]}
+        tree["data"] = {**tree.get("data", {}), "source": "files", "files": files}
+        tree["data"].pop("domains", None)
+    experiment = ExperimentConfig.model_validate(tree)
+    again = ExperimentConfig.model_validate(experiment.model_dump(mode="json"))
+    assert again == experiment and spec_hash(again) == spec_hash(experiment)

@@ -134,6 +134,7 @@ def load_tasks(settings: HarnessSettings, manager) -> dict:
     if hub_unreachable() is not None:
         os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # fail at once rather than retry the network
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    quiet_lm_eval()
     loaded = {}
     for task in settings.tasks:
         try:
@@ -153,14 +154,19 @@ def evaluate(lm, settings: HarnessSettings, tasks: dict, manager) -> dict[str, A
 
     from gatelab.eval.harness import quiet_git
 
-    logging.getLogger("lm_eval").setLevel(logging.WARNING)
-    # lm-eval says this for every task with a custom_dataset (gatelab_blimp has one) and points to its own
-    # `--metadata`, an option `gatelab eval` does not have: gatelab passes what its datasets need itself.
-    logging.getLogger("lm_eval.api.task").addFilter(_drop_metadata_hint)
+    quiet_lm_eval()
     objects = [o for value in tasks.values() for o in (value if isinstance(value, list) else [value])]
     with quiet_git(), _labelled_request_bar():
         return simple_evaluate(model=lm, tasks=objects, num_fewshot=settings.num_fewshot,
                                limit=settings.limit, log_samples=False, bootstrap_iters=1000, task_manager=manager)
+
+
+def quiet_lm_eval() -> None:
+    """lm-eval's warnings only, without its hint about its own `--metadata`: it says it for every task with a
+    custom_dataset (gatelab_blimp has one) when the task loads its data, and `gatelab eval` has no such option
+    (gatelab passes what its datasets need itself)."""
+    logging.getLogger("lm_eval").setLevel(logging.WARNING)
+    logging.getLogger("lm_eval.api.task").addFilter(_drop_metadata_hint)
 
 
 def _drop_metadata_hint(record: logging.LogRecord) -> bool:

@@ -168,6 +168,8 @@ def setup_problem(specs: Sequence[RunSpec], tracking_uri: str | None, runs_dir: 
             continue  # the embedded store under runs/, made with the first run
         try:
             tracking.check_store(uri)
+        except tracking.StoreBusy:
+            continue  # another worker holds its lock, perhaps paused: busy, not broken
         except GatelabError as error:
             return str(error)
     return None

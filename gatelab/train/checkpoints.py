@@ -204,7 +204,9 @@ def _recorded_spec_hash(state: dict) -> str | None:
     from gatelab.data.identity import spec_hash
 
     try:
-        return spec_hash(ExperimentConfig.model_validate(state["gatelab"]["experiment"]))
+        recorded = state["gatelab"].get("spec_hash")  # written since it was kept apart from the redacted experiment
+        return recorded if isinstance(recorded, str) else \
+            spec_hash(ExperimentConfig.model_validate(state["gatelab"]["experiment"]))
     except Exception:  # noqa: BLE001  not a dict, not an experiment this gatelab reads: not this run's either way
         return None
 

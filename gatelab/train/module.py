@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from gatelab.config import ExperimentConfig, ModelConfig, TrainConfig
 from gatelab.data.datasets import PackedDataset
+from gatelab.data.identity import spec_hash
 from gatelab.errors import GatelabError, redact
 from gatelab.host import resolve_precision
 from gatelab.model import build_model
@@ -120,7 +121,9 @@ class GatedLM(L.LightningModule):
         # With the precision it trained in: `auto` may resolve otherwise on the machine that resumes it.
         # Every string redacted (gatelab.errors.redact): a tracking URI's password was in plain text in last.ckpt,
         # the file people copy; nothing read back from a checkpoint connects anywhere.
+        # The spec hash as well, of the experiment before redaction: what decides whether the file resumes a run.
         checkpoint["gatelab"] = {"experiment": redacted_strings(self.experiment.model_dump(mode="json")),
+                                 "spec_hash": spec_hash(self.experiment),
                                  "model": self.model.config.model_dump(mode="json"),
                                  "precision": self._trainer.precision if self._trainer is not None else None}
 

@@ -245,7 +245,7 @@ def test_sigkill_then_rerun_resumes_into_the_same_run_with_the_same_result(tmp_p
     resumed = train_cli(experiment, runs)
     resumed_wall = time.perf_counter() - started
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert "resuming" in resumed.stdout
+    assert "resuming" in resumed.stdout, resumed.stdout[:3000]
     frame, reference_frame = _runs(sqlite_uri(runs)), _runs(sqlite_uri(tmp_path / "reference"))
     assert len(frame) == 1 and frame.iloc[0]["status"] == "FINISHED"
     for metric in ("metrics.ppl/avg", "metrics.probe/f_attn", "metrics.long_ppl/x2"):  # files: on its longest domain
