@@ -24,13 +24,13 @@ MARKDOWN_NAME = "README.md"  # GitHub shows a folder's README.md under its file 
 REPORTS = "reports"  # the default output is <runs dir>/reports/<sweep name>/: the user's own, beside its store
 
 # sweeps/quickstart.yaml's three runs (ppl/avg of baseline, g1_elem_sig, g1_head_sig), same seed, each from a fresh
-# clone: where, at which commit, and what it gave. The first two are issue 18's; the third the run issue 36 reported;
-# the last made for issue 36 (`python3 /tmp/watch.py ...` over the README's first command, results/quickstart).
+# clone: where, and what it gave. The first two are issue 18's, the third the run issue 36 reported, the last the one
+# made for issue 36 that results/quickstart now shows (the README's first command on a 120-column pty, idle machine).
 CROSS_MACHINE_PPL = (
-    ("the machine that made the shipped reference (results/quickstart)", (419.5, 294.2, 296.9)),
+    ("the machine of the first shipped reference (issue 18)", (419.5, 294.2, 296.9)),
     ("a second machine (issue 18)", (425.2, 292.0, 297.2)),
-    ("a 2-core AVX2 EPYC under load, fp32 (issue 36)", (408.8, 292.0, 297.2)),
-    ("a 2-core AVX2 EPYC, idle, fp32 (at bc5351b)", (416.1, 292.0, 297.2)),
+    ("a 2-core AVX2 machine shared with other work (issue 36)", (408.8, 292.0, 297.2)),
+    ("an idle 2-core AVX2 EPYC in fp32, results/quickstart (issue 36)", (416.1, 292.0, 297.2)),
 )
 CROSS_MACHINE_GROUPS = ("baseline", "g1_elem_sig", "g1_head_sig")
 
@@ -44,14 +44,14 @@ def closeness_section(records: Sequence[RunRecord], metric: str = PPL) -> Report
         spreads.append(f"{group} {min(values):.1f} to {max(values):.1f} ({100 * (max(values) / min(values) - 1):.1f}%)")
     runs = "; ".join(f"{' / '.join(f'{v:.1f}' for v in figures)} on {where}" for where, figures in CROSS_MACHINE_PPL)
     paragraphs = [
-        "Runs of the same seed and commit on another machine give other numbers: CPU kernels, precision (bf16 where "
-        "the CPU has AMX, else fp32) and thread counts differ between machines, so sums round differently and the "
-        "runs drift apart as they train.",
+        "Runs of the same seed and commit on another machine give other numbers: CPU kernels, precision (bf16 on "
+        "some CPUs, fp32 on others: `precision: auto`) and thread counts differ between machines, so sums round "
+        "differently and the runs drift apart as they train.",
         f"Measured {len(CROSS_MACHINE_PPL)} times, sweeps/quickstart.yaml from a fresh clone ({PPL} of "
-        f"{' / '.join(CROSS_MACHINE_GROUPS)}): {runs}. Ranges: {'; '.join(spreads)}. The gated runs agree to 0.8%, "
-        "but the baseline spread 4%, also between two runs on the same kind of CPU, so your baseline may land "
-        "anywhere in that range: compare the differences between variants (Δ vs baseline, Δ (%)) with this in mind, "
-        "not the absolute values.",
+        f"{' / '.join(CROSS_MACHINE_GROUPS)}): {runs}. Ranges: {'; '.join(spreads)}. The gated runs agree closely, "
+        "the baseline less (also between two machines with the same kind of CPU), so your baseline may land anywhere "
+        "in its range: compare the differences between variants (Δ vs baseline, Δ (%)) with this in mind, not the "
+        "absolute values.",
         seed_spread_text(records, metric),
     ]
     return ReportSection("How close your numbers should be", paragraphs)
