@@ -61,7 +61,10 @@ KEY_METRICS = ("ppl/avg", "val/loss", "probe/f_attn", "probe/m_act", "probe/gate
 HTTP_REQUEST_BOUNDS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
                        "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 CHECK_TIMEOUT_S = 4.0  # each request of the pre-flight check of a server or database
-SQLITE_LOCK_WAIT_S = 5.0  # how long the pre-flight check waits for another process's lock on a SQLite store
+# How long the pre-flight check waits for another process's lock on a SQLite store: as long as MLflow's own writes
+# wait (timeout=60 in gatelab's SQLite URIs). At 5 s, a sweep's second worker on a loaded machine (2 cores, two
+# other CPU-bound processes) found the store busy and failed a run that would have gone through.
+SQLITE_LOCK_WAIT_S = 60.0
 CLOSE_TIMEOUT_S = 15.0  # close_interrupted / close_failed give up after this: the process is on its way out
 VALID_STORES = ("sqlite:///relative/path/mlflow.db or sqlite:////absolute/path/mlflow.db, http(s)://host:port (an "
                 "`mlflow server`), postgresql://user@host/db, mysql://user@host/db, mssql://user@host/db, databricks")
