@@ -92,6 +92,14 @@ def terminal_columns() -> int | None:
     return shutil.get_terminal_size().columns if sys.stdout.isatty() else None
 
 
+def fit_line(line: str, width: int | None) -> str:
+    """A line of prose wrapped at word boundaries to `width` (paths and hyphenated keys kept whole); as it is where
+    `width` is None (a pipe: `terminal_columns`)."""
+    import textwrap
+
+    return line if width is None else textwrap.fill(line, width, break_long_words=False, break_on_hyphens=False)
+
+
 def fit_columns(frame, width: int | None) -> tuple[str, list[str]]:
     """A DataFrame as text no wider than `width`: its leading columns (the key ones come first), and the names of the
     columns left out, which a caller points to in the files that hold them."""

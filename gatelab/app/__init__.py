@@ -21,7 +21,7 @@ def quiet_noise(verbose: bool) -> None:
 
 
 def stdout_console():
-    """A rich console for stdout, as wide as the terminal (COLUMNS where set). markup=False: a table cell (a path, a
+    """A rich console for stdout, as wide as the terminal where stdout is one (gatelab.progress.terminal_columns). markup=False: a table cell (a path, a
     run's error) holding `[red]` or `[/bold]` is printed as written; a pipe gets whole rows."""
     from rich.console import Console
 
@@ -37,11 +37,8 @@ def comma_list(text: str) -> list[str]:
 
 def say_written(written: Iterable[Path]) -> None:
     """The closing line of a command that writes files: which."""
-    import textwrap
-
     from typer import echo
 
-    from gatelab.progress import terminal_columns
+    from gatelab.progress import fit_line, terminal_columns
 
-    line, width = "wrote " + ", ".join(str(path) for path in written), terminal_columns()
-    echo(line if width is None else textwrap.fill(line, width, break_long_words=False, break_on_hyphens=False))
+    echo(fit_line("wrote " + ", ".join(str(path) for path in written), terminal_columns()))

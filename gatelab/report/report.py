@@ -4,13 +4,12 @@ which gatelab.app.report reads the sweep and its runs for)."""
 from __future__ import annotations
 
 import math
-import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from gatelab.progress import fit_columns, terminal_columns
+from gatelab.progress import fit_columns, fit_line, terminal_columns
 from gatelab.report.export import ReportSection, ReportTable, export_report
 from gatelab.report.plots import (VariantColours, plot_context_length, plot_delta_vs_paper,
                                   plot_first_token_attention, plot_gate_histograms, plot_loss_curves)
@@ -180,4 +179,4 @@ def log_table(table: ReportTable, written: Sequence[Path], log) -> None:
         lines.insert(0, f"(and {len(left_out)} more columns, too wide for this terminal: {', '.join(left_out)}; "
                         f"every column is in {', '.join(files) or 'the report files'})")
     for line in lines:
-        log(line if width is None else textwrap.fill(line, width, break_long_words=False, break_on_hyphens=False))
+        log(fit_line(line, width))
