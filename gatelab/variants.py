@@ -45,6 +45,18 @@ class Add:
 
 
 @dataclass(frozen=True)
+class WidenByG1Gate:
+    """Widen a dense SwiGLU by the parameters of an elementwise G1 gate: the gate adds d_model x (n_heads head_dim)
+    weights a layer, a SwiGLU column 3 d_model, so n_heads head_dim / 3 columns (rounded) a layer."""
+
+    def apply(self, value: int, model: dict[str, Any]) -> int:
+        return value + round(model["n_heads"] * model["head_dim"] / 3)
+
+    def __str__(self) -> str:
+        return "+ n_heads head_dim / 3"
+
+
+@dataclass(frozen=True)
 class PaperRow:
     table: str  # a key of gatelab.paper.TABLES: "table1" .. "table6"
     row: str  # the paper's row label, e.g. "(5)"
@@ -120,6 +132,11 @@ VARIANTS: dict[str, Variant] = {
                 _t(1, 2), model_changes={"n_kv_heads": Scale(2)}),
         Variant("ref_q48", "parameter reference: 1.5x the query heads (32 -> 48 at paper scale)", "q -> 1.5q",
                 _t(1, 3), model_changes={"n_heads": Scale(1.5)}),
+        Variant("ref_ffn_g1match", "parameter reference: the dense FFN widened by an elementwise G1 gate's parameters",
+                "d_ff -> d_ff + q d_k / 3", (), model_changes={"ffn_hidden": WidenByG1Gate()},
+                note="The baseline with as many parameters as g1_elem_sig (within one FFN column a layer): the dense "
+                     "counterpart of Table 1's references, which the paper instead matches by narrowing the gated "
+                     "model's FFN (model.match_params)."),
         Variant("ref_add4experts", "parameter reference: 4 more routed experts, one more activated",
                 "E -> E+4, top-k -> top-k+1", _t(1, 4),
                 model_changes={"moe.n_experts": Add(4), "moe.top_k": Add(1)},
@@ -280,6 +297,11 @@ def apply_variant(base: ModelConfig, spec: str) -> ModelConfig:
                 node = node[part]
             if isinstance(change, Scale | Add):
                 node[leaf] = change.apply(node[leaf])
+            elif isinstance(change, WidenByG1Gate):
+                if node.get(leaf) is None:
+                    raise GatelabError(f"variant '{variant_id}' widens model.{dotted}, but this experiment's model has "
+                                       f"no dense FFN (it needs a dense preset such as experiments/tiny.yaml)")
+                node[leaf] = change.apply(node[leaf], tree)
             elif hasattr(change, "model_dump"):
                 node[leaf] = change.model_dump()
             else:

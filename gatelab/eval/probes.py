@@ -240,3 +240,35 @@ def probe_model(model: nn.Module, batches: Iterable[Tensor]) -> ProbeReport:
         sink_rate=recorder.per_layer("sink_heads", n_layers),
         kurtosis=recorder.per_layer("kurtosis", n_layers),
     )
+
+
+INIT_SCALE_METRIC = "init/attn_output_rms"
+
+
+class _AttentionOutputRms:
+    """A probe that keeps only the sum of squares of each layer's attention output (what the residual stream gets)."""
+
+    def __init__(self) -> None:
+        self.squares: dict[int, float] = defaultdict(float)
+        self.counts: dict[int, int] = defaultdict(int)
+
+    def add(self, layer: int, name: str, tensor: Tensor) -> None:
+        if name == "attn_output":  # (B, T, D)
+            self.squares[layer] += tensor.detach().float().square().sum().item()
+            self.counts[layer] += tensor.numel()
+
+
+@torch.no_grad()
+def attention_output_rms(model: nn.Module, input_ids_BT: Tensor) -> float:
+    """The RMS of each layer's attention-sublayer output on one batch, averaged over layers.
+
+    Logged at step 0 of every run (`INIT_SCALE_METRIC`): a gate that scores 0.5 at init, a SiLU gate, a smaller output
+    projection all shrink what attention adds to the residual stream before anything is learned, and at small scale
+    that alone moves perplexity. The claims table reads it to tell a gating effect from an init-scale one.
+    """
+    was_training = model.training
+    model.eval()
+    recorder = _AttentionOutputRms()
+    model(input_ids_BT.to(model_device(model)), probe=recorder)
+    model.train(was_training)
+    return _mean([math.sqrt(recorder.squares[l] / recorder.counts[l]) for l in sorted(recorder.counts)])

@@ -16,6 +16,7 @@ from gatelab.config import ExperimentConfig, ModelConfig, TrainConfig
 from gatelab.data.datasets import PackedDataset
 from gatelab.data.identity import spec_hash
 from gatelab.errors import GatelabError, redact
+from gatelab.eval.probes import INIT_SCALE_METRIC, attention_output_rms
 from gatelab.host import resolve_precision
 from gatelab.model import build_model
 from gatelab.train.head_loss import head_loss, next_token_loss, whole_logits_loss
@@ -93,6 +94,8 @@ class GatedLM(L.LightningModule):
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         input_ids_BT, targets_BT = batch
+        if self.global_step == 0 and self.logger is not None:
+            self.log_init_scale(input_ids_BT)
         loss, total, aux = self.training_loss(input_ids_BT, targets_BT)
         if self.moe is not None:
             self.log_dict({"train/load_balance": aux["load_balance"], "train/z_loss": aux["z_loss"]})
@@ -109,6 +112,12 @@ class GatedLM(L.LightningModule):
         self.log("train/tokens_per_s", torch.tensor(tokens_per_s), prog_bar=True)
         self.log("train/lr", torch.tensor(self.optimizers().param_groups[0]["lr"]))
         return total
+
+    def log_init_scale(self, input_ids_BT: torch.Tensor) -> None:
+        """The attention output's RMS at step 0, on the first training batch, before the first update (the claims
+        table's init-scale check; gatelab.eval.probes.attention_output_rms). Rank 0's logger only."""
+        rms = attention_output_rms(self.model, input_ids_BT)
+        self.logger.log_metrics({INIT_SCALE_METRIC: rms}, step=0)
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         input_ids_BT, targets_BT = batch
