@@ -97,3 +97,19 @@ def test_gatelab_variants_lists_each_new_id_with_formula_parameters_and_referenc
     assert rows["sink_learnable"]["axes"]["attention"] == "learnable_sink"
     assert rows["kv_bias"]["axes"]["attention"] == "softmax+kv_bias"
     assert rows["g1_elem_2sig_zeroinit"]["axes"]["activation"] == "two_sigmoid zero-init"
+
+
+@pytest.mark.parametrize("preset", ["tiny.yaml", "small.yaml", "paper-dense-1.7b.yaml"])
+def test_the_parameter_matched_baseline_has_g1s_parameters_within_one_ffn_column_a_layer(preset):
+    dense = load_experiment(REPO / "experiments" / preset)
+    matched, gated = added_parameters(dense, "ref_ffn_g1match")[0], added_parameters(dense, "g1_elem_sig")[0]
+    assert added_parameters(dense, "ref_ffn_g1match")[1] > 0
+    assert abs(matched - gated) <= 3 * dense.model.d_model * dense.model.n_layers
+
+
+def test_the_parameter_matched_baseline_names_its_need_of_a_dense_ffn():
+    from gatelab.errors import GatelabError
+    from gatelab.variants import apply_variant
+
+    with pytest.raises(GatelabError, match="no dense FFN.*experiments/tiny.yaml"):
+        apply_variant(MOE.model, "ref_ffn_g1match")

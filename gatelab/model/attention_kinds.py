@@ -110,11 +110,30 @@ def explicit_attention(q_BHTD: Tensor, k_BKTD: Tensor, v_BKTD: Tensor, kind: str
     return y_BHTD, weights_BHTT
 
 
+SDPA_ALIGNMENT = 8  # elements: 16 bytes in bf16
+
+
+def sdpa_layout(x: Tensor) -> Tensor:
+    """`x` itself where its storage offset and every stride but the last are multiples of SDPA_ALIGNMENT, else a
+    contiguous copy (the same values).
+
+    q, k and v are views into one projection's output, whose row is as wide as q + k + v + the gates' logits: a
+    headwise G1 gate adds n_heads logits, so at the tiny presets' widths v's token stride is 132 elements. On an H100
+    in bf16 (torch 2.11, CUDA 13) a fused SDPA kernel given such a v trained g1_head_sig to 2.6 times the baseline's
+    perplexity, its gates closed, where the CPU's kernel trained it to the baseline's (results/tiny/README.md, issue
+    34); fused kernels assume aligned rows (pytorch/pytorch#112577: non-contiguous inputs to the mem-efficient
+    kernel return wrong values). Aligned views, every other variant's, pass untouched: no copy."""
+    aligned = x.storage_offset() % SDPA_ALIGNMENT == 0 and all(
+        stride % SDPA_ALIGNMENT == 0 for stride in x.stride()[:-1])
+    return x if aligned and x.stride(-1) == 1 else x.contiguous()
+
+
 def attend(q_BHTD: Tensor, k_BKTD: Tensor, v_BKTD: Tensor, kind: str = "softmax",
            sink_logits_H: Tensor | None = None, kv_bias: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """The training path: one SDPA call for the softmax kinds (see the module's docstring), else the explicit path."""
     if not KINDS[kind].fused:
         return explicit_attention(q_BHTD, k_BKTD, v_BKTD, kind, sink_logits_H, kv_bias)[0]
+    q_BHTD, k_BKTD, v_BKTD = sdpa_layout(q_BHTD), sdpa_layout(k_BKTD), sdpa_layout(v_BKTD)
     B, H, T, D = q_BHTD.shape
     K = k_BKTD.shape[1]
     if not KINDS[kind].sink and kv_bias is None:

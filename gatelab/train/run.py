@@ -682,3 +682,17 @@ def _keep_the_last_steps(session: RunSession) -> None:
         trainer.save_checkpoint(session.checkpoint, weights_only=False)  # the full state, as ModelCheckpoint writes it
     if session.tracked is not None:  # raises, the checkpoint kept, if the outage lasts
         session.tracked.flush()
+
+
+def initial_attention_scale(experiment: ExperimentConfig) -> float:
+    """The attention output's RMS at step 0 of `experiment`'s run, made again without training: the same seeded
+    initialisation and first training batch as `run` (the metric `init/attn_output_rms` that runs log since issue 34;
+    for runs recorded before, `experiments/backfill_init_scale.py` logs this). fp32 on the CPU."""
+    from gatelab.eval.probes import attention_output_rms
+    from gatelab.train.module import StepBatches
+
+    _, corpus, domains = load_data(experiment, log=lambda line: None, warn=lambda line: None)
+    model_config = resolve_model(experiment)
+    module, data = _module_and_data(experiment, model_config, corpus, domains)
+    input_ids_BT, _ = StepBatches(data.windows, experiment.train.batch_size, 1, 0).batch(0)
+    return attention_output_rms(module.model, input_ids_BT)

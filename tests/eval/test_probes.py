@@ -154,3 +154,19 @@ def test_kurtosis_and_largest_activation_of_each_block_output_on_a_micro_model()
         sum(report.kurtosis) / 2)
     assert all(math.isfinite(summary[name]) for name in ("sink_rate", "sink_rate/layer0", "sink_rate/layer1"))
     assert 0 <= summary["sink_rate"] <= 1
+
+
+def test_the_attention_output_rms_at_init_follows_the_gate_and_the_output_projection():
+    from gatelab.config import ModelConfig
+    from gatelab.eval.probes import attention_output_rms
+
+    # One layer: deeper ones read a residual stream the first layer's scale has already changed.
+    base = ModelConfig(vocab_size=64, n_layers=1, d_model=32, n_heads=4, n_kv_heads=2, head_dim=8, ffn="dense",
+                       ffn_hidden=64)
+    ids_BT = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+    scale = {v: attention_output_rms(build_model(apply_variant(base, v), seed=0), ids_BT)
+             for v in ("baseline", "ctrl_scale_0p5", "ctrl_oproj_init_0p5", "g1_elem_2sig_zeroinit")}
+    # x0.5 on the SDPA output halves what attention adds; so does W_O at half the std; a gate open at 1 changes nothing
+    assert scale["ctrl_scale_0p5"] == pytest.approx(0.5 * scale["baseline"], rel=1e-5)
+    assert scale["ctrl_oproj_init_0p5"] == pytest.approx(0.5 * scale["baseline"], rel=1e-5)
+    assert scale["g1_elem_2sig_zeroinit"] == pytest.approx(scale["baseline"], rel=1e-5)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gatelab.model import build_model
-from gatelab.model.attention_kinds import attend, explicit_attention
+from gatelab.model.attention_kinds import attend, explicit_attention, sdpa_layout
 from gatelab.variants import VARIANTS, apply_variant
 from tests.helpers import micro_config
 
@@ -157,3 +157,39 @@ def test_explicit_kinds_make_no_sdpa_call_and_say_so():
         assert attn.uses_sdpa == (attn.kind not in ("sigmoid", "softpick")), variant
         if not attn.uses_sdpa:
             assert "explicit" in VARIANTS[variant.split("+")[0]].note, variant
+
+
+def _headwise_row_views(device: str = "cpu", dtype=torch.float32):
+    """q, k contiguous and v the view g1_head_sig's projection gives: a row of q (64), k (32), v (32), 4 logits."""
+    B, T, H, K, D = 2, 16, 4, 2, 16
+    row = torch.randn(B, T, H * D + 2 * K * D + H, generator=torch.Generator().manual_seed(0)).to(device, dtype)
+    q = row[..., :H * D].reshape(B, T, H, D).transpose(1, 2).contiguous()
+    k = row[..., H * D:H * D + K * D].reshape(B, T, K, D).transpose(1, 2).contiguous()
+    v = row[..., H * D + K * D:H * D + 2 * K * D].view(B, T, K, D).transpose(1, 2)
+    return q, k, v
+
+
+def test_sdpa_gets_a_copy_of_a_misaligned_view_and_aligned_views_as_they_are(monkeypatch):
+    from gatelab.model import attention_kinds
+
+    q, k, v = _headwise_row_views()
+    assert v.stride(2) == 132  # the headwise gate's 4 logits make the row 132 wide
+    assert sdpa_layout(v) is not v and sdpa_layout(v).is_contiguous() and torch.equal(sdpa_layout(v), v)
+    assert sdpa_layout(q) is q and sdpa_layout(k) is k
+    aligned = torch.randn(2, 16, 192).view(2, 16, 12, 16)[:, :, 8:].transpose(1, 2)  # elementwise G1's row, offset 128
+    assert sdpa_layout(aligned) is aligned
+    seen = []
+    real_sdpa = attention_kinds.F.scaled_dot_product_attention
+    monkeypatch.setattr(attention_kinds.F, "scaled_dot_product_attention",
+                        lambda *args, **kwargs: seen.append(args) or real_sdpa(*args, **kwargs))
+    y = attend(q, k, v)
+    assert all(t.stride(2) % 8 == 0 for t in seen[0])  # what the fused kernel reads is aligned
+    torch.testing.assert_close(y, explicit_attention(q, k, v)[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_attend_on_a_gpu_matches_float64_for_the_headwise_layout_in_bf16():
+    q, k, v = _headwise_row_views("cuda", torch.bfloat16)
+    expected = explicit_attention(q.double(), k.double(), v.double())[0]
+    assert (attend(q, k, v).double() - expected).abs().max().item() < 0.05

@@ -62,6 +62,9 @@ def test_a_run_records_every_metric_and_artifact(tmp_path):
             "eval/first_token_attention.png", "eval/gate_score_histogram.png"} <= artifacts
     assert len(client.get_metric_history(row["run_id"], "train/loss")) == 16
     assert len(client.get_metric_history(row["run_id"], "val/loss")) == 2  # validation every 8 of 16 steps
+    # The attention output's scale at step 0, once, before the first update (the claims' init-scale check).
+    (init_scale,) = client.get_metric_history(row["run_id"], "init/attn_output_rms")
+    assert init_scale.step == 0 and 0 < init_scale.value < 1
     # Each spike the monitor counted is logged at its step: as many as the count the evaluation records.
     assert len(client.get_metric_history(row["run_id"], "train/spike")) == row["metrics.train/spikes_total"]
     assert "EMA" in row["tags.gatelab.spike_definition"]
