@@ -26,7 +26,7 @@ if [ "$confirmed" != 0 ]; then
       --set train.warmup_steps=90 --set train.compile=false --set train.precision=$precision \
       --set eval.max_windows_per_domain=8 > "$OUT/diag-$precision.log" 2>&1 &
   done
-  wait; tail -12 "$OUT"/diag-*.log; exit 0
+  wait; tail -n 12 "$OUT"/diag-*.log; exit 0
 fi
 tar -xzf .gpu/store-db.tar.gz
 touch /tmp/before-rerun
