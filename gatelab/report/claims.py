@@ -5,7 +5,7 @@ The claims are data (sweeps/claims/tiny.yaml, read by gatelab.report.claims_file
 which metric, which way the paper says it goes, the paper's figure, and when this scale can test it at all. This
 module turns each claim into a row. Every tested row has a p-value; the p-values of the whole table are corrected
 together (Benjamini-Hochberg) and the verdicts are decided on the q-values. `VERDICT_RULES`, printed under the table,
-states every rule.
+states every rule; `summary` writes the paragraph that results/tiny/README.md opens with from the same table.
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ from gatelab.report.claims_file import (
     UNIFORM_FIRST_TOKEN,
     Claim,
     Kind,
+    PaperGain,
     TestableIf,
+    architecture,
     group_name,
     parse_group,
     parse_settings,
@@ -43,8 +45,15 @@ from gatelab.report.stats import (
 from gatelab.report.tables import PPL, RunRecord, paper_reference
 
 HOLDS, FAILS, INCONCLUSIVE = "holds", "does not hold", "inconclusive at this scale"
+PAPER_SIZE_EXCLUDED = f"{FAILS} (the paper's size excluded)"
+CONFOUNDED = "init-scale confounded"
 NOT_TESTABLE, TRUE_BY_CONSTRUCTION = "not testable at this scale", "true by construction"
 DESCRIPTIVE, NOT_RUN = "descriptive (not tested)", "not run"
+# The attention sublayer's output RMS at step 0, mean over layers (gatelab.eval.probes logs it for every run), and the
+# ratio of two groups' means of it beyond which they start at different scales: the first pass's gains tracked it.
+INIT_SCALE_METRIC = "init/attn_output_rms"
+INIT_SCALE_RATIO = (0.8, 1.25)
+MATCHED, DIFFERS, NOT_LOGGED = "matched", "differs", "not logged"
 ALPHA = 0.05
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0  # a fixed numpy Generator seed: the table made twice from one store is the same, byte for byte
@@ -143,17 +152,39 @@ def _p(value: float | None) -> str:
 
 @dataclass
 class Outcome:
-    """A row's figures before the table's correction: its cells, its p-value (None: not tested) and how its verdict
-    follows from the row's q-value."""
+    """A row's figures before the table's correction: its cells, its p-value (None: not tested), how its verdict
+    follows from the row's q-value, and (direction rows) whether its groups start at one init scale."""
 
     cells: dict[str, str]
     p_value: float | None = None
     decide: Callable[[float | None], str] = lambda q: INCONCLUSIVE
     notes: list[str] = field(default_factory=list)
+    scale: str = ""  # direction rows: MATCHED, DIFFERS or NOT_LOGGED (`_init_scale`)
 
 
-def _paper_figure(claim: Claim) -> tuple[str, float | None]:
+@dataclass(frozen=True)
+class PaperEffect:
+    """The paper's relative perplexity effect for a row, (a - b) / b of each of its row pairs, and the model (dense or
+    MoE) the figures are from."""
+
+    effects: tuple[float, ...]
+    model: str | None  # "dense", "moe"; None where the table mixes both (or names none)
+    source: str  # the table, in words: "Table 2"
+
+
+def _row_labels(table: str) -> tuple[str, dict[str, str]]:
+    """The tables of a SWEEP_TABLES key in words ("Table 2") and {id: the paper's row label, "(8)"}."""
+    from gatelab.paper import SWEEP_TABLES, TABLES, read_rows
+
+    names = SWEEP_TABLES.get(table, ())
+    labels = {r["id"]: r.get("row") or r["id"] for t in names for r in read_rows(t) or []}
+    return " and ".join(TABLES[t].name for t in names), labels
+
+
+def _paper_figure(claim: Claim) -> tuple[str, PaperEffect | None]:
     """The paper's figure for the claim, and its relative effect for perplexity comparisons (None otherwise)."""
+    from gatelab.paper import model_kinds
+
     figure = claim.paper
     if figure.text or figure.table is None:
         return figure.text, None
@@ -165,20 +196,43 @@ def _paper_figure(claim: Claim) -> tuple[str, float | None]:
     present = lambda i: i in values.index and pd.notna(values[i])  # noqa: E731
     if claim.kind == "level":
         return (f"{values[ids[0]]:g}" if present(ids[0]) else ""), None
-    if claim.kind == "rank" or len(ids) < 2 or not (present(ids[0]) and present(ids[1])):
+    if claim.kind == "rank" or (len(ids) < 2 and not figure.pairs):
         return "", None
-    a, b = float(values[ids[0]]), float(values[ids[1]])
-    relative = (a - b) / b if figure.column == "ppl" else None
-    return f"{a:g} vs {b:g}" + (f" ({100 * relative:+.1f}%)" if relative is not None else ""), relative
+    pairs = [(a, b) for a, b in figure.pairs or [(ids[0], ids[1])] if present(a) and present(b)]
+    if not pairs:
+        return "", None
+    effects = tuple((float(values[a]) - float(values[b])) / float(values[b]) for a, b in pairs)
+    kinds, (source, labels) = model_kinds(figure.table), _row_labels(figure.table)
+    effect = PaperEffect(effects, next(iter(kinds)) if len(kinds) == 1 else None, source) \
+        if figure.column == "ppl" else None
+    if figure.pairs is None:
+        a, b = float(values[pairs[0][0]]), float(values[pairs[0][1]])
+        return f"{a:g} vs {b:g}" + (f" ({100 * effects[0]:+.1f}%)" if effect else ""), effect
+    low, high = sorted(effects, key=abs)[0], sorted(effects, key=abs)[-1]
+    rows = ", ".join(f"{labels.get(a, a)} vs {labels.get(b, b)}" for a, b in pairs)
+    return f"{100 * low:+.1f}% to {100 * high:+.1f}% ({source} rows {rows})", effect
 
 
 def _relative(metric: str) -> bool:
     return metric.startswith("ppl/")
 
 
-def _two_groups(claim: Claim, a: Mapping[int, float], b: Mapping[int, float], paper_relative: float | None,
+def _inconclusive(sign: float, expected: float) -> str:
+    """Inconclusive, with the way the figures point."""
+    way = "the paper's direction" if sign == expected else "the other way" if sign == -expected else "no difference"
+    return f"{INCONCLUSIVE} ({way})"
+
+
+def _excludes(interval: tuple[float, float], effects: Sequence[float], expected: float) -> bool:
+    """Whether an interval lies wholly on the far side, from the claimed direction, of every one of the paper's
+    effects: our effect is then smaller than the paper's smallest, or the other way."""
+    return interval[0] > max(effects) if expected < 0 else interval[1] < min(effects)
+
+
+def _two_groups(claim: Claim, a: Mapping[int, float], b: Mapping[int, float], paper: PaperEffect | None,
                 unit: str = "") -> Outcome:
-    """Group a against group b over their shared seeds (`compare_shared_seeds`), in the claim's direction."""
+    """Group a against group b over their shared seeds (`compare_shared_seeds`: paired t), in the claim's direction;
+    `paper`: the paper's effect for the sweep's own model (dense or MoE), or None."""
     result = compare_shared_seeds(a, b)
     seeds = shared_seeds(a, b)
     mean_a = float(np.mean([a[s] for s in seeds])) if seeds else math.nan
@@ -186,30 +240,34 @@ def _two_groups(claim: Claim, a: Mapping[int, float], b: Mapping[int, float], pa
     relative = _relative(claim.metric) and claim.kind == "direction" and math.isfinite(mean_b) and mean_b != 0
     factor, unit = (100.0 / abs(mean_b), "%") if relative else (1.0, unit)
     expected = -1.0 if claim.direction == "lower" else 1.0
-    cells = {"ours": f"{_fmt(result.delta * factor)}{unit} ({_fmt(mean_a, 4)} vs {_fmt(mean_b, 4)})",
+    interval = result.interval
+    shown = "" if interval is None else \
+        f"; 95% CI {interval[0] * factor:+.3g}{unit} to {interval[1] * factor:+.3g}{unit}"
+    cells = {"ours": f"{_fmt(result.delta * factor)}{unit} ({_fmt(mean_a, 4)} vs {_fmt(mean_b, 4)}){shown}",
              "spread (sd)": f"{_fmt(result.sd and result.sd * factor)}{unit}", "n": str(len(seeds)),
-             "test": result.test if result.p_value is not None else (result.reason or ""),
+             "test": result.test if result.p_value is not None else f"{result.test}: {result.reason or ''}",
              "r (seeds)": _fmt(result.correlation, 2),
              "MDE": f"{_fmt(result.mde and result.mde * factor)}{unit}" if result.mde else ""}
+    effects = paper.effects if paper is not None and relative else ()
 
     def decide(q: float | None) -> str:
         if q is not None and q < ALPHA:
             return HOLDS if np.sign(result.delta) == expected else f"{FAILS} (significant, the other way)"
-        if (paper_relative is not None and relative and result.mde is not None
-                and result.mde / abs(mean_b) < abs(paper_relative)):
-            return f"{FAILS} (an effect of the paper's size would have been seen)"
-        return INCONCLUSIVE
+        if effects and interval is not None and _excludes((interval[0] / abs(mean_b), interval[1] / abs(mean_b)),
+                                                          effects, expected):
+            return PAPER_SIZE_EXCLUDED
+        return _inconclusive(float(np.sign(result.delta)), expected)
 
     return Outcome(cells, result.p_value, decide)
 
 
-def _direction_claim(claim: Claim, records: Sequence[RunRecord], paper_relative: float | None) -> Outcome:
+def _direction_claim(claim: Claim, records: Sequence[RunRecord], paper: PaperEffect | None) -> Outcome:
     """direction: group a lower (higher) than group b."""
     a, b = by_seed(records, claim.a, claim.metric), by_seed(records, claim.b or "", claim.metric)
-    return _two_groups(claim, a, b, paper_relative)
+    return _two_groups(claim, a, b, paper)
 
 
-def _change_claim(claim: Claim, records: Sequence[RunRecord], paper_relative: float | None) -> Outcome:
+def _change_claim(claim: Claim, records: Sequence[RunRecord], paper: PaperEffect | None) -> Outcome:
     """change: per seed, the change of the metric from setting[0] to setting[1], group a against group b."""
     low, high = (parse_settings(s) for s in claim.setting or ())
     change = {}
@@ -220,31 +278,42 @@ def _change_claim(claim: Claim, records: Sequence[RunRecord], paper_relative: fl
     return _two_groups(claim, change[claim.a], change[claim.b or ""], None, unit=" nats")
 
 
-def _margin(claim: Claim, records: Sequence[RunRecord]) -> tuple[float, str]:
-    """The closeness margin: `fraction` of the gain's mean over the gain groups' shared seeds, and how it was made."""
-    gain_a, gain_b = claim.margin.gain
-    a, b = by_seed(records, gain_a, claim.metric), by_seed(records, gain_b, claim.metric)
-    seeds = shared_seeds(a, b)
-    gain = abs(float(np.mean([a[s] - b[s] for s in seeds]))) if seeds else math.nan
-    return claim.margin.fraction * gain, f"{claim.margin.fraction:g} x the gain of {gain_a} over {gain_b}"
+def paper_gain(gain: PaperGain) -> float:
+    """The paper's relative perplexity gain (ids[0] - ids[1]) / ids[1]; NaN where its file or a figure is missing."""
+    values = paper_reference(gain.table)["ppl"]
+    a, b = (float(values[i]) if i in values.index and pd.notna(values[i]) else math.nan for i in gain.ids)
+    return (a - b) / b
 
 
-def _closeness_claim(claim: Claim, records: Sequence[RunRecord], paper_relative: float | None) -> Outcome:
-    """closeness: TOST of a - b within +-margin, paired where pairing helps (as direction claims), else Welch."""
+def _margin(claim: Claim) -> tuple[float, str]:
+    """The closeness margin relative to group b's mean, from the paper or stated, and how it was made."""
+    margin = claim.margin
+    if margin.paper_gain is None:
+        return float(margin.relative), f"stated, +-{100 * margin.relative:.3g}% of {claim.b}'s mean: {margin.reason}"
+    gain = paper_gain(margin.paper_gain)
+    source, labels = _row_labels(margin.paper_gain.table)
+    a, b = (labels.get(i, i) for i in margin.paper_gain.ids)
+    return margin.fraction * abs(gain), (f"{margin.fraction:g} x the paper's gain of {source} row {a} over {b} "
+                                         f"({100 * gain:+.2f}%), relative to {claim.b}'s mean")
+
+
+def _closeness_claim(claim: Claim, records: Sequence[RunRecord], paper: PaperEffect | None) -> Outcome:
+    """closeness: TOST of a - b within +-margin (the paper's, relative to b's mean), paired by seed."""
     a, b = by_seed(records, claim.a, claim.metric), by_seed(records, claim.b or "", claim.metric)
     seeds = shared_seeds(a, b)
-    margin, made = _margin(claim, records)
-    paired = compare_shared_seeds(a, b)
-    result = tost([a[s] for s in seeds], [b[s] for s in seeds], margin, paired.test == "paired t")
-    mean_b = float(np.mean([b[s] for s in seeds])) if seeds else math.nan
-    scale, unit = (100.0 / abs(mean_b), "%") if _relative(claim.metric) and seeds and mean_b else (1.0, "")
     mean_a = float(np.mean([a[s] for s in seeds])) if seeds else math.nan
+    mean_b = float(np.mean([b[s] for s in seeds])) if seeds else math.nan
+    relative_margin, made = _margin(claim)
+    margin = relative_margin * abs(mean_b)
+    paired = compare_shared_seeds(a, b)
+    result = tost([a[s] for s in seeds], [b[s] for s in seeds], margin, paired=True)
+    scale, unit = (100.0 / abs(mean_b), "%") if _relative(claim.metric) and seeds and mean_b else (1.0, "")
     interval = "" if result.interval is None else \
         f"; 95% CI {result.interval[0] * scale:+.3g}{unit} to {result.interval[1] * scale:+.3g}{unit}"
     cells = {"ours": f"{_fmt(result.delta * scale)}{unit} ({_fmt(mean_a, 4)} vs {_fmt(mean_b, 4)}){interval}; "
                      f"margin +-{_fmt(margin * scale)}{unit}",
              "spread (sd)": f"{_fmt(paired.sd and paired.sd * scale)}{unit}", "n": str(len(seeds)),
-             "test": f"TOST, {result.test}" if result.p_value is not None else (result.reason or ""),
+             "test": f"TOST, {result.test}" + ("" if result.p_value is not None else f": {result.reason}"),
              "r (seeds)": _fmt(paired.correlation, 2), "MDE": ""}
 
     def decide(q: float | None) -> str:
@@ -257,14 +326,14 @@ def _closeness_claim(claim: Claim, records: Sequence[RunRecord], paper_relative:
     return Outcome(cells, result.p_value, decide, [f"margin: {made}"])
 
 
-def _level_claim(claim: Claim, records: Sequence[RunRecord], paper_relative: float | None) -> Outcome:
+def _level_claim(claim: Claim, records: Sequence[RunRecord], paper: PaperEffect | None) -> Outcome:
     """level: the mean of group a against the claimed level, one-sample t-test (two-sided)."""
     values = np.array([v for v in by_seed(records, claim.a, claim.metric).values() if math.isfinite(v)])
     mean, sd, n = mean_std(values)
     cells = {"ours": _fmt(mean), "spread (sd)": _fmt(sd), "n": str(n), "test": "one-sample t", "r (seeds)": "",
              "MDE": ""}
     if n < 2 or sd is None or sd == 0.0:
-        cells["test"] = "fewer than two seeds" if n < 2 else "zero variance"
+        cells["test"] = "one-sample t: " + ("fewer than two seeds" if n < 2 else "zero variance")
         return Outcome(cells, None, lambda q: INCONCLUSIVE)
     test = scipy_stats.ttest_1samp(values, claim.level)
     low, high = test.confidence_interval(1 - ALPHA)
@@ -274,7 +343,7 @@ def _level_claim(claim: Claim, records: Sequence[RunRecord], paper_relative: flo
     def decide(q: float | None) -> str:
         if q is not None and q < ALPHA:
             return HOLDS if claimed_side else FAILS
-        return INCONCLUSIVE
+        return _inconclusive(1.0 if claimed_side else -1.0, 1.0)
 
     return Outcome(cells, float(test.pvalue), decide)
 
@@ -291,7 +360,7 @@ def _rank_ids(claim: Claim) -> list[str]:
     return [g for g in claim.rank_ids if gated(g)]
 
 
-def _rank_claim(claim: Claim, records: Sequence[RunRecord], paper_relative: float | None) -> Outcome:
+def _rank_claim(claim: Claim, records: Sequence[RunRecord], paper: PaperEffect | None) -> Outcome:
     """rank: Kendall's tau of our group means against the paper's column, with a bootstrap interval over seeds."""
     ids = _rank_ids(claim)
     values = {g: by_seed(records, g, claim.metric) for g in ids}
@@ -305,12 +374,13 @@ def _rank_claim(claim: Claim, records: Sequence[RunRecord], paper_relative: floa
                                        BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED)
     ci = "" if interval is None else f" (95% bootstrap CI over seeds {interval[0]:+.2f} to {interval[1]:+.2f})"
     cells = {"ours": f"Kendall's tau {_fmt(tau)}{ci}", "spread (sd)": "", "n": str(agreement["n"]),
-             "test": "Kendall tau" if p is not None else (agreement["reason"] or ""), "r (seeds)": "", "MDE": ""}
+             "test": "Kendall tau" + ("" if p is not None else f": {agreement['reason']}"), "r (seeds)": "",
+             "MDE": ""}
 
     def decide(q: float | None) -> str:
         if q is not None and q < ALPHA and tau is not None:
             return HOLDS if tau > 0 else FAILS
-        return INCONCLUSIVE
+        return INCONCLUSIVE if tau is None else _inconclusive(float(np.sign(tau)), 1.0)
 
     return Outcome(cells, p, decide, [f"{len(ids)} variants: {', '.join(parse_group(g)[0] for g in ids)}"]
                    if claim.only_gated else [])
@@ -334,7 +404,7 @@ def _sensitivity_by_seed(records: Sequence[RunRecord], group: str, axis: str, me
             if len(by_value) == len(runs)}
 
 
-def _lr_sensitivity_claim(claim: Claim, records: Sequence[RunRecord], paper_relative: float | None) -> Outcome:
+def _lr_sensitivity_claim(claim: Claim, records: Sequence[RunRecord], paper: PaperEffect | None) -> Outcome:
     """lr sensitivity: per seed, Wortsman et al.'s LR sensitivity over the axis, group a against group b."""
     a = _sensitivity_by_seed(records, claim.a, claim.axis or "", claim.metric)
     b = _sensitivity_by_seed(records, claim.b or "", claim.axis or "", claim.metric)
@@ -350,7 +420,7 @@ def _stable(run: RunRecord, metric: str, init_loss: float) -> bool:
     return run.status == "finished" and math.isfinite(value) and value < init_loss
 
 
-def _stable_rate_claim(claim: Claim, records: Sequence[RunRecord], paper_relative: float | None) -> Outcome:
+def _stable_rate_claim(claim: Claim, records: Sequence[RunRecord], paper: PaperEffect | None) -> Outcome:
     """stable rate: the highest value of the axis at which every ended run of the group trained; shown, not tested."""
     highest = {}
     for group in (claim.a, claim.b or ""):
@@ -364,8 +434,9 @@ def _stable_rate_claim(claim: Claim, records: Sequence[RunRecord], paper_relativ
     return Outcome(cells, None, lambda q: f"{DESCRIPTIVE}: {shown}")
 
 
-# How each kind of claim is tested: (claim, its sweep's records, the paper's relative effect) -> the row's outcome.
-CHECKS: dict[str, Callable[[Claim, Sequence[RunRecord], float | None], Outcome]] = {
+# How each kind of claim is tested: (claim, its sweep's records, the paper's relative effect for the sweep's model) ->
+# the row's outcome.
+CHECKS: dict[str, Callable[[Claim, Sequence[RunRecord], PaperEffect | None], Outcome]] = {
     "direction": _direction_claim,
     "closeness": _closeness_claim,
     "level": _level_claim,
@@ -421,8 +492,6 @@ def _groups(claim: Claim, records: Sequence[RunRecord]) -> list[str]:
         groups = []  # read over the axis: see _axis_runs
     if claim.kind == "change":
         groups = [_with(g, parse_settings(s)) for g in groups for s in claim.setting or ()]
-    if claim.margin is not None:
-        groups += list(claim.margin.gain)
     return list(dict.fromkeys(groups))
 
 
@@ -461,9 +530,45 @@ def _comparison(claim: Claim) -> str:
     return claim.a if claim.b is None else f"{claim.a} vs {claim.b}"
 
 
+def _matching_effect(claim: Claim, effect: PaperEffect | None, records: Sequence[RunRecord]
+                     ) -> tuple[PaperEffect | None, str]:
+    """The paper's effect where it is from the sweep's own kind of model (dense or MoE), and a note saying which
+    figure the row's interval is compared with, or that none is."""
+    if effect is None or claim.kind != "direction" or not _relative(claim.metric):
+        return None, ""
+    models = {architecture(r.spec.experiment.model) for r in records}
+    model = next(iter(models)) if len(models) == 1 else "/".join(sorted(models))
+    if effect.model == model:
+        low, high = sorted(effect.effects, key=abs)[0], sorted(effect.effects, key=abs)[-1]
+        span = f"{100 * low:+.1f}%" if low == high else f"{100 * low:+.1f}% to {100 * high:+.1f}%"
+        return effect, f"95% CI compared with the paper's {model} effect ({effect.source}): {span}"
+    return None, (f"the paper's figure is its {effect.model or 'mixed'} model's, the sweep's is {model}: no size to "
+                  "compare the interval with")
+
+
+def _init_scale(claim: Claim, records: Sequence[RunRecord]) -> tuple[str, str]:
+    """Whether groups a and b start at one scale of the attention output (INIT_SCALE_METRIC's group means within
+    INIT_SCALE_RATIO): MATCHED, DIFFERS or NOT_LOGGED, and a note."""
+    means = {}
+    for group in (claim.a, claim.b or ""):
+        values = [v for v in by_seed(records, group, INIT_SCALE_METRIC).values() if math.isfinite(v)]
+        means[group] = float(np.mean(values)) if values else math.nan
+    unlogged = [g for g, m in means.items() if not math.isfinite(m)]
+    if unlogged:
+        return NOT_LOGGED, (f"init scale not logged ({INIT_SCALE_METRIC} absent on the runs of "
+                            f"{', '.join(unlogged)}): the init-scale rule could not be applied")
+    mean_a, mean_b = means[claim.a], means[claim.b or ""]
+    ratio = mean_a / mean_b if mean_b else math.inf
+    low, high = INIT_SCALE_RATIO
+    inside = low <= ratio <= high
+    return (MATCHED if inside else DIFFERS), (f"init scale ({INIT_SCALE_METRIC}) {mean_a:.3g} vs {mean_b:.3g}, "
+                                              f"ratio {ratio:.3g}, {'inside' if inside else 'outside'} "
+                                              f"[{low:g}, {high:g}]")
+
+
 def evaluate_claim(claim: Claim, records: Sequence[RunRecord] | None) -> tuple[dict[str, str], Outcome]:
     """One row of the claims table before the correction: its fixed cells, and the outcome of its test."""
-    paper_text, paper_relative = _paper_figure(claim)
+    paper_text, effect = _paper_figure(claim)
     row = {"claim": claim.claim, "sweep": claim.sweep, "comparison": _comparison(claim), "metric": claim.metric,
            "paper": paper_text}
     empty = dict.fromkeys(("ours", "spread (sd)", "n", "test", "r (seeds)", "MDE"), "")
@@ -472,7 +577,8 @@ def evaluate_claim(claim: Claim, records: Sequence[RunRecord] | None) -> tuple[d
     missing = _missing(claim, records)
     if missing:
         return row, Outcome(empty, None, lambda q: NOT_RUN, [*missing, claim.why])
-    outcome = CHECKS[claim.kind](claim, records, paper_relative)
+    effect, compared = _matching_effect(claim, effect, records)
+    outcome = CHECKS[claim.kind](claim, records, effect)
     diverged = sum(r.status == "diverged" for r in _runs_read(claim, records))
     if diverged:
         outcome.notes.append(f"{diverged} diverged run(s) counted as uniform prediction"
@@ -487,19 +593,46 @@ def evaluate_claim(claim: Claim, records: Sequence[RunRecord] | None) -> tuple[d
     if failed:
         reasons = [f"not testable: {rule.reason} ({text})" for rule, text in failed]
         return row, Outcome(untested, None, lambda q: NOT_TESTABLE, [*reasons, *outcome.notes, claim.why])
+    if claim.kind == "direction":
+        outcome.scale, scale_note = _init_scale(claim, records)
+        outcome.notes += [compared, scale_note]
     outcome.notes = [f"testable: {text}" for _, _, text in checked] + outcome.notes + [claim.why]
     return row, outcome
 
 
+def _verdicts(claims: Sequence[Claim], outcomes: Sequence[Outcome], q_values: Sequence[float | None]
+              ) -> list[tuple[str, list[str]]]:
+    """Each row's verdict from its q, then the init-scale rule: a row that would hold while its groups start at
+    different scales is init-scale confounded, unless it names a scale-matched control row and that row holds (a
+    control names no control of its own, so its verdict is final after the first pass)."""
+    first: list[tuple[str, list[str]]] = []
+    for claim, outcome, q in zip(claims, outcomes, q_values, strict=True):
+        verdict = outcome.decide(q)
+        if verdict == HOLDS and outcome.scale == DIFFERS and claim.scale_control is None:
+            first.append((CONFOUNDED, ["no scale-matched control row (scale_control)"]))
+        else:
+            first.append((verdict, []))
+    by_claim = {claim.claim: verdict for claim, (verdict, _) in zip(claims, first, strict=True)}
+    final = []
+    for claim, outcome, (verdict, notes) in zip(claims, outcomes, first, strict=True):
+        if verdict == HOLDS and outcome.scale == DIFFERS and claim.scale_control is not None:
+            control = by_claim.get(claim.scale_control, "not in this table")
+            verdict = HOLDS if control == HOLDS else CONFOUNDED
+            notes = [f"the scale-matched control row \"{claim.scale_control}\": {control}"]
+        final.append((verdict, notes))
+    return final
+
+
 def claims_table(records_by_sweep: Mapping[str, Sequence[RunRecord]], claims: Sequence[Claim]) -> pd.DataFrame:
-    """Every claim, in order, with p and the table's Benjamini-Hochberg q; a claim whose sweep is not given is marked
-    "not run"."""
+    """Every claim, in order, with p and the table's Benjamini-Hochberg q over the rows with a p-value; a claim whose
+    sweep is not given is marked "not run"."""
     evaluated = [evaluate_claim(claim, records_by_sweep.get(claim.sweep)) for claim in claims]
     q_values = benjamini_hochberg([outcome.p_value for _, outcome in evaluated])
+    verdicts = _verdicts(claims, [outcome for _, outcome in evaluated], q_values)
     rows = []
-    for (row, outcome), q in zip(evaluated, q_values, strict=True):
-        rows.append(row | outcome.cells | {"p": _p(outcome.p_value), "q": _p(q), "verdict": outcome.decide(q),
-                                           "note": "; ".join(n for n in outcome.notes if n)})
+    for (row, outcome), q, (verdict, notes) in zip(evaluated, q_values, verdicts, strict=True):
+        rows.append(row | outcome.cells | {"p": _p(outcome.p_value), "q": _p(q), "verdict": verdict,
+                                           "note": "; ".join(n for n in [*outcome.notes, *notes] if n)})
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
@@ -510,40 +643,121 @@ def kinds() -> tuple[str, ...]:
 
 
 VERDICT_RULES = [
-    "Seeds: a row compares two groups over the seeds both ended (shared seeds), and its means are over those seeds. "
-    "Runs of one seed share data order and initialisation, but pairing helps only where the two groups move together: "
-    "the paired t-test is used when Pearson's r of the groups over the shared seeds (column r) is > 0, Welch's t-test "
-    "on the same values otherwise. Perplexity differences are % of the second group's mean.",
+    "Seeds and test: a row compares two groups over the seeds both ended (shared seeds), and its means are over those "
+    "seeds. Every sweep crosses its variants with the same seeds, and runs of one seed share data order and "
+    "initialisation (common random numbers): the design pairs them, so every two-group row's test is the paired "
+    "t-test (column test), fixed before any run and whatever the values. Welch's test would serve only groups without "
+    "seed pairs; no sweep here has such groups, so no row uses it. Fewer than two shared seeds: no test. Column r "
+    "(Pearson's r of the two groups over the shared seeds) describes the pairing and chooses nothing. Perplexity "
+    "differences and their 95% intervals are % of the second group's mean.",
     "Multiple comparisons: p (two-sided) of every tested row is corrected across the whole table by "
-    "Benjamini-Hochberg (column q); verdicts are decided on q < 0.05.",
-    "Direction: holds at q < 0.05 the paper's way; does not hold at q < 0.05 the other way or, for perplexity, when "
-    "the minimum detectable effect (MDE, 80% power at p < 0.05) is below the paper's own relative effect; otherwise "
-    "inconclusive at this scale. Change: the same, on each seed's change of the metric between two settings.",
-    "Closeness (also where the paper reports no difference): two one-sided tests (TOST) of the difference within "
-    "+-margin, the margin stated in the row (a fraction of a gain measured in the same sweep); holds at q < 0.05, does "
-    "not hold when the 95% interval of the difference lies beyond the margin, otherwise inconclusive.",
-    "Level: one-sample t-test of the mean against the level; holds at q < 0.05 on the claimed side, does not hold at "
-    "q < 0.05 on the other. Rank: Kendall's tau of our means against the paper's, holds at q < 0.05 with tau > 0; "
+    "Benjamini-Hochberg (column q); verdicts are decided on q < 0.05. Rows without a p-value are not in the family.",
+    "Direction (paired t): holds at q < 0.05 the paper's way; does not hold at q < 0.05 the other way; for "
+    "perplexity, does not hold (the paper's size excluded) when the 95% interval of our relative difference lies "
+    "wholly on the near side of every effect the paper reports for the sweep's kind of model (Table 2 for a dense "
+    "sweep, Tables 1, 3 and 4 for an MoE one; the paper column gives the figure and the note says which one the "
+    "interval is compared with), and never where the paper has no figure for that kind of model; otherwise "
+    "inconclusive at this scale, with the way our figures point (the paper's direction, or the other way). The MDE "
+    "(80% power at p < 0.05) describes the test and decides nothing. Change (paired t on each seed's change of the "
+    "metric between two settings): the same, without the paper's size.",
+    f"Init scale: a direction row that would hold, whose two groups' mean {INIT_SCALE_METRIC} (the attention "
+    f"sublayer's output RMS at step 0, mean over layers) are in a ratio outside [{INIT_SCALE_RATIO[0]:g}, "
+    f"{INIT_SCALE_RATIO[1]:g}], is init-scale confounded (its test figures shown), unless it names a scale-matched "
+    "control row (a direction row about the same group against one that starts at its scale) and that row holds. "
+    "Where the runs do not log the metric the rule cannot be applied, and the row's note says so.",
+    "Closeness (TOST, paired t; also where the paper reports no difference): two one-sided tests of the difference "
+    "within +-margin. Margins come from the paper, never from our runs: a fraction (half) of the paper's own "
+    "perplexity gain on the sweep's kind of model, or a stated relative margin with its reason, as a share of the "
+    "second group's mean (the note names it); holds at q < 0.05, does not hold when the 95% interval lies beyond the "
+    "margin, otherwise inconclusive.",
+    "Level (one-sample t): the mean against the level; holds at q < 0.05 on the claimed side, does not hold at "
+    "q < 0.05 on the other. Rank (Kendall tau): our means against the paper's, holds at q < 0.05 with tau > 0; "
     f"also within the gated rows only, with a 95% bootstrap interval over seeds ({BOOTSTRAP_RESAMPLES} resamples, "
     "fixed seed).",
-    "LR sensitivity (Wortsman et al. 2023): per seed, the mean over the grid of rates of min(final val/loss, ln vocab) "
-    "minus its lowest; compared like a direction. Stable rate: the highest rate at which no run diverged or ended at "
-    "or above ln vocab; descriptive, not tested.",
+    "LR sensitivity (Wortsman et al. 2023; paired t): per seed, the mean over the grid of rates of min(final "
+    "val/loss, ln vocab) minus its lowest; compared like a change. Stable rate: the highest rate at which no run "
+    "diverged or ended at or above ln vocab; descriptive, not tested.",
     "Diverged runs count in both groups, as the worst value: the loss (ln vocab) or perplexity (vocab) of uniform "
     "prediction; a probe has no worst value, so its diverged runs are left out and counted in the note.",
     "Not testable at this scale: a condition the claim needs did not arise in these runs (no attention sink, no "
     "massive activation, gate scores not moved from init, no instability at any rate); the row's note states the rule, "
     "its threshold and what was measured. Such rows, rows true by construction (shown with the reason) and "
-    "descriptive rows get no p-value and count neither for nor against the paper.",
+    "descriptive rows get no p-value, are not in the Benjamini-Hochberg family, and count neither for nor against "
+    "the paper.",
     "Paper: Qiu et al. 2025 (arXiv 2505.06708), Tables 1-4, numbers in results/paper/; its models are 15B MoE / 1.7B "
-    "dense on 400B tokens, so compare directions, not magnitudes.",
+    "dense on 400B tokens or more, so compare directions, not magnitudes.",
 ]
+
+
+# --- the summary: the first paragraph of results/tiny/README.md, from the table ---------------------------------------
+
+# The paper's dense models: 1.7B parameters on 400B to 3.5T tokens (Table 2's blocks).
+PAPER_DENSE_PARAMETERS, PAPER_DENSE_TOKENS = 1.7e9, (400e9, 3.5e12)
+
+
+def tokens_per_parameter(records_by_sweep: Mapping[str, Sequence[RunRecord]]) -> list[tuple[str, float]]:
+    """(sweep, training tokens per parameter of its baseline: max_steps x batch_size x seq_len over the baseline's
+    parameter count) for each sweep with runs and a resolved vocabulary."""
+    from gatelab.model.params import count_parameters, resolve_model
+
+    regimes = []
+    for sweep, records in records_by_sweep.items():
+        first = next((r for r in records if r.spec.experiment.variant == "baseline"), records[0] if records else None)
+        if first is None or _vocab_size(first) is None:
+            continue
+        experiment = first.spec.experiment
+        tokens = experiment.train.max_steps * experiment.train.batch_size * experiment.data.seq_len
+        regimes.append((sweep, tokens / count_parameters(resolve_model(experiment))))
+    return regimes
+
+
+def _count(verdicts: Sequence[str], label: str) -> int:
+    return sum(v == label or v.startswith((f"{label} ", f"{label}:")) for v in verdicts)
+
+
+def _claims_list(table: pd.DataFrame, label: str) -> str:
+    """The rows with a verdict, as "claim (sweep, q Q, how)", q as the table prints it (never rounded again)."""
+    items = []
+    for _, row in table.iterrows():
+        if row["verdict"] == label or row["verdict"].startswith(f"{label} ("):
+            how = row["verdict"][len(label):].strip(" ()")
+            items.append(f"{row['claim']} ({row['sweep']}, q {row['q']}{', ' + how if how else ''})")
+    return "; ".join(items) or "none"
+
+
+def summary(table: pd.DataFrame, regimes: Sequence[tuple[str, float]] = ()) -> str:
+    """The first paragraph of results/tiny/README.md, made from the claims table (`claims_table`) and the regimes'
+    tokens per parameter (`tokens_per_parameter`), so that its counts and q-values cannot drift from the table."""
+    verdicts = list(table["verdict"])
+    count = {label: _count(verdicts, label) for label in (HOLDS, FAILS, CONFOUNDED, INCONCLUSIVE, NOT_TESTABLE,
+                                                          TRUE_BY_CONSTRUCTION, DESCRIPTIVE, NOT_RUN)}
+    ways = [sum(v == _inconclusive(sign, 1.0) for v in verdicts) for sign in (1.0, -1.0)]
+    low, high = (t / PAPER_DENSE_PARAMETERS for t in PAPER_DENSE_TOKENS)
+    scale = ", ".join(f"{sweep} {value:,.3g}" for sweep, value in regimes)
+    lines = [
+        f"The claims table tests the paper's claims on runs of {len(set(table['sweep']))} sweeps at tiny scale"
+        + (f" (training tokens a parameter: {scale}; the paper's dense models see {low:,.0f} to {high:,.0f})"
+           if regimes else "") + ".",
+        f"Of its {len(table)} rows, {int((table['p'] != '').sum())} have a test (a p-value each, corrected together "
+        f"by Benjamini-Hochberg). Verdicts: {HOLDS} {count[HOLDS]}; {FAILS} {count[FAILS]}; {CONFOUNDED} "
+        f"{count[CONFOUNDED]}; {INCONCLUSIVE} {count[INCONCLUSIVE]} ({ways[0]} pointing the paper's way, {ways[1]} "
+        f"the other way, {count[INCONCLUSIVE] - sum(ways)} with no direction to point).",
+        f"Counting neither for nor against the paper: {NOT_TESTABLE} {count[NOT_TESTABLE]} (a condition the claim "
+        f"needs did not arise); {TRUE_BY_CONSTRUCTION} {count[TRUE_BY_CONSTRUCTION]}; descriptive "
+        f"{count[DESCRIPTIVE]}; {NOT_RUN} {count[NOT_RUN]}.",
+        f"Holding: {_claims_list(table, HOLDS)}.",
+        f"Not holding: {_claims_list(table, FAILS)}.",
+        "At this scale the runs can say which way a change moves perplexity and the probes, and whether the paper's "
+        "effect is excluded; they cannot say how large the paper's gains are at its scale, nor test what needs a "
+        "trained model's attention sink or massive activations where the not-testable rows say none formed.",
+    ]
+    return " ".join(lines) + "\n"
 
 
 def write_claims(records: Mapping[str, Sequence[RunRecord]], claims: Sequence[Claim], out_dir: Path,
                  formats: Sequence[str], command: str | None = None, log=print) -> list[Path]:
-    """The claims table of the runs (`records`, by sweep name), written as `claims.<format>` under `out_dir`; prints
-    each claim's verdict."""
+    """The claims table of the runs (`records`, by sweep name), written as `claims.<format>` under `out_dir`, and
+    with Markdown its summary paragraph as `summary.md` (`summary`); prints each claim's verdict."""
     from gatelab.report.export import ReportTable, export_report
     from gatelab.report.tables import data_stamp
 
@@ -552,5 +766,8 @@ def write_claims(records: Mapping[str, Sequence[RunRecord]], claims: Sequence[Cl
     table = ReportTable("The paper's claims at tiny scale", frame, VERDICT_RULES + list(missing))
     written = export_report([table], [], out_dir, formats, "claims", command=command,
                             stamp=data_stamp([r for rs in records.values() for r in rs]))
+    if "md" in formats:  # the README's first paragraph, from the same table
+        written.append(Path(out_dir) / "summary.md")
+        written[-1].write_text(summary(frame, tokens_per_parameter(records)), encoding="utf-8")
     log(frame[["claim", "ours", "p", "q", "verdict"]].to_string(index=False))
     return written

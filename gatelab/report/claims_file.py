@@ -32,20 +32,58 @@ ON_AN_AXIS: tuple[str, ...] = ("lr sensitivity", "stable rate")
 
 
 class PaperFigure(StrictModel):
-    """Where the paper's figure for a claim comes from: a table's column for the claim's rows, or words."""
+    """Where the paper's figure for a claim comes from: a table's column for the claim's rows, or words.
+
+    The table says which of the paper's models the figure is from (gatelab.paper.TABLES: Table 2 dense; Tables 1, 3, 4
+    and 6 MoE). A perplexity direction row compares its 95% interval with the figure's relative effect only where that
+    model is the sweep's (dense or MoE): a dense row whose figure is an MoE one can never be "does not hold (the
+    paper's size excluded)".
+    """
 
     table: str | None = None  # a gatelab.paper.SWEEP_TABLES key
     column: str = "ppl"  # a column of gatelab.paper.reference(table): ppl, Gate Score, M-Act, F-Attn, ...
     ids: list[str] | None = None  # the paper's row ids for (a, b), or (a,) for a level, where they are not the variants
+    # (a, b) row pairs of `table` whose relative differences (a - b) / b are the paper's effect as a range (e.g. G1
+    # against the baseline in each block of Table 2); default: the one pair `ids` (or the variants of a and b)
+    pairs: list[tuple[str, str]] | None = None
     text: str = ""  # the paper's figure in words, where no pair of rows gives it
 
 
-class Margin(StrictModel):
-    """A closeness claim's equivalence margin: `fraction` of the gain of group gain[0] over gain[1], measured in the
-    same sweep over the seeds both have."""
+class PaperGain(StrictModel):
+    """Two rows of one of the paper's tables whose relative perplexity difference (ids[0] - ids[1]) / ids[1] is a
+    gain of the paper's."""
 
-    fraction: PositiveFloat
-    gain: tuple[str, str]
+    table: str  # a gatelab.paper.SWEEP_TABLES key, of the sweep's model (dense: table2; MoE: table1, table3, ...)
+    ids: tuple[str, str]
+
+
+class Margin(StrictModel):
+    """A closeness claim's equivalence margin, relative to group b's mean and never measured on our runs: `fraction`
+    of the paper's gain `paper_gain` (from the paper's model of the sweep's kind, dense or MoE), or a `relative`
+    margin stated with its `reason`."""
+
+    fraction: PositiveFloat | None = None
+    paper_gain: PaperGain | None = None
+    relative: PositiveFloat | None = None  # e.g. 0.01: +-1% of group b's mean
+    reason: str = ""  # why a stated relative margin is the right one
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_gain_from_our_runs(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "gain" in data:
+            raise ValueError("margin.gain (a gain measured on our own runs) is gone: margins come from the paper; "
+                             "write {fraction: 0.5, paper_gain: {table: table1, ids: [g1_elem_sig, baseline]}} or "
+                             "{relative: 0.01, reason: ...}")
+        return data
+
+    @model_validator(mode="after")
+    def _one_form(self) -> Margin:
+        from_paper = (self.fraction is not None, self.paper_gain is not None)
+        stated = (self.relative is not None, bool(self.reason))
+        if not ((all(from_paper) and not any(stated)) or (all(stated) and not any(from_paper))):
+            raise ValueError("a margin is either {fraction: F, paper_gain: {table: T, ids: [A, B]}} or "
+                             "{relative: R, reason: WHY}")
+        return self
 
 
 AXIS_RULES = ("unstable", "diverges")  # rules read over an axis of the grid (e.g. train.lr), not at one setting
@@ -103,6 +141,9 @@ class Claim(StrictModel):
     paper: PaperFigure = PaperFigure()
     testable_if: list[TestableIf] = []
     true_by_construction: str | None = None  # why the row cannot fail: shown, not tested, not counted as support
+    # direction: the claim (its text) of another row of the sweep comparing group a with a group whose attention output
+    # starts at a's scale; a row whose groups start at different scales holds only if that row holds
+    scale_control: str | None = None
     why: str = ""  # a note on the row: what the test means at this scale
 
     @model_validator(mode="after")
@@ -119,7 +160,10 @@ class Claim(StrictModel):
         if self.kind in ON_AN_AXIS and self.axis is None:
             problems.append(f"a {self.kind} claim needs axis, the swept key it varies (e.g. train.lr)")
         if self.kind == "closeness" and self.margin is None:
-            problems.append("a closeness claim needs margin: {fraction: F, gain: [GROUP, GROUP]}")
+            problems.append("a closeness claim needs margin: {fraction: F, paper_gain: {table: T, ids: [A, B]}} or "
+                            "{relative: R, reason: WHY}")
+        if self.scale_control is not None and self.kind != "direction":
+            problems.append("scale_control is a direction claim's key")
         if self.kind == "rank" and len(self.rank_ids) < 3:
             problems.append("a rank claim needs at least 3 rank_ids")
         if problems:
@@ -170,6 +214,12 @@ def parse_group(text: str) -> tuple[str, dict[str, Any]]:
     return variant, parse_settings(rest)
 
 
+def architecture(model: Any) -> str:
+    """"moe" for an experiment's model with an MoE FFN (ffn: moe, or a moe block), else "dense": which of the paper's
+    models (gatelab.paper.TABLES[...].model) a sweep's runs stand for."""
+    return "moe" if model.ffn == "moe" or model.moe is not None else "dense"
+
+
 # --- loading and checking --------------------------------------------------------------------------------------------
 
 
@@ -204,6 +254,7 @@ class _SweepGrid:
                 if not any(_same(value, v) for v in known):
                     known.append(value)
         self.groups = {group_name(spec.experiment.variant, spec.settings()) for spec in self.specs}
+        self.architectures = {architecture(spec.experiment.model) for spec in self.specs}
 
     def resolve(self, text: str, where: str, problems: list[str], partial: bool = False,
                 extra: Mapping[str, Any] | None = None) -> str | None:
@@ -270,25 +321,39 @@ def sweep_files(folder: Path) -> dict[str, Path]:
     return found
 
 
-def _check_paper(claim: Claim, where: str, problems: list[str]) -> None:
+def _paper_rows(table: str, column: str, where: str, problems: list[str]) -> list[str] | None:
+    """The row ids of the paper's `table` (a SWEEP_TABLES key) that has `column`; None where there is nothing to
+    check ids against (a problem added, or the paper's file missing: the table prints a note that it is)."""
     from gatelab.paper import SWEEP_TABLES, missing_files, reference
 
+    if table not in SWEEP_TABLES:
+        problems.append(f"{where}.table: '{table}' is not a paper table{_hint(table, list(SWEEP_TABLES))}; valid: "
+                        f"{', '.join(SWEEP_TABLES)}")
+        return None
+    if missing_files(table):
+        return None
+    frame = reference(table)
+    if column not in frame.columns:
+        columns = [str(c) for c in frame.columns]
+        problems.append(f"{where}.column: '{column}' is not a column of the paper's {table}{_hint(column, columns)}; "
+                        f"its columns: {', '.join(columns)}")
+        return None
+    return [str(i) for i in frame.index]
+
+
+def _check_ids(table: str, ids: list[str], rows: list[str], key: str, where: str, problems: list[str]) -> None:
+    for paper_id in ids:
+        if paper_id not in rows:
+            problems.append(f"{where}: {key}: the paper's {table} has no row '{paper_id}'{_hint(paper_id, rows)}; "
+                            f"give paper.ids or paper.text (its rows: {', '.join(rows)})")
+
+
+def _check_paper(claim: Claim, where: str, problems: list[str]) -> None:
     figure = claim.paper
     if figure.table is None:
         return
-    if figure.table not in SWEEP_TABLES:
-        problems.append(f"{where}: paper.table: '{figure.table}' is not a paper table"
-                        f"{_hint(figure.table, list(SWEEP_TABLES))}; valid: {', '.join(SWEEP_TABLES)}")
-        return
-    if missing_files(figure.table):
-        return  # the table prints a note that the paper's file is missing; nothing to check the ids against
-    frame = reference(figure.table)
-    if figure.column not in frame.columns:
-        columns = [str(c) for c in frame.columns]
-        problems.append(f"{where}: paper.column: '{figure.column}' is not a column of the paper's {figure.table}"
-                        f"{_hint(figure.column, columns)}; its columns: {', '.join(columns)}")
-        return
-    if figure.text:
+    rows = _paper_rows(figure.table, figure.column, f"{where}: paper", problems)
+    if rows is None or figure.text:
         return
     if figure.ids is not None:
         ids, key = figure.ids, "paper.ids"
@@ -297,11 +362,51 @@ def _check_paper(claim: Claim, where: str, problems: list[str]) -> None:
     else:
         groups = [claim.a] if claim.kind == "level" else [claim.a, claim.b or ""]
         ids, key = [parse_group(g)[0] for g in groups], "the variants of a and b (as the paper's ids)"
-    rows = [str(i) for i in frame.index]
-    for paper_id in ids:
-        if paper_id not in rows:
-            problems.append(f"{where}: {key}: the paper's {figure.table} has no row '{paper_id}'"
-                            f"{_hint(paper_id, rows)}; give paper.ids or paper.text (its rows: {', '.join(rows)})")
+    if figure.ids is not None or figure.pairs is None:
+        _check_ids(figure.table, ids, rows, key, where, problems)
+    for i, pair in enumerate(figure.pairs or ()):
+        _check_ids(figure.table, list(pair), rows, f"paper.pairs[{i}]", where, problems)
+
+
+def _check_margin(margin: Margin, grid: _SweepGrid, where: str, problems: list[str]) -> None:
+    """A margin from the paper names real rows of a table of the paper's model of the sweep's kind (dense or MoE)."""
+    from gatelab.paper import model_kinds
+
+    gain = margin.paper_gain
+    if gain is None:
+        return
+    rows = _paper_rows(gain.table, "ppl", f"{where}: margin.paper_gain", problems)
+    if rows is None:
+        return
+    _check_ids(gain.table, list(gain.ids), rows, "margin.paper_gain.ids", where, problems)
+    kinds = model_kinds(gain.table)
+    if kinds != grid.architectures:
+        problems.append(f"{where}: margin.paper_gain: the paper's {gain.table} is its {'/'.join(sorted(kinds))} "
+                        f"model's, and sweep {grid.name} trains {'/'.join(sorted(grid.architectures))} models; name a "
+                        "table of the same kind (table2 dense; table1, table3 MoE) or give {relative: R, reason: WHY}")
+
+
+def _check_scale_controls(claims: list[Claim], wheres: list[str], problems: list[str]) -> None:
+    """Each scale_control names one other direction row of the same sweep about the same group a, itself without a
+    scale_control (a control's verdict is read as it stands)."""
+    by_text: dict[str, list[Claim]] = {}
+    for claim in claims:
+        by_text.setdefault(claim.claim, []).append(claim)
+    for claim, where in zip(claims, wheres, strict=True):
+        if claim.scale_control is None:
+            continue
+        named = by_text.get(claim.scale_control, [])
+        same = [c.claim for c in claims if c.sweep == claim.sweep and c.kind == "direction" and c.a == claim.a
+                and c is not claim]
+        if len(named) != 1 or named[0] is claim:
+            problems.append(f"{where}: scale_control: {'several rows' if named else 'no row'} '{claim.scale_control}'"
+                            f"{_hint(claim.scale_control, same)}; rows of {claim.sweep} about {claim.a}: "
+                            f"{', '.join(same) or '(none)'}")
+            continue
+        control = named[0]
+        if (control.sweep, control.kind, control.a) != (claim.sweep, "direction", claim.a) or control.scale_control:
+            problems.append(f"{where}: scale_control: '{control.claim}' is not a direction row of {claim.sweep} about "
+                            f"{claim.a} without a scale_control of its own")
 
 
 def _check_claim(claim: Claim, grid: _SweepGrid, where: str, problems: list[str]) -> Claim:
@@ -340,8 +445,7 @@ def _check_claim(claim: Claim, grid: _SweepGrid, where: str, problems: list[str]
         update["rank_ids"] = [grid.resolve(g, f"{where}: rank_ids[{i}]", problems)
                               for i, g in enumerate(claim.rank_ids)]
     if claim.margin is not None:
-        gain = tuple(grid.resolve(g, f"{where}: margin.gain[{i}]", problems) for i, g in enumerate(claim.margin.gain))
-        update["margin"] = claim.margin.model_copy(update={"gain": gain})
+        _check_margin(claim.margin, grid, where, problems)
     rules = []
     for i, rule in enumerate(claim.testable_if):
         at = f"{where}: testable_if[{i}]"
@@ -379,6 +483,7 @@ def load_claims(path: str | Path, sweeps: Mapping[str, Any] | None = None) -> li
     grids: dict[str, _SweepGrid] = {}
     problems: list[str] = []
     claims: list[Claim] = []
+    wheres: list[str] = []
     names = sorted(set(files) | set(loaded))
     for index, claim in enumerate(parsed.claims):
         where = f"claims[{index}] \"{claim.claim}\""
@@ -396,6 +501,8 @@ def load_claims(path: str | Path, sweeps: Mapping[str, Any] | None = None) -> li
                             f"its sweeps: {', '.join(names)}")
             continue
         claims.append(_check_claim(claim, grids[claim.sweep], where, problems))
+        wheres.append(where)
+    _check_scale_controls(claims, wheres, problems)
     if problems:
         raise GatelabError(f"{source}: invalid claims file\n" + "\n".join(f"  {p}" for p in problems))
     return claims

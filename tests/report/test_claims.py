@@ -157,14 +157,13 @@ def test_a_real_gain_holds_a_reversed_one_does_not_and_noise_is_inconclusive(cla
 
     frame = C.claims_table({CORE: _records(CORE, noisy)}, claims)
     row = _row(frame, "G1 elementwise sigmoid lowers Avg PPL (dense)")
-    assert float(row["q"]) >= 0.05 and row["verdict"] == C.INCONCLUSIVE  # the noise is seeded: always this draw
+    assert float(row["q"]) >= 0.05 and row["verdict"].startswith(C.INCONCLUSIVE)  # seeded: always this draw
 
-    def tight(variant, settings, seed):  # no effect, noise so small that the paper's gain would have shown
+    def tight(variant, settings, seed):  # no effect, noise so small that the interval excludes the paper's gain
         return {"ppl/avg": 300 + 30 * _noise(seed, "shared") + 0.01 * _noise(seed, variant)}
 
     frame = C.claims_table({CORE: _records(CORE, tight)}, claims)
-    assert _row(frame, "G1 elementwise sigmoid lowers Avg PPL (dense)")["verdict"] == \
-        f"{C.FAILS} (an effect of the paper's size would have been seen)"
+    assert _row(frame, "G1 elementwise sigmoid lowers Avg PPL (dense)")["verdict"] == C.PAPER_SIZE_EXCLUDED
 
 
 def test_verdicts_are_decided_on_q_not_p(claims):
@@ -185,7 +184,7 @@ def test_verdicts_are_decided_on_q_not_p(claims):
     row = _row(frame, "G1 elementwise sigmoid lowers Avg PPL (dense)")
     assert row["test"] == "paired t" and float(row["p"]) == pytest.approx(expected_p, rel=1e-2)
     assert float(row["p"]) < 0.05 <= float(row["q"])
-    assert row["verdict"] == C.INCONCLUSIVE
+    assert row["verdict"] == f"{C.INCONCLUSIVE} (the paper's direction)"
 
 
 def test_row_means_are_over_the_seeds_both_groups_ended():
@@ -201,14 +200,16 @@ def test_row_means_are_over_the_seeds_both_groups_ended():
     assert row["n"] == "2" and "(105 vs 122.5)" in row["ours"]
     assert row["ours"].startswith(f"{100 * (105 - 122.5) / 122.5:.3g}%")
     assert row["test"] == "paired t" and row["r (seeds)"] == "1"  # two seeds moving together: r = 1
-    # the same groups moving apart over the seeds: Welch, and r says why
+    # the same groups moving apart over the seeds (r = -1): still the paired test, which the design fixes (the
+    # first pass chose Welch here, after looking at r)
     values[("baseline", 1)] = 115.0
     frame = C.claims_table({TRAINED: _records(TRAINED, lambda v, s, seed: {"ppl/avg": values.get((v, seed), 200.0)},
                                               lambda spec: "drop" if (spec.experiment.variant,
                                                                       spec.experiment.seed) == ("baseline", 2)
                                               else "finished")}, [claim])
     row = _row(frame, claim.claim)
-    assert row["test"] == "Welch t" and row["r (seeds)"] == "-1" and "(105 vs 117.5)" in row["ours"]
+    assert row["test"] == "paired t" and row["r (seeds)"] == "-1" and "(105 vs 117.5)" in row["ours"]
+    assert float(row["p"]) == pytest.approx(float(stats.ttest_rel([100.0, 110.0], [120.0, 115.0]).pvalue), rel=1e-2)
 
 
 def test_close_is_an_equivalence_test_with_the_margin_stated(claims):
@@ -220,7 +221,8 @@ def test_close_is_an_equivalence_test_with_the_margin_stated(claims):
     close = _row(C.claims_table({CORE: _records(CORE, lambda v, s, seed: ppl(v, s, seed, 1.0))}, claims), claim)
     far = _row(C.claims_table({CORE: _records(CORE, lambda v, s, seed: ppl(v, s, seed, 15.0))}, claims), claim)
     assert close["verdict"] == C.HOLDS and close["test"].startswith("TOST") and float(close["q"]) < 0.05
-    assert "margin +-" in close["ours"] and "margin: 0.5 x the gain of g1_elem_sig" in close["note"]
+    assert "margin +-0.896%" in close["ours"]  # half the paper's dense gain, 7.288 against 7.421 (Table 2)
+    assert "margin: 0.5 x the paper's gain of Table 2 row (8) over (5) (-1.79%)" in close["note"]
     assert far["verdict"] == f"{C.FAILS} (apart by more than the margin)"
 
 

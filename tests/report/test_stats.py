@@ -416,27 +416,29 @@ def test_lr_sensitivity_by_hand():
     assert math.isnan(lr_sensitivity({}, 7.0))
 
 
-def test_compare_shared_seeds_pairs_only_when_the_groups_move_together():
+def test_compare_shared_seeds_always_pairs_whatever_r():
     # Seeds 0-2 shared; seed 3 only in a (a wild value that must not reach the mean). a and b rise together: r > 0.
     a, b = {0: 11.0, 1: 22.0, 2: 33.5, 3: 1000.0}, {0: 10.0, 1: 20.0, 2: 30.0}
     together = compare_shared_seeds(a, b)
     assert together.test == "paired t" and together.n == 3
     assert together.correlation == pytest.approx(np.corrcoef([11, 22, 33.5], [10, 20, 30])[0, 1])
     assert together.delta == pytest.approx((11 + 22 + 33.5) / 3 - 20.0)  # over the shared seeds only
-    assert together.p_value == pytest.approx(float(stats.ttest_rel([11, 22, 33.5], [10, 20, 30]).pvalue))
-    # Against b reversed the correlation is negative: Welch's test on the same three pairs' values.
+    test = stats.ttest_rel([11, 22, 33.5], [10, 20, 30])
+    assert together.p_value == pytest.approx(float(test.pvalue))
+    assert together.interval == pytest.approx(tuple(test.confidence_interval(0.95)))
+    # Against b reversed r < 0: the first pass chose Welch here; the design pairs by seed, so the test is still paired
     opposite = compare_shared_seeds(a, {0: 30.0, 1: 20.0, 2: 10.0})
-    assert opposite.test == "Welch t" and opposite.correlation < 0
-    assert opposite.p_value == pytest.approx(
-        float(stats.ttest_ind([11, 22, 33.5], [30, 20, 10], equal_var=False).pvalue))
+    assert opposite.test == "paired t" and opposite.correlation < 0
+    assert opposite.p_value == pytest.approx(float(stats.ttest_rel([11, 22, 33.5], [30, 20, 10]).pvalue))
 
 
 def test_compare_shared_seeds_needs_two_shared_seeds():
     result = compare_shared_seeds({0: 1.0, 1: 2.0}, {1: 1.5, 2: 3.0})
     assert result.p_value is None and result.n == 1 and "1 shared seed" in result.reason
-    assert result.delta == pytest.approx(0.5)
+    assert result.test == "paired t" and result.delta == pytest.approx(0.5) and result.interval is None
     constant = compare_shared_seeds({0: 1.0, 1: 2.0, 2: 3.0}, {0: 5.0, 1: 5.0, 2: 5.0})
-    assert constant.correlation is None and constant.test == "Welch t"  # r undefined: no pairing
+    assert constant.correlation is None and constant.test == "paired t"  # r undefined: a description, not a choice
+    assert constant.p_value == pytest.approx(float(stats.ttest_rel([1, 2, 3], [5, 5, 5]).pvalue))
 
 
 def test_kendall_tau_b_matches_scipy_with_ties_and_gaps():

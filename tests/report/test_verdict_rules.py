@@ -1,0 +1,267 @@
+"""Each rule of gatelab.report.claims.VERDICT_RULES on synthetic groups whose figures are known, including the audit's
+cases (issue 34): the test chosen from r, "does not hold" from the MDE and the MoE figure on a dense row, margins from
+our own runs, gains that track the attention output's init scale, and prose numbers that drift from the table."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from gatelab.errors import GatelabError
+from gatelab.report import claims as C
+from gatelab.report.claims_file import Claim, load_claims
+from gatelab.report.stats import benjamini_hochberg
+from tests.helpers import REPO
+from tests.report.test_claims import CLAIMS_FILE, MOE, TRAINED, _records, _row
+
+T_CRIT_DF2 = 4.302652729749464  # the two-sided 95% t quantile at 2 df: three seeds
+SHARED = {0: -5.0, 1: 0.0, 2: 5.0}  # every group's seed effect (common random numbers); mean 0, so b's mean is 100
+G1_TRAINED = "G1 lowers Avg PPL in the trained regime (20 tokens a parameter)"
+OPROJ_CONTROL = "G1's gain needs input-dependent gating: G1 beats the init-matched o_proj control"
+
+
+@pytest.fixture(scope="module")
+def claims() -> dict[str, Claim]:
+    return {claim.claim: claim for claim in load_claims(CLAIMS_FILE)}
+
+
+def _differences(mean: float, low: float, high: float) -> dict[int, float]:
+    """Three seeds' paired differences whose mean is `mean` and whose 95% t-interval is `low` to `high`."""
+    spread = (high - low) / 2 * math.sqrt(3) / T_CRIT_DF2  # the sd of (-s, 0, s) is s
+    return {seed: mean + spread * step for seed, step in zip((0, 1, 2), (-1.0, 0.0, 1.0), strict=True)}
+
+
+def _paired_runs(sweep: str, b: str, others: dict[str, dict[int, float]], scale=None) -> list:
+    """Runs of `sweep`: group b (and every group not in `others`) at 100 + the seed's shared effect, each group of
+    `others` at that plus its difference for the seed; `scale` {variant: init/attn_output_rms} where logged."""
+    def value(variant, settings, seed):
+        metrics = {"ppl/avg": 100.0 + SHARED[seed] + others.get(variant, {}).get(seed, 0.0)}
+        if scale is not None:
+            metrics[C.INIT_SCALE_METRIC] = scale.get(variant, 1.0)
+        return metrics
+
+    return _records(sweep, value)
+
+
+# --- 1. the design's paired test, whatever r ---------------------------------------------------------------------
+
+
+def test_a_negative_r_still_gets_the_paired_test(claims):
+    # G1 moves against the baseline over the seeds (r < 0): the first pass chose Welch here, after looking at r
+    records = _paired_runs(TRAINED, "baseline", {"g1_elem_sig": {0: 8.0, 1: -2.0, 2: -12.0}})
+    row = _row(C.claims_table({TRAINED: records}, [claims[G1_TRAINED]]), G1_TRAINED)
+    assert float(row["r (seeds)"]) < 0 and row["test"] == "paired t"
+    assert float(row["p"]) == pytest.approx(float(stats.ttest_rel([103.0, 98.0, 93.0], [95.0, 100.0, 105.0]).pvalue),
+                                            rel=1e-2)
+    assert any("paired t-test" in rule and "chooses nothing" in rule for rule in C.VERDICT_RULES)
+
+
+# --- 2. "does not hold" only when the interval excludes the paper's effect for the sweep's kind of model ----------
+
+
+def test_the_trained_g1_row_is_inconclusive_in_the_papers_direction(claims):
+    # The audit's row: -1.64%, 95% CI -3.77% to +0.49%; every dense Table 2 effect (-0.8% to -3.6%) is inside it
+    records = _paired_runs(TRAINED, "baseline", {"g1_elem_sig": _differences(-1.64, -3.77, 0.49)})
+    row = _row(C.claims_table({TRAINED: records}, [claims[G1_TRAINED]]), G1_TRAINED)
+    assert row["ours"].startswith("-1.64% (98.36 vs 100); 95% CI -3.77% to +0.49%")
+    assert row["paper"] == "-0.8% to -3.6% (Table 2 rows (2) vs (1), (4) vs (3), (8) vs (5), (13) vs (11))"
+    assert float(row["q"]) >= 0.05 and row["verdict"] == f"{C.INCONCLUSIVE} (the paper's direction)"
+    assert "95% CI compared with the paper's dense effect (Table 2): -0.8% to -3.6%" in row["note"]
+    assert row["MDE"].endswith("%")  # still shown, as a description
+
+
+def test_an_interval_that_excludes_the_papers_effect_does_not_hold(claims):
+    records = _paired_runs(TRAINED, "baseline", {"g1_elem_sig": _differences(-0.1, -0.22, 0.02)})
+    row = _row(C.claims_table({TRAINED: records}, [claims[G1_TRAINED]]), G1_TRAINED)
+    assert float(row["q"]) >= 0.05 and row["verdict"] == C.PAPER_SIZE_EXCLUDED
+    # the other way, and not significant: inconclusive, pointing the other way (its interval holds 0)
+    records = _paired_runs(TRAINED, "baseline", {"g1_elem_sig": _differences(0.5, -1.0, 2.0)})
+    row = _row(C.claims_table({TRAINED: records}, [claims[G1_TRAINED]]), G1_TRAINED)
+    assert row["verdict"] == f"{C.INCONCLUSIVE} (the other way)"
+    # significant the other way at q < 0.05 still does not hold
+    records = _paired_runs(TRAINED, "baseline", {"g1_elem_sig": _differences(3.0, 2.9, 3.1)})
+    row = _row(C.claims_table({TRAINED: records}, [claims[G1_TRAINED]]), G1_TRAINED)
+    assert row["verdict"] == f"{C.FAILS} (significant, the other way)"
+
+
+def test_a_dense_row_with_the_papers_moe_figure_never_says_the_papers_size(claims):
+    # G1 against G2 on the dense trained sweep: the paper's figure (-1.0%) is its MoE model's, and the interval
+    # (-0.22% to +0.02%) excludes it; with no dense figure that says nothing
+    claim = claims["G1 beats G2 (trained)"]
+    records = _paired_runs(TRAINED, "g2_elem_sig", {"g1_elem_sig": _differences(-0.1, -0.22, 0.02)})
+    row = _row(C.claims_table({TRAINED: records}, [claim]), claim.claim)
+    assert row["paper"] == "5.761 vs 5.82 (-1.0%)"
+    assert row["verdict"] == f"{C.INCONCLUSIVE} (the paper's direction)"
+    assert "the paper's figure is its moe model's, the sweep's is dense: no size to compare" in row["note"]
+
+
+# --- 3. equivalence margins from the paper ------------------------------------------------------------------------
+
+
+def test_closeness_margins_are_half_the_papers_gain(claims):
+    # Headwise against elementwise (MoE): margin half of Table 1's G1 gain, 5.761 against 6.026, +-2.2% of G1's mean
+    claim = claims["Headwise is close to elementwise (MoE)"]
+    far = _paired_runs(MOE, "g1_elem_sig", {"g1_head_sig": _differences(-7.6, -10.5, -4.7)})
+    row = _row(C.claims_table({MOE: far}, [claim]), claim.claim)
+    assert "95% CI -10.5% to -4.7%; margin +-2.2%" in row["ours"] and row["test"] == "TOST, paired t"
+    assert "margin: 0.5 x the paper's gain of Table 1 row (5) over (1) (-4.40%)" in row["note"]
+    assert row["verdict"] == f"{C.FAILS} (apart by more than the margin)"
+    near = _paired_runs(MOE, "g1_elem_sig", {"g1_head_sig": _differences(0.1, 0.05, 0.15)})
+    assert _row(C.claims_table({MOE: near}, [claim]), claim.claim)["verdict"] == C.HOLDS
+    # the dense margin: half of Table 2's 48-layer G1 gain (7.288 against 7.421), +-0.896%
+    dense = claims["Headwise is close to elementwise (dense)"]
+    assert C._margin(dense)[0] == pytest.approx(0.5 * (7.421 - 7.288) / 7.421)
+
+
+def _claims_file(tmp_path: Path, entry: str) -> Path:
+    """A claims file of one closeness row on a copy of repro-core.yaml (dense)."""
+    sweeps = tmp_path / "sweeps"
+    (sweeps / "claims").mkdir(parents=True)
+    text = (REPO / "sweeps" / "repro-core.yaml").read_text()
+    (sweeps / "repro-core.yaml").write_text(
+        text.replace("experiment: ../experiments/tiny.yaml", f"experiment: {REPO / 'experiments' / 'tiny.yaml'}"))
+    path = sweeps / "claims" / "x.yaml"
+    path.write_text("claims:\n  - claim: Headwise is close\n    sweep: repro-core\n    kind: closeness\n"
+                    "    a: g1_head_sig train.lr=0.002\n    b: g1_elem_sig train.lr=0.002\n" + entry)
+    return path
+
+
+@pytest.mark.parametrize("margin, message", [
+    ("{fraction: 0.5, gain: [g1_elem_sig train.lr=0.002, baseline train.lr=0.002]}",
+     "margin.gain (a gain measured on our own runs) is gone: margins come from the paper"),
+    ("{fraction: 0.5, paper_gain: {table: table1, ids: [g1_elem_sig, baseline]}}",
+     "margin.paper_gain: the paper's table1 is its moe model's, and sweep repro-core trains dense models"),
+    ("{relative: 0.01}", "a margin is either {fraction: F, paper_gain: {table: T, ids: [A, B]}} or {relative: R, "
+                         "reason: WHY}"),
+], ids=["from-our-runs", "moe-figure-on-a-dense-sweep", "stated-without-a-reason"])
+def test_a_margin_not_from_the_paper_is_refused(tmp_path, margin, message):
+    with pytest.raises(GatelabError) as error:
+        load_claims(_claims_file(tmp_path, f"    margin: {margin}\n"))
+    assert message in str(error.value)
+
+
+def test_a_stated_margin_carries_its_reason(tmp_path):
+    [claim] = load_claims(_claims_file(tmp_path, "    margin: {relative: 0.01, reason: a stated 1%}\n"))
+    assert C._margin(claim) == (0.01, "stated, +-1% of g1_elem_sig train.lr=0.002's mean: a stated 1%")
+
+
+# --- 4. init-scale confounded --------------------------------------------------------------------------------------
+
+
+def test_groups_at_different_init_scales_are_confounded_without_a_control(claims):
+    claim = claims[G1_TRAINED].model_copy(update={"scale_control": None})
+    gain = {"g1_elem_sig": _differences(-5.0, -5.5, -4.5)}
+    records = _paired_runs(TRAINED, "baseline", gain, scale={"g1_elem_sig": 0.5, "baseline": 1.0})
+    row = _row(C.claims_table({TRAINED: records}, [claim]), claim.claim)
+    assert row["verdict"] == C.CONFOUNDED and float(row["q"]) < 0.05 and row["ours"].startswith("-5%")
+    assert "init scale (init/attn_output_rms) 0.5 vs 1, ratio 0.5, outside [0.8, 1.25]" in row["note"]
+    assert "no scale-matched control row (scale_control)" in row["note"]
+    records = _paired_runs(TRAINED, "baseline", gain, scale={"g1_elem_sig": 1.0, "baseline": 1.0})
+    row = _row(C.claims_table({TRAINED: records}, [claim]), claim.claim)
+    assert row["verdict"] == C.HOLDS and "ratio 1, inside [0.8, 1.25]" in row["note"]
+
+
+def test_a_scale_matched_control_row_decides_a_row_at_different_scales(claims):
+    rows = [claims[G1_TRAINED], claims[OPROJ_CONTROL]]
+    scale = {"g1_elem_sig": 0.5, "ctrl_oproj_init_0p5": 0.5, "baseline": 1.0}
+    beats_control = {"g1_elem_sig": _differences(-5.0, -5.5, -4.5), "ctrl_oproj_init_0p5": {0: -1.0, 1: -1.0, 2: -1.0}}
+    frame = C.claims_table({TRAINED: _paired_runs(TRAINED, "baseline", beats_control, scale)}, rows)
+    assert _row(frame, OPROJ_CONTROL)["verdict"] == C.HOLDS  # G1 and the control start at one scale
+    row = _row(frame, G1_TRAINED)
+    assert row["verdict"] == C.HOLDS and f"the scale-matched control row \"{OPROJ_CONTROL}\": holds" in row["note"]
+    # the control gains as much as G1: G1's gain over the baseline is the init scale's, as far as these runs say
+    same_as_control = {"g1_elem_sig": _differences(-5.0, -5.5, -4.5), "ctrl_oproj_init_0p5": _differences(-5.0, -5.5,
+                                                                                                           -4.5)}
+    frame = C.claims_table({TRAINED: _paired_runs(TRAINED, "baseline", same_as_control, scale)}, rows)
+    assert _row(frame, OPROJ_CONTROL)["verdict"].startswith(C.INCONCLUSIVE)
+    assert _row(frame, G1_TRAINED)["verdict"] == C.CONFOUNDED
+
+
+def test_without_the_init_scale_the_rule_is_not_applied_and_the_note_says_so(claims):
+    records = _paired_runs(TRAINED, "baseline", {"g1_elem_sig": _differences(-5.0, -5.5, -4.5)})
+    row = _row(C.claims_table({TRAINED: records}, [claims[G1_TRAINED]]), G1_TRAINED)
+    assert row["verdict"] == C.HOLDS
+    assert ("init scale not logged (init/attn_output_rms absent on the runs of g1_elem_sig, baseline): the "
+            "init-scale rule could not be applied") in row["note"]
+
+
+def test_a_scale_control_must_name_a_row_about_the_same_group(tmp_path):
+    path = _claims_file(tmp_path, "    margin: {relative: 0.01, reason: r}\n")
+    closeness = "  - claim: Headwise is close\n"
+    gains = ("  - claim: G1 gains\n    kind: direction\n    direction: lower\n    sweep: repro-core\n"
+             "    a: g1_elem_sig train.lr=0.002\n    b: baseline train.lr=0.002\n"
+             "    scale_control: Headwise is close\n")
+    path.write_text(path.read_text().replace(closeness, gains + closeness))
+    with pytest.raises(GatelabError, match="scale_control: 'Headwise is close' is not a direction row of repro-core "
+                                           "about g1_elem_sig train.lr=0.002"):
+        load_claims(path)
+
+
+# --- 5. rows true by construction are neither counted nor corrected ----------------------------------------------
+
+
+def test_rows_true_by_construction_stay_out_of_the_count_and_the_correction(claims):
+    rows = [claims[c] for c in ("Gate score is higher for g1_elem_nssig", "Gate score is higher for g1_elem_sig_shared",
+                                "G1 beats G2 (MoE)", "The G1 gate score is sparse (mean below 0.25)")]
+
+    def value(variant, settings, seed):
+        gate = {"g1_elem_sig": 0.12, "g1_elem_nssig": 0.7, "g1_elem_sig_shared": 0.3}.get(variant, 0.3)
+        jitter = {"g1_elem_sig": 0.002 * seed**2, "g1_elem_sig_shared": 0.001 * seed}.get(variant, 0.0)
+        return {"ppl/avg": 100.0 + SHARED[seed] + (variant == "g2_elem_sig") * (1.0 + 0.1 * seed),
+                "probe/gate_score_mean": gate + jitter}
+
+    records = {MOE: _records(MOE, value)}
+    frame = C.claims_table(records, rows)
+    built = _row(frame, rows[0].claim)
+    assert built["verdict"] == C.TRUE_BY_CONSTRUCTION and built["p"] == built["q"] == "" and built["test"] == ""
+    p_values = [C.evaluate_claim(claim, records[MOE])[1].p_value for claim in rows]
+    assert p_values[0] is None and all(p is not None for p in p_values[1:])
+    expected = benjamini_hochberg(p_values[1:])  # the family is the three tested rows
+    assert list(frame["q"][1:]) == [C._p(q) for q in expected]
+    text = C.summary(frame)
+    assert "Of its 4 rows, 3 have a test" in text and "holds 3;" in text and "true by construction 1;" in text
+    assert rows[0].claim not in text
+
+
+# --- 6. the README's first paragraph, from the table ---------------------------------------------------------------
+
+
+def _table(verdicts: list[tuple[str, str, str]]) -> pd.DataFrame:
+    return pd.DataFrame([{"claim": f"claim {i}", "sweep": "s", "p": p, "q": q, "verdict": v}
+                         for i, (v, p, q) in enumerate(verdicts)])
+
+
+def test_the_summary_counts_the_table_and_prints_its_q_values_as_it_does():
+    table = _table([(C.HOLDS, "0.0021", "0.0148"), (C.HOLDS, "0.003", "0.0205"),
+                    (C.PAPER_SIZE_EXCLUDED, "0.1", "0.165"),
+                    (f"{C.INCONCLUSIVE} (the paper's direction)", "0.2", "0.241"),
+                    (f"{C.INCONCLUSIVE} (the other way)", "0.5", "0.6"), (C.CONFOUNDED, "0.001", "0.01"),
+                    (C.NOT_TESTABLE, "", ""), (C.TRUE_BY_CONSTRUCTION, "", ""), (f"{C.DESCRIPTIVE}: higher", "", ""),
+                    (C.NOT_RUN, "", "")])
+    text = C.summary(table, [("repro-core", 0.468), ("repro-trained", 20.39)])
+    assert "training tokens a parameter: repro-core 0.468, repro-trained 20.4; the paper's dense models see 235 to " \
+           "2,059" in text
+    assert ("Of its 10 rows, 6 have a test (a p-value each, corrected together by Benjamini-Hochberg). Verdicts: "
+            "holds 2; does not hold 1; init-scale confounded 1; inconclusive at this scale 2 (1 pointing the paper's "
+            "way, 1 the other way, 0 with no direction to point).") in text
+    assert ("Counting neither for nor against the paper: not testable at this scale 1 (a condition the claim needs "
+            "did not arise); true by construction 1; descriptive 1; not run 1.") in text
+    assert "Holding: claim 0 (s, q 0.0148); claim 1 (s, q 0.0205)." in text  # as the table prints q, never rounded
+    assert "Not holding: claim 2 (s, q 0.165, the paper's size excluded)." in text
+    assert text.endswith("\n") and "\n" not in text[:-1]  # one paragraph
+
+
+def test_gatelab_claims_writes_the_summary_beside_the_table(claims, tmp_path):
+    records = {TRAINED: _paired_runs(TRAINED, "baseline", {"g1_elem_sig": _differences(-1.64, -3.77, 0.49)})}
+    rows = [claims[G1_TRAINED]]
+    written = C.write_claims(records, rows, tmp_path, ["md"], log=lambda *_: None)
+    assert [p.name for p in written] == ["claims.md", "summary.md"]
+    regimes = C.tokens_per_parameter(records)
+    assert regimes == [(TRAINED, pytest.approx(1800 * 16 * 128 / 180_768))]  # 20.4, as the issue measured
+    assert written[1].read_text() == C.summary(C.claims_table(records, rows), regimes)
+    assert np.isclose(regimes[0][1], 20.39, atol=0.01)
