@@ -134,6 +134,7 @@ VARIANTS: dict[str, Variant] = {
                 _t(1, 3), model_changes={"n_heads": Scale(1.5)}),
         Variant("ref_ffn_g1match", "parameter reference: the dense FFN widened by an elementwise G1 gate's parameters",
                 "d_ff -> d_ff + q d_k / 3", (), model_changes={"ffn_hidden": WidenByG1Gate()},
+                reference="gatelab control (issue 34): Table 1's parameter references (rows (2)-(4)), for a dense FFN",
                 note="The baseline with as many parameters as g1_elem_sig (within one FFN column a layer): the dense "
                      "counterpart of Table 1's references, which the paper instead matches by narrowing the gated "
                      "model's FFN (model.match_params)."),

@@ -18,7 +18,7 @@ def make_claims(sweep_paths: Sequence[Path], out_dir: Path, formats: Sequence[st
                 runs_dir: Path, storage: str | None, command: str | None = None, log=print,
                 claims_path: Path = DEFAULT_CLAIMS) -> list[Path]:
     """The claims table of the given sweeps' runs, written as `claims.<format>` under `out_dir`."""
-    from gatelab.report.claims import write_claims
+    from gatelab.report.claims import LOSS_SPIKES, count_loss_spikes, write_claims
     from gatelab.report.claims_file import load_claims
     from gatelab.report.export import check_formats
     from gatelab.report.tables import collect_runs
@@ -44,7 +44,10 @@ def make_claims(sweep_paths: Sequence[Path], out_dir: Path, formats: Sequence[st
     for name, sweep in sweeps.items():
         specs = expand(sweep)
         records[name] = collect_runs(specs, store, name, ledger_states(storage, runs_dir, name, specs))
-    known = {claim.sweep for claim in claims}
+    spiky = {claim.sweep for claim in claims if claim.metric == LOSS_SPIKES}
+    for name in spiky & set(records):
+        count_loss_spikes(records[name], lambda run_id: store.metric_history(run_id, "train/loss"))
+    known = {claim.sweep for claim in claims if claim.sweep is not None}
     unused = sorted(set(records) - known)
     if unused:
         log(f"no claim reads the sweep(s) {', '.join(unused)}; claims read {', '.join(sorted(known))}")
@@ -70,3 +73,6 @@ class _NoRuns:
         import pandas as pd
 
         return pd.DataFrame()
+
+    def metric_history(self, run_id: str, name: str) -> tuple[list[int], list[float]]:
+        return [], []

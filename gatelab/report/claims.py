@@ -49,6 +49,7 @@ PAPER_SIZE_EXCLUDED = f"{FAILS} (the paper's size excluded)"
 CONFOUNDED = "init-scale confounded"
 NOT_TESTABLE, TRUE_BY_CONSTRUCTION = "not testable at this scale", "true by construction"
 DESCRIPTIVE, NOT_RUN = "descriptive (not tested)", "not run"
+NOT_ADDRESSED = "not addressed"
 # The attention sublayer's output RMS at step 0, mean over layers (gatelab.eval.probes logs it for every run), and the
 # ratio of two groups' means of it beyond which they start at different scales: the first pass's gains tracked it.
 INIT_SCALE_METRIC = "init/attn_output_rms"
@@ -76,7 +77,53 @@ def _ln_ppl(metrics: Mapping[str, float]) -> float:
     return math.log(value) if value > 0 else math.nan
 
 
-DERIVED: dict[str, Callable[[Mapping[str, float]], float]] = {"long_context_growth": _long_context, "ln_ppl": _ln_ppl}
+def _sparsity_over_mean_gate(metrics: Mapping[str, float]) -> float:
+    """App. A.3: the share of gated SDPA output values below 1e-2, minus that share of the ungated output scaled by
+    the layer's mean gate score (the paper's control: as small on average, but not input-dependent)."""
+    return metrics.get("probe/sparsity_gated_output_below_0.01", math.nan) - \
+        metrics.get("probe/sparsity_control_output_below_0.01", math.nan)
+
+
+DERIVED: dict[str, Callable[[Mapping[str, float]], float]] = {
+    "long_context_growth": _long_context, "ln_ppl": _ln_ppl, "sparsity_over_mean_gate": _sparsity_over_mean_gate}
+
+# Loss spikes (metric loss_spikes), counted against the baseline's own noise: on the logged train/loss after warmup,
+# a spike is a rise from one logged value to the next above SPIKE_SIGMAS times the noise of such steps in the baseline
+# runs of the same sweep (1.4826 x their median absolute deviation: the spikes themselves barely move it). Gaussian
+# noise crosses 4 sigma once in 30,000 steps, so a baseline with spikes has rises its noise does not explain.
+SPIKE_SIGMAS = 4.0
+LOSS_SPIKES = "loss_spikes"
+
+
+def _rises(steps: Sequence[int], losses: Sequence[float], warmup: int) -> np.ndarray:
+    kept = np.array([loss for step, loss in zip(steps, losses, strict=True) if step >= warmup], dtype=float)
+    return np.diff(kept) if kept.size > 1 else np.zeros(0)
+
+
+def _spike_rule(records: Sequence[RunRecord]) -> str:
+    measured = next((r.metrics for r in records if f"{LOSS_SPIKES}_threshold" in r.metrics), None)
+    if measured is None:
+        return "loss spikes not counted: no baseline run logged train/loss"
+    return (f"a spike: a rise of the logged train/loss above {measured[f'{LOSS_SPIKES}_threshold']:.3g} nats from one "
+            f"logged step to the next after warmup, {SPIKE_SIGMAS:g} x the baseline runs' noise of such rises "
+            f"({measured[f'{LOSS_SPIKES}_noise']:.3g} nats, 1.4826 x MAD)")
+
+
+def count_loss_spikes(records: Sequence[RunRecord], history: Callable[[str], tuple[Sequence[int], Sequence[float]]]
+                      ) -> None:
+    """Put each finished run's `loss_spikes` in its metrics, with the threshold and the noise it came from (above);
+    `history(run_id)` gives a run's logged (steps, train/loss). Without baseline runs nothing is counted."""
+    finished = [r for r in records if r.status == "finished" and r.run_id]
+    rises = {r.run_id: _rises(*history(r.run_id), r.spec.experiment.train.warmup_steps) for r in finished}
+    baseline = [rises[r.run_id] for r in finished if r.spec.experiment.variant == "baseline"]
+    pooled = np.concatenate(baseline) if baseline else np.zeros(0)
+    if pooled.size < 2:
+        return
+    noise = 1.4826 * float(np.median(np.abs(pooled - np.median(pooled))))
+    threshold = SPIKE_SIGMAS * noise
+    for record in finished:
+        record.metrics[LOSS_SPIKES] = float((rises[record.run_id] > threshold).sum())
+        record.metrics[f"{LOSS_SPIKES}_threshold"], record.metrics[f"{LOSS_SPIKES}_noise"] = threshold, noise
 
 
 def _vocab_size(record: RunRecord) -> int | None:
@@ -436,7 +483,14 @@ def _stable_rate_claim(claim: Claim, records: Sequence[RunRecord], paper: PaperE
 
 # How each kind of claim is tested: (claim, its sweep's records, the paper's relative effect for the sweep's model) ->
 # the row's outcome.
+def _not_addressed_claim(claim: Claim, records: Sequence[RunRecord], paper: PaperEffect | None) -> Outcome:
+    """A claim no sweep tests: no figures, no test, the note says what is missing."""
+    empty = dict.fromkeys(("ours", "spread (sd)", "n", "test", "r (seeds)", "MDE"), "")
+    return Outcome(empty, None, lambda q: NOT_ADDRESSED, [claim.why])
+
+
 CHECKS: dict[str, Callable[[Claim, Sequence[RunRecord], PaperEffect | None], Outcome]] = {
+    "not addressed": _not_addressed_claim,
     "direction": _direction_claim,
     "closeness": _closeness_claim,
     "level": _level_claim,
@@ -569,9 +623,12 @@ def _init_scale(claim: Claim, records: Sequence[RunRecord]) -> tuple[str, str]:
 def evaluate_claim(claim: Claim, records: Sequence[RunRecord] | None) -> tuple[dict[str, str], Outcome]:
     """One row of the claims table before the correction: its fixed cells, and the outcome of its test."""
     paper_text, effect = _paper_figure(claim)
+    empty = dict.fromkeys(("ours", "spread (sd)", "n", "test", "r (seeds)", "MDE"), "")
+    if claim.kind == "not addressed":
+        row = {"claim": claim.claim, "sweep": "-", "comparison": "-", "metric": "-", "paper": paper_text}
+        return row, CHECKS[claim.kind](claim, (), None)
     row = {"claim": claim.claim, "sweep": claim.sweep, "comparison": _comparison(claim), "metric": claim.metric,
            "paper": paper_text}
-    empty = dict.fromkeys(("ours", "spread (sd)", "n", "test", "r (seeds)", "MDE"), "")
     if not records:
         return row, Outcome(empty, None, lambda q: NOT_RUN, [claim.why])
     missing = _missing(claim, records)
@@ -579,6 +636,8 @@ def evaluate_claim(claim: Claim, records: Sequence[RunRecord] | None) -> tuple[d
         return row, Outcome(empty, None, lambda q: NOT_RUN, [*missing, claim.why])
     effect, compared = _matching_effect(claim, effect, records)
     outcome = CHECKS[claim.kind](claim, records, effect)
+    if claim.metric == LOSS_SPIKES:
+        outcome.notes.append(_spike_rule(records))
     diverged = sum(r.status == "diverged" for r in _runs_read(claim, records))
     if diverged:
         outcome.notes.append(f"{diverged} diverged run(s) counted as uniform prediction"
@@ -684,6 +743,13 @@ VERDICT_RULES = [
     "its threshold and what was measured. Such rows, rows true by construction (shown with the reason) and "
     "descriptive rows get no p-value, are not in the Benjamini-Hochberg family, and count neither for nor against "
     "the paper.",
+    "Not addressed: a claim of the paper no sweep here tests (what is missing is in the note); shown so that the "
+    "table's silence is not read as support, and outside the count and the correction.",
+    f"Loss spikes (metric {LOSS_SPIKES}): counted per run on the logged train/loss after warmup, a spike being a rise "
+    f"between logged steps above {SPIKE_SIGMAS:g} x the noise of such rises in the same sweep's baseline runs "
+    "(1.4826 x their median absolute deviation); compared like any metric. App. A.3 sparsity (metric "
+    "sparsity_over_mean_gate): the share of gated SDPA output values below 1e-2 minus that of the ungated output "
+    "scaled by the layer's mean gate score, per run.",
     "Paper: Qiu et al. 2025 (arXiv 2505.06708), Tables 1-4, numbers in results/paper/; its models are 15B MoE / 1.7B "
     "dense on 400B tokens or more, so compare directions, not magnitudes.",
 ]
@@ -715,13 +781,14 @@ def _count(verdicts: Sequence[str], label: str) -> int:
     return sum(v == label or v.startswith((f"{label} ", f"{label}:")) for v in verdicts)
 
 
-def _claims_list(table: pd.DataFrame, label: str) -> str:
+def _claims_list(table: pd.DataFrame, label: str, with_q: bool = True) -> str:
     """The rows with a verdict, as "claim (sweep, q Q, how)", q as the table prints it (never rounded again)."""
     items = []
     for _, row in table.iterrows():
         if row["verdict"] == label or row["verdict"].startswith(f"{label} ("):
             how = row["verdict"][len(label):].strip(" ()")
-            items.append(f"{row['claim']} ({row['sweep']}, q {row['q']}{', ' + how if how else ''})")
+            items.append(f"{row['claim']} ({row['sweep']}, q {row['q']}{', ' + how if how else ''})" if with_q
+                         else row["claim"])
     return "; ".join(items) or "none"
 
 
@@ -730,12 +797,13 @@ def summary(table: pd.DataFrame, regimes: Sequence[tuple[str, float]] = ()) -> s
     tokens per parameter (`tokens_per_parameter`), so that its counts and q-values cannot drift from the table."""
     verdicts = list(table["verdict"])
     count = {label: _count(verdicts, label) for label in (HOLDS, FAILS, CONFOUNDED, INCONCLUSIVE, NOT_TESTABLE,
-                                                          TRUE_BY_CONSTRUCTION, DESCRIPTIVE, NOT_RUN)}
+                                                          TRUE_BY_CONSTRUCTION, DESCRIPTIVE, NOT_RUN, NOT_ADDRESSED)}
     ways = [sum(v == _inconclusive(sign, 1.0) for v in verdicts) for sign in (1.0, -1.0)]
     low, high = (t / PAPER_DENSE_PARAMETERS for t in PAPER_DENSE_TOKENS)
     scale = ", ".join(f"{sweep} {value:,.3g}" for sweep, value in regimes)
     lines = [
-        f"The claims table tests the paper's claims on runs of {len(set(table['sweep']))} sweeps at tiny scale"
+        f"The claims table tests the paper's claims on runs of {len(set(table['sweep']) - {'-'})} sweeps at tiny "
+        "scale"
         + (f" (training tokens a parameter: {scale}; the paper's dense models see {low:,.0f} to {high:,.0f})"
            if regimes else "") + ".",
         f"Of its {len(table)} rows, {int((table['p'] != '').sum())} have a test (a p-value each, corrected together "
@@ -744,7 +812,8 @@ def summary(table: pd.DataFrame, regimes: Sequence[tuple[str, float]] = ()) -> s
         f"the other way, {count[INCONCLUSIVE] - sum(ways)} with no direction to point).",
         f"Counting neither for nor against the paper: {NOT_TESTABLE} {count[NOT_TESTABLE]} (a condition the claim "
         f"needs did not arise); {TRUE_BY_CONSTRUCTION} {count[TRUE_BY_CONSTRUCTION]}; descriptive "
-        f"{count[DESCRIPTIVE]}; {NOT_RUN} {count[NOT_RUN]}.",
+        f"{count[DESCRIPTIVE]}; {NOT_RUN} {count[NOT_RUN]}; {NOT_ADDRESSED} {count[NOT_ADDRESSED]} (claims of the "
+        f"paper no sweep here tests: {_claims_list(table, NOT_ADDRESSED, with_q=False)}).",
         f"Holding: {_claims_list(table, HOLDS)}.",
         f"Not holding: {_claims_list(table, FAILS)}.",
         "At this scale the runs can say which way a change moves perplexity and the probes, and whether the paper's "
@@ -752,6 +821,21 @@ def summary(table: pd.DataFrame, regimes: Sequence[tuple[str, float]] = ()) -> s
         "trained model's attention sink or massive activations where the not-testable rows say none formed.",
     ]
     return " ".join(lines) + "\n"
+
+
+SUMMARY_START = "<!-- summary: made by `gatelab claims` from the claims table (summary.md); edits here are overwritten -->"
+SUMMARY_END = "<!-- end of summary -->"
+
+
+def replace_summary(readme: Path, paragraph: str) -> bool:
+    """Put `paragraph` between the README's summary markers (SUMMARY_START, SUMMARY_END); False, the README left as
+    it is, where it has none."""
+    text = readme.read_text(encoding="utf-8")
+    start, end = text.find(SUMMARY_START), text.find(SUMMARY_END)
+    if start < 0 or end < start:
+        return False
+    readme.write_text(f"{text[:start]}{SUMMARY_START}\n{paragraph.strip()}\n{text[end:]}", encoding="utf-8")
+    return True
 
 
 def write_claims(records: Mapping[str, Sequence[RunRecord]], claims: Sequence[Claim], out_dir: Path,
@@ -767,7 +851,11 @@ def write_claims(records: Mapping[str, Sequence[RunRecord]], claims: Sequence[Cl
     written = export_report([table], [], out_dir, formats, "claims", command=command,
                             stamp=data_stamp([r for rs in records.values() for r in rs]))
     if "md" in formats:  # the README's first paragraph, from the same table
+        paragraph = summary(frame, tokens_per_parameter(records))
         written.append(Path(out_dir) / "summary.md")
-        written[-1].write_text(summary(frame, tokens_per_parameter(records)), encoding="utf-8")
+        written[-1].write_text(paragraph, encoding="utf-8")
+        readme = Path(out_dir) / "README.md"
+        if readme.exists() and replace_summary(readme, paragraph):
+            written.append(readme)
     log(frame[["claim", "ours", "p", "q", "verdict"]].to_string(index=False))
     return written

@@ -23,7 +23,7 @@ from pydantic import PositiveFloat, ValidationError, model_validator
 from gatelab.config import StrictModel, format_validation_error, read_yaml
 from gatelab.errors import GatelabError
 
-Kind = Literal["direction", "closeness", "level", "change", "rank", "lr sensitivity", "stable rate"]
+Kind = Literal["direction", "closeness", "level", "change", "rank", "lr sensitivity", "stable rate", "not addressed"]
 Direction = Literal["lower", "higher"]
 UNIFORM_FIRST_TOKEN = "uniform first-token attention"  # a named level: see claims.uniform_first_token_share
 DIRECTED: tuple[str, ...] = ("direction", "level", "change", "lr sensitivity", "stable rate")
@@ -126,7 +126,7 @@ class Claim(StrictModel):
     """One of the paper's claims, as the claims table tests it (see gatelab.report.claims for each kind's test)."""
 
     claim: str  # the statement, as the table prints it
-    sweep: str  # the sweep (its `name:`) whose runs test it
+    sweep: str | None = None  # the sweep (its `name:`) whose runs test it; none for a claim not addressed
     kind: Kind
     direction: Direction | None = None  # which way the paper says group a goes (against b, a level, or over the axis)
     a: str = ""  # the group the claim is about; for change, lr sensitivity and stable rate without the varied key
@@ -149,6 +149,12 @@ class Claim(StrictModel):
     @model_validator(mode="after")
     def _check(self) -> Claim:
         problems = []
+        if self.kind == "not addressed":
+            if self.sweep is not None or not self.why:
+                raise ValueError("a claim not addressed names no sweep and says why in `why` (what is missing)")
+            return self
+        if self.sweep is None:
+            problems.append("a claim needs sweep: the name of the sweep whose runs test it")
         if self.kind in DIRECTED and self.direction is None:
             problems.append(f"a {self.kind} claim needs direction: lower or higher")
         if self.kind in TWO_GROUPS and not (self.a and self.b):
@@ -487,6 +493,10 @@ def load_claims(path: str | Path, sweeps: Mapping[str, Any] | None = None) -> li
     names = sorted(set(files) | set(loaded))
     for index, claim in enumerate(parsed.claims):
         where = f"claims[{index}] \"{claim.claim}\""
+        if claim.kind == "not addressed":
+            claims.append(claim)
+            wheres.append(where)
+            continue
         if claim.sweep not in grids:
             if claim.sweep not in loaded and claim.sweep in files:
                 try:

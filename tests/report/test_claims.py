@@ -54,7 +54,9 @@ def test_the_shipped_claims_file_names_real_sweeps_groups_and_kinds(claims):
     assert len(claims) >= 50
     assert {c.kind for c in claims} == set(C.kinds()) == set(C.CHECKS)
     sweeps = {c.sweep for c in claims}
-    assert sweeps == {CORE, MOE, SINK, TRAINED, LR, "sink-free"}
+    assert sweeps == {CORE, MOE, SINK, TRAINED, LR, "sink-free", "repro-trained-long", None}  # None: not addressed
+    assert all(c.why for c in claims if c.sweep is None) and {c.kind for c in claims if c.sweep is None} == {
+        "not addressed"}
     by_text = {c.claim: c for c in claims}
     control = by_text["G1's gain needs input-dependent gating: G1 beats the constant 0.5 control"]
     assert (control.sweep, control.a, control.b) == (TRAINED, "g1_elem_sig", "ctrl_scale_0p5")
@@ -384,7 +386,9 @@ def test_the_table_made_twice_from_the_same_runs_is_identical(claims, tmp_path):
 
 def test_every_claim_without_its_sweep_is_marked_not_run(claims):
     frame = C.claims_table({}, claims)
-    assert (frame["verdict"] == C.NOT_RUN).all() and (frame["q"] == "").all()
+    addressed = frame["sweep"] != "-"  # a claim no sweep tests is "not addressed" with or without runs
+    assert (frame[addressed]["verdict"] == C.NOT_RUN).all() and (frame["q"] == "").all()
+    assert (frame[~addressed]["verdict"] == C.NOT_ADDRESSED).all()
     assert list(frame.columns) == C.COLUMNS
 
 

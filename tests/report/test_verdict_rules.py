@@ -250,7 +250,8 @@ def test_the_summary_counts_the_table_and_prints_its_q_values_as_it_does():
             "holds 2; does not hold 1; init-scale confounded 1; inconclusive at this scale 2 (1 pointing the paper's "
             "way, 1 the other way, 0 with no direction to point).") in text
     assert ("Counting neither for nor against the paper: not testable at this scale 1 (a condition the claim needs "
-            "did not arise); true by construction 1; descriptive 1; not run 1.") in text
+            "did not arise); true by construction 1; descriptive 1; not run 1; not addressed 0 (claims of the paper no "
+            "sweep here tests: none).") in text
     assert "Holding: claim 0 (s, q 0.0148); claim 1 (s, q 0.0205)." in text  # as the table prints q, never rounded
     assert "Not holding: claim 2 (s, q 0.165, the paper's size excluded)." in text
     assert text.endswith("\n") and "\n" not in text[:-1]  # one paragraph
@@ -265,3 +266,68 @@ def test_gatelab_claims_writes_the_summary_beside_the_table(claims, tmp_path):
     assert regimes == [(TRAINED, pytest.approx(1800 * 16 * 128 / 180_768))]  # 20.4, as the issue measured
     assert written[1].read_text() == C.summary(C.claims_table(records, rows), regimes)
     assert np.isclose(regimes[0][1], 20.39, atol=0.01)
+
+
+# --- issue 34's rows for every variant run: not addressed, A.3 sparsity, loss spikes, the README's paragraph -------
+
+
+def test_a_claim_not_addressed_is_listed_without_a_test_and_outside_the_correction(claims):
+    missing = [c for c in claims.values() if c.kind == "not addressed"]
+    assert any("Table 5" in c.claim for c in missing) and any("Table 6" in c.claim for c in missing)
+    tested = claims[G1_TRAINED]
+    records = _paired_runs(TRAINED, "baseline", {"g1_elem_sig": _differences(-3.0, -4.0, -2.0)})
+    frame = C.claims_table({TRAINED: records}, [tested, *missing])
+    rows = frame[frame["verdict"] == C.NOT_ADDRESSED]
+    assert len(rows) == len(missing) and (rows["p"] == "").all() and (rows["sweep"] == "-").all()
+    assert all(row["note"] for _, row in rows.iterrows())  # what is missing, from the row's why
+    # the tested row's q is its own p: the not-addressed rows are not in the family
+    tested_row = _row(frame, G1_TRAINED)
+    assert float(tested_row["q"]) == pytest.approx(float(tested_row["p"]), rel=1e-3)
+
+
+@pytest.mark.parametrize("entry", ["sweep: repro-trained\n    kind: not addressed\n    why: none run",
+                                   "kind: not addressed"])
+def test_a_claim_not_addressed_names_no_sweep_and_says_why(tmp_path, entry):
+    from tests.report.test_claims import _claims_file
+
+    with pytest.raises(GatelabError, match="not addressed names no sweep and says why"):
+        load_claims(_claims_file(tmp_path, f"  - claim: nothing here\n    {entry}\n"))
+
+
+def test_the_a3_sparsity_metric_is_the_gated_share_minus_the_mean_gate_controls():
+    metrics = {"probe/sparsity_gated_output_below_0.01": 0.141, "probe/sparsity_control_output_below_0.01": 0.100}
+    assert C.DERIVED["sparsity_over_mean_gate"](metrics) == pytest.approx(0.041)
+    assert math.isnan(C.DERIVED["sparsity_over_mean_gate"]({}))
+
+
+def test_loss_spikes_are_counted_against_the_baselines_own_noise():
+    from gatelab.sweep.spec import expand, load_sweep
+
+    specs = {spec.experiment.variant: spec for spec in expand(load_sweep(REPO / "sweeps" / "repro-trained-long.yaml"))
+             if spec.experiment.seed == 0}
+    rng = np.random.default_rng(0)
+    steps = list(range(0, 1800, 20))
+    smooth = [3.0 - 0.0005 * s + 0.01 * rng.normal() for s in steps]  # noise of 0.01 nats between logged steps
+    spiky = list(smooth)
+    spiky[50] += 0.5  # one rise far beyond the baseline's noise
+    histories = {"base": (steps, smooth), "gate": (steps, spiky)}
+    records = [C.RunRecord(specs["baseline"], "finished", "base"), C.RunRecord(specs["g1_elem_sig"], "finished", "gate")]
+    C.count_loss_spikes(records, histories.__getitem__)
+    assert records[0].metrics[C.LOSS_SPIKES] == 0 and records[1].metrics[C.LOSS_SPIKES] == 1
+    threshold = records[0].metrics[f"{C.LOSS_SPIKES}_threshold"]
+    assert 4 * 0.01 < threshold < 4 * 0.03  # 4 x the noise of a difference of two N(0, 0.01) draws, about 0.057
+    assert "x the baseline runs' noise" in C._spike_rule(records)
+    # without baseline runs nothing is counted, and the row says so
+    alone = [C.RunRecord(specs["g1_elem_sig"], "finished", "gate")]
+    C.count_loss_spikes(alone, histories.__getitem__)
+    assert C.LOSS_SPIKES not in alone[0].metrics and "not counted" in C._spike_rule(alone)
+
+
+def test_gatelab_claims_puts_the_summary_between_the_readmes_markers(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# title\n\n{C.SUMMARY_START}\nold words\n{C.SUMMARY_END}\n\nhand-written prose\n")
+    assert C.replace_summary(readme, "The new paragraph.\n")
+    assert readme.read_text() == f"# title\n\n{C.SUMMARY_START}\nThe new paragraph.\n{C.SUMMARY_END}\n\nhand-written prose\n"
+    plain = tmp_path / "PLAIN.md"
+    plain.write_text("no markers\n")
+    assert not C.replace_summary(plain, "x") and plain.read_text() == "no markers\n"
