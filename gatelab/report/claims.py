@@ -476,7 +476,8 @@ def _stable_rate_claim(claim: Claim, records: Sequence[RunRecord], paper: PaperE
         stable = [v for v, members in runs.items() if all(_stable(r, claim.metric, init_loss) for r in members)]
         highest[group] = max(stable) if stable else math.nan
     a, b = highest[claim.a], highest[claim.b or ""]
-    cells = {"ours": f"{_fmt(a)} vs {_fmt(b)}", "spread (sd)": "", "n": "", "test": "", "r (seeds)": "", "MDE": ""}
+    cells = {"ours": f"{_fmt(a)} vs {_fmt(b)}", "spread (sd)": "", "n": "", "test": "none (descriptive)",
+             "r (seeds)": "", "MDE": ""}
     shown = "higher" if a > b else "lower" if a < b else "the same"
     return Outcome(cells, None, lambda q: f"{DESCRIPTIVE}: {shown}")
 
@@ -485,7 +486,7 @@ def _stable_rate_claim(claim: Claim, records: Sequence[RunRecord], paper: PaperE
 # the row's outcome.
 def _not_addressed_claim(claim: Claim, records: Sequence[RunRecord], paper: PaperEffect | None) -> Outcome:
     """A claim no sweep tests: no figures, no test, the note says what is missing."""
-    empty = dict.fromkeys(("ours", "spread (sd)", "n", "test", "r (seeds)", "MDE"), "")
+    empty = dict.fromkeys(("ours", "spread (sd)", "n", "r (seeds)", "MDE"), "") | {"test": "none (no runs)"}
     return Outcome(empty, None, lambda q: NOT_ADDRESSED, [claim.why])
 
 
@@ -620,6 +621,14 @@ def _init_scale(claim: Claim, records: Sequence[RunRecord]) -> tuple[str, str]:
                                               f"[{low:g}, {high:g}]")
 
 
+def _not_run(test: str, why: str) -> str:
+    """The test column of a row shown but not tested: the test its kind fixes, and why it did not run."""
+    name = test.split(":")[0].strip()
+    if name.startswith("none ("):  # no test to begin with (a descriptive row): only the reason is added
+        return f"{name[:-1]}; {why})"
+    return f"{name} (not run: {why})" if name else f"none ({why})"
+
+
 def evaluate_claim(claim: Claim, records: Sequence[RunRecord] | None) -> tuple[dict[str, str], Outcome]:
     """One row of the claims table before the correction: its fixed cells, and the outcome of its test."""
     paper_text, effect = _paper_figure(claim)
@@ -643,14 +652,17 @@ def evaluate_claim(claim: Claim, records: Sequence[RunRecord] | None) -> tuple[d
         outcome.notes.append(f"{diverged} diverged run(s) counted as uniform prediction"
                              if not math.isnan(worst_value(records[0], claim.metric))
                              else f"{diverged} diverged run(s) have no {claim.metric} and are left out")
-    untested = outcome.cells | {"test": "", "r (seeds)": "", "MDE": ""}  # figures shown, no test
+    # Figures shown, not tested: the column still names the row's test, fixed by its kind, with why it did not run.
+    untested = outcome.cells | {"r (seeds)": "", "MDE": ""}
     if claim.true_by_construction:
         notes = [claim.true_by_construction, *outcome.notes, claim.why]
+        untested["test"] = _not_run(outcome.cells["test"], "true by construction")
         return row, Outcome(untested, None, lambda q: TRUE_BY_CONSTRUCTION, notes)
     checked = [(rule, *_rule_holds(rule, records)) for rule in claim.testable_if]
     failed = [(rule, text) for rule, passed, text in checked if not passed]
     if failed:
         reasons = [f"not testable: {rule.reason} ({text})" for rule, text in failed]
+        untested["test"] = _not_run(outcome.cells["test"], "not testable")
         return row, Outcome(untested, None, lambda q: NOT_TESTABLE, [*reasons, *outcome.notes, claim.why])
     if claim.kind == "direction":
         outcome.scale, scale_note = _init_scale(claim, records)

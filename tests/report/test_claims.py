@@ -303,7 +303,7 @@ def test_levels_ranks_and_rows_true_by_construction(claims):
     assert gated["verdict"] == C.HOLDS and gated["n"] == "11" and gated["comparison"] == "11 variants with a gate"
     assert _row(frame, "The G1 gate score is sparse (mean below 0.25)")["verdict"] == C.HOLDS
     nssig = _row(frame, "Gate score is higher for g1_elem_nssig")
-    assert nssig["verdict"] == C.TRUE_BY_CONSTRUCTION and nssig["p"] == nssig["q"] == "" and nssig["test"] == ""
+    assert nssig["verdict"] == C.TRUE_BY_CONSTRUCTION and nssig["p"] == nssig["q"] == "" and nssig["test"] == "paired t (not run: true by construction)"
     assert nssig["note"].startswith("NS-sigmoid (0.5 + 0.5 sigmoid) is bounded below by 0.5")
 
     def backwards(variant, settings, seed):

@@ -218,7 +218,7 @@ def test_rows_true_by_construction_stay_out_of_the_count_and_the_correction(clai
     records = {MOE: _records(MOE, value)}
     frame = C.claims_table(records, rows)
     built = _row(frame, rows[0].claim)
-    assert built["verdict"] == C.TRUE_BY_CONSTRUCTION and built["p"] == built["q"] == "" and built["test"] == ""
+    assert built["verdict"] == C.TRUE_BY_CONSTRUCTION and built["p"] == built["q"] == "" and built["test"] == "paired t (not run: true by construction)"
     p_values = [C.evaluate_claim(claim, records[MOE])[1].p_value for claim in rows]
     assert p_values[0] is None and all(p is not None for p in p_values[1:])
     expected = benjamini_hochberg(p_values[1:])  # the family is the three tested rows
@@ -331,3 +331,11 @@ def test_gatelab_claims_puts_the_summary_between_the_readmes_markers(tmp_path):
     plain = tmp_path / "PLAIN.md"
     plain.write_text("no markers\n")
     assert not C.replace_summary(plain, "x") and plain.read_text() == "no markers\n"
+
+
+def test_every_row_of_the_shipped_table_names_its_test():
+    table = pd.read_csv(REPO / "results" / "tiny" / "claims.csv", keep_default_na=False)
+    assert (table["test"] != "").all()
+    tested = table[table["p"] != ""]
+    assert set(tested["test"]) <= {"paired t", "TOST, paired t", "one-sample t", "Kendall tau"}  # fixed by kind
+    assert not tested["test"].str.contains("Welch").any()
