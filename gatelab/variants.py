@@ -46,14 +46,19 @@ class Add:
 
 @dataclass(frozen=True)
 class WidenByG1Gate:
-    """Widen a dense SwiGLU by the parameters of an elementwise G1 gate: the gate adds d_model x (n_heads head_dim)
-    weights a layer, a SwiGLU column 3 d_model, so n_heads head_dim / 3 columns (rounded) a layer."""
+    """Widen the FFN by the parameters of an elementwise G1 gate: the gate adds d_model x (n_heads head_dim) weights a
+    layer and a SwiGLU column 3 d_model, so a dense SwiGLU gets n_heads head_dim / 3 columns a layer and, in an MoE
+    model, each of the E routed experts a 1/E share of them (rounded, at least one)."""
 
-    def apply(self, value: int, model: dict[str, Any]) -> int:
-        return value + round(model["n_heads"] * model["head_dim"] / 3)
+    def widen(self, model: dict[str, Any]) -> None:
+        columns = model["n_heads"] * model["head_dim"] / 3
+        if model.get("ffn") == "moe":
+            model["moe"]["expert_hidden"] += max(1, round(columns / model["moe"]["n_experts"]))
+        else:
+            model["ffn_hidden"] += round(columns)
 
     def __str__(self) -> str:
-        return "+ n_heads head_dim / 3"
+        return "+ n_heads head_dim / 3 FFN columns"
 
 
 @dataclass(frozen=True)
@@ -132,12 +137,14 @@ VARIANTS: dict[str, Variant] = {
                 _t(1, 2), model_changes={"n_kv_heads": Scale(2)}),
         Variant("ref_q48", "parameter reference: 1.5x the query heads (32 -> 48 at paper scale)", "q -> 1.5q",
                 _t(1, 3), model_changes={"n_heads": Scale(1.5)}),
-        Variant("ref_ffn_g1match", "parameter reference: the dense FFN widened by an elementwise G1 gate's parameters",
-                "d_ff -> d_ff + q d_k / 3", (), model_changes={"ffn_hidden": WidenByG1Gate()},
-                reference="gatelab control (issue 34): Table 1's parameter references (rows (2)-(4)), for a dense FFN",
-                note="The baseline with as many parameters as g1_elem_sig (within one FFN column a layer): the dense "
-                     "counterpart of Table 1's references, which the paper instead matches by narrowing the gated "
-                     "model's FFN (model.match_params)."),
+        Variant("ref_ffn_g1match", "parameter reference: the FFN widened by an elementwise G1 gate's parameters",
+                "d_ff -> d_ff + q d_k / 3 (MoE: each expert + q d_k / 3E)", (),
+                model_changes={"ffn": WidenByG1Gate()},
+                reference="gatelab control (issue 34): Table 1's parameter references (rows (2)-(4)), by the FFN",
+                note="The baseline with as many parameters as g1_elem_sig (within one FFN column a layer, or one "
+                     "column of each expert): a reference that the paper's dense rows do not have (they match by "
+                     "narrowing the gated model's FFN, model.match_params). In an MoE model the activated parameters "
+                     "grow by top_k/E of the added ones."),
         Variant("ref_add4experts", "parameter reference: 4 more routed experts, one more activated",
                 "E -> E+4, top-k -> top-k+1", _t(1, 4),
                 model_changes={"moe.n_experts": Add(4), "moe.top_k": Add(1)},
@@ -299,10 +306,7 @@ def apply_variant(base: ModelConfig, spec: str) -> ModelConfig:
             if isinstance(change, Scale | Add):
                 node[leaf] = change.apply(node[leaf])
             elif isinstance(change, WidenByG1Gate):
-                if node.get(leaf) is None:
-                    raise GatelabError(f"variant '{variant_id}' widens model.{dotted}, but this experiment's model has "
-                                       f"no dense FFN (it needs a dense preset such as experiments/tiny.yaml)")
-                node[leaf] = change.apply(node[leaf], tree)
+                change.widen(tree)
             elif hasattr(change, "model_dump"):
                 node[leaf] = change.model_dump()
             else:

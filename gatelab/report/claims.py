@@ -832,6 +832,10 @@ def summary(table: pd.DataFrame, regimes: Sequence[tuple[str, float]] = ()) -> s
         "effect is excluded; they cannot say how large the paper's gains are at its scale, nor test what needs a "
         "trained model's attention sink or massive activations where the not-testable rows say none formed.",
     ]
+    if regimes:
+        most, value = max(regimes, key=lambda regime: regime[1])
+        lines.append(f"The most trained regime here, {most} at {value:,.3g} tokens a parameter, is {low / value:,.2g} "
+                     "times short of the paper's least-trained dense model.")
     return " ".join(lines) + "\n"
 
 

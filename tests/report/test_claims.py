@@ -54,7 +54,7 @@ def test_the_shipped_claims_file_names_real_sweeps_groups_and_kinds(claims):
     assert len(claims) >= 50
     assert {c.kind for c in claims} == set(C.kinds()) == set(C.CHECKS)
     sweeps = {c.sweep for c in claims}
-    assert sweeps == {CORE, MOE, SINK, TRAINED, LR, "sink-free", "repro-trained-long", None}  # None: not addressed
+    assert sweeps == {CORE, MOE, SINK, TRAINED, LR, "repro-sink-free", "repro-trained-long", None}  # None: not addressed
     assert all(c.why for c in claims if c.sweep is None) and {c.kind for c in claims if c.sweep is None} == {
         "not addressed"}
     by_text = {c.claim: c for c in claims}
@@ -69,7 +69,7 @@ def test_the_shipped_claims_file_names_real_sweeps_groups_and_kinds(claims):
     assert by_text["Gate score is higher for g1_elem_nssig"].true_by_construction
     assert by_text["Gate score is higher for g1_inputindep_sig"].true_by_construction
     # beyond the paper (issue 33): each do-nothing mechanism against the baseline on sink rate, kurtosis and W8A8
-    sink_free = [c for c in claims if c.sweep == "sink-free"]
+    sink_free = [c for c in claims if c.sweep == "repro-sink-free"]
     assert {c.metric for c in sink_free} >= {"probe/sink_rate", "probe/kurtosis_max", "eval/w8a8_ppl_ratio"}
     assert {c.b for c in sink_free} == {"baseline"}
 
