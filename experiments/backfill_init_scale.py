@@ -15,7 +15,7 @@ from pathlib import Path
 
 import mlflow
 
-from gatelab.eval.probes import INIT_SCALE_METRIC
+from gatelab.eval import INIT_SCALE_METRIC
 from gatelab.sweep.spec import expand, load_sweep
 from gatelab.tracking import RunStore, default_tracking_uri
 from gatelab.train.run import initial_attention_scale

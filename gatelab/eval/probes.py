@@ -242,8 +242,6 @@ def probe_model(model: nn.Module, batches: Iterable[Tensor]) -> ProbeReport:
     )
 
 
-INIT_SCALE_METRIC = "init/attn_output_rms"
-
 
 class _AttentionOutputRms:
     """A probe that keeps only the sum of squares of each layer's attention output (what the residual stream gets)."""
@@ -262,9 +260,9 @@ class _AttentionOutputRms:
 def attention_output_rms(model: nn.Module, input_ids_BT: Tensor) -> float:
     """The RMS of each layer's attention-sublayer output on one batch, averaged over layers.
 
-    Logged at step 0 of every run (`INIT_SCALE_METRIC`): a gate that scores 0.5 at init, a SiLU gate, a smaller output
-    projection all shrink what attention adds to the residual stream before anything is learned, and at small scale
-    that alone moves perplexity. The claims table reads it to tell a gating effect from an init-scale one.
+    Logged at step 0 of every run (`gatelab.eval.INIT_SCALE_METRIC`): a gate that scores 0.5 at init, a SiLU gate, a
+    smaller output projection all shrink what attention adds to the residual stream before anything is learned, and
+    at small scale that alone moves perplexity. The claims table reads it to tell a gating effect from an init-scale one.
     """
     was_training = model.training
     model.eval()

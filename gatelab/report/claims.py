@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
+from gatelab.eval import INIT_SCALE_METRIC
 from gatelab.paper import missing_note
 from gatelab.report.claims_file import (
     AXIS_RULES,
@@ -50,9 +51,8 @@ CONFOUNDED = "init-scale confounded"
 NOT_TESTABLE, TRUE_BY_CONSTRUCTION = "not testable at this scale", "true by construction"
 DESCRIPTIVE, NOT_RUN = "descriptive (not tested)", "not run"
 NOT_ADDRESSED = "not addressed"
-# The attention sublayer's output RMS at step 0, mean over layers (gatelab.eval.probes logs it for every run), and the
-# ratio of two groups' means of it beyond which they start at different scales: the first pass's gains tracked it.
-INIT_SCALE_METRIC = "init/attn_output_rms"
+# The ratio of two groups' mean INIT_SCALE_METRIC beyond which they start at different scales: the first pass's gains
+# tracked it.
 INIT_SCALE_RATIO = (0.8, 1.25)
 MATCHED, DIFFERS, NOT_LOGGED = "matched", "differs", "not logged"
 ALPHA = 0.05
@@ -255,9 +255,14 @@ def _paper_figure(claim: Claim) -> tuple[str, PaperEffect | None]:
     if figure.pairs is None:
         a, b = float(values[pairs[0][0]]), float(values[pairs[0][1]])
         return f"{a:g} vs {b:g}" + (f" ({100 * effects[0]:+.1f}%)" if effect else ""), effect
-    low, high = sorted(effects, key=abs)[0], sorted(effects, key=abs)[-1]
     rows = ", ".join(f"{labels.get(a, a)} vs {labels.get(b, b)}" for a, b in pairs)
-    return f"{100 * low:+.1f}% to {100 * high:+.1f}% ({source} rows {rows})", effect
+    return f"{_span(effects)} ({source} rows {rows})", effect
+
+
+def _span(effects: Sequence[float]) -> str:
+    """The paper's relative effects as a range, smallest to largest in size: "-0.8% to -3.6%" ("-1.3%" for one)."""
+    low, high = sorted(effects, key=abs)[0], sorted(effects, key=abs)[-1]
+    return f"{100 * low:+.1f}%" if low == high else f"{100 * low:+.1f}% to {100 * high:+.1f}%"
 
 
 def _relative(metric: str) -> bool:
@@ -482,14 +487,18 @@ def _stable_rate_claim(claim: Claim, records: Sequence[RunRecord], paper: PaperE
     return Outcome(cells, None, lambda q: f"{DESCRIPTIVE}: {shown}")
 
 
-# How each kind of claim is tested: (claim, its sweep's records, the paper's relative effect for the sweep's model) ->
-# the row's outcome.
+def _no_figures(test: str = "") -> dict[str, str]:
+    """The figure cells of a row without runs to read."""
+    return dict.fromkeys(("ours", "spread (sd)", "n", "r (seeds)", "MDE"), "") | {"test": test}
+
+
 def _not_addressed_claim(claim: Claim, records: Sequence[RunRecord], paper: PaperEffect | None) -> Outcome:
     """A claim no sweep tests: no figures, no test, the note says what is missing."""
-    empty = dict.fromkeys(("ours", "spread (sd)", "n", "r (seeds)", "MDE"), "") | {"test": "none (no runs)"}
-    return Outcome(empty, None, lambda q: NOT_ADDRESSED, [claim.why])
+    return Outcome(_no_figures("none (no runs)"), None, lambda q: NOT_ADDRESSED, [claim.why])
 
 
+# How each kind of claim is tested: (claim, its sweep's records, the paper's relative effect for the sweep's model) ->
+# the row's outcome.
 CHECKS: dict[str, Callable[[Claim, Sequence[RunRecord], PaperEffect | None], Outcome]] = {
     "not addressed": _not_addressed_claim,
     "direction": _direction_claim,
@@ -594,9 +603,7 @@ def _matching_effect(claim: Claim, effect: PaperEffect | None, records: Sequence
     models = {architecture(r.spec.experiment.model) for r in records}
     model = next(iter(models)) if len(models) == 1 else "/".join(sorted(models))
     if effect.model == model:
-        low, high = sorted(effect.effects, key=abs)[0], sorted(effect.effects, key=abs)[-1]
-        span = f"{100 * low:+.1f}%" if low == high else f"{100 * low:+.1f}% to {100 * high:+.1f}%"
-        return effect, f"95% CI compared with the paper's {model} effect ({effect.source}): {span}"
+        return effect, f"95% CI compared with the paper's {model} effect ({effect.source}): {_span(effect.effects)}"
     return None, (f"the paper's figure is its {effect.model or 'mixed'} model's, the sweep's is {model}: no size to "
                   "compare the interval with")
 
@@ -632,17 +639,16 @@ def _not_run(test: str, why: str) -> str:
 def evaluate_claim(claim: Claim, records: Sequence[RunRecord] | None) -> tuple[dict[str, str], Outcome]:
     """One row of the claims table before the correction: its fixed cells, and the outcome of its test."""
     paper_text, effect = _paper_figure(claim)
-    empty = dict.fromkeys(("ours", "spread (sd)", "n", "test", "r (seeds)", "MDE"), "")
     if claim.kind == "not addressed":
         row = {"claim": claim.claim, "sweep": "-", "comparison": "-", "metric": "-", "paper": paper_text}
         return row, CHECKS[claim.kind](claim, (), None)
     row = {"claim": claim.claim, "sweep": claim.sweep, "comparison": _comparison(claim), "metric": claim.metric,
            "paper": paper_text}
     if not records:
-        return row, Outcome(empty, None, lambda q: NOT_RUN, [claim.why])
+        return row, Outcome(_no_figures(), None, lambda q: NOT_RUN, [claim.why])
     missing = _missing(claim, records)
     if missing:
-        return row, Outcome(empty, None, lambda q: NOT_RUN, [*missing, claim.why])
+        return row, Outcome(_no_figures(), None, lambda q: NOT_RUN, [*missing, claim.why])
     effect, compared = _matching_effect(claim, effect, records)
     outcome = CHECKS[claim.kind](claim, records, effect)
     if claim.metric == LOSS_SPIKES:

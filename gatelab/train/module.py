@@ -16,7 +16,8 @@ from gatelab.config import ExperimentConfig, ModelConfig, TrainConfig
 from gatelab.data.datasets import PackedDataset
 from gatelab.data.identity import spec_hash
 from gatelab.errors import GatelabError, redact
-from gatelab.eval.probes import INIT_SCALE_METRIC, attention_output_rms
+from gatelab.eval import INIT_SCALE_METRIC
+from gatelab.eval.probes import attention_output_rms
 from gatelab.host import resolve_precision
 from gatelab.model import build_model
 from gatelab.train.head_loss import head_loss, next_token_loss, whole_logits_loss
