@@ -11,13 +11,15 @@ the metric are left as they are: running it twice changes nothing.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import mlflow
 
+from gatelab.errors import GatelabError
 from gatelab.eval import INIT_SCALE_METRIC
 from gatelab.sweep.spec import expand, load_sweep
-from gatelab.tracking import RunStore, default_tracking_uri
+from gatelab.tracking import RunStore, check_store, default_tracking_uri
 from gatelab.train.run import initial_attention_scale
 
 
@@ -27,6 +29,7 @@ def main() -> None:
     parser.add_argument("--tracking-uri", default=None)
     args = parser.parse_args()
     uri = args.tracking_uri or default_tracking_uri(Path("runs"))
+    check_store(uri)  # a dead server or a bad URI in seconds, quietly, before MLflow's own retries
     store, client = RunStore(uri), mlflow.MlflowClient(uri)
     for path in args.sweeps:
         sweep = load_sweep(path)
@@ -41,4 +44,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except GatelabError as error:  # bad input or a dead store: one message, as gatelab's commands give it
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
