@@ -11,6 +11,7 @@ states every rule; `summary` writes the paragraph that results/tiny/README.md op
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -851,12 +852,15 @@ SUMMARY_END = "<!-- end of summary -->"
 
 def replace_summary(readme: Path, paragraph: str) -> bool:
     """Put `paragraph` between the README's summary markers (SUMMARY_START, SUMMARY_END); False, the README left as
-    it is, where it has none."""
+    it is, where it has none. The rest of the README is hand-written: it is replaced whole (a staged copy renamed over
+    it), so a command killed half-way leaves the old README or the new one, never half of it."""
     text = readme.read_text(encoding="utf-8")
     start, end = text.find(SUMMARY_START), text.find(SUMMARY_END)
     if start < 0 or end < start:
         return False
-    readme.write_text(f"{text[:start]}{SUMMARY_START}\n{paragraph.strip()}\n{text[end:]}", encoding="utf-8")
+    staged = readme.with_name(f".{readme.name}.{os.getpid()}.tmp")
+    staged.write_text(f"{text[:start]}{SUMMARY_START}\n{paragraph.strip()}\n{text[end:]}", encoding="utf-8")
+    os.replace(staged, readme)
     return True
 
 
