@@ -9,21 +9,25 @@ import subprocess
 import sys
 from pathlib import Path
 
-import lm_eval
 import pytest
 import torch
 import yaml
-from lm_eval.api.instance import Instance
-from lm_eval.tasks import TaskManager
 from tokenizers import Tokenizer
 from torch import Tensor, nn
 
-from gatelab.errors import GatelabError
-from gatelab.eval.benchmarks import PACKAGED_BLIMP, load_blimp, score_blimp, sentence_logprobs
-from gatelab.eval.harness import GatelabLM, load_checkpoint, local_task_dir
-from gatelab.model import build_model
-from tests.helpers import (REPO, made_once, micro_config, sqlite_uri, train_in_process, write_foreign_tokenizer,
-                           write_micro_experiment)
+# lm-eval is a dependency, but a GPU machine's bundle carries it only on request (EVAL=1): there `pytest -m gpu` must
+# still collect, so this module skips whole, saying why, rather than stopping the collection with an ImportError.
+lm_eval = pytest.importorskip("lm_eval", reason="lm-eval is not installed: `pip install -e .` brings it")
+from lm_eval.api.instance import Instance  # noqa: E402
+from lm_eval.tasks import TaskManager  # noqa: E402
+
+from gatelab.errors import GatelabError  # noqa: E402
+from gatelab.eval.benchmarks import PACKAGED_BLIMP, load_blimp, score_blimp, sentence_logprobs  # noqa: E402
+from gatelab.eval.harness import GatelabLM, load_checkpoint, local_task_dir  # noqa: E402
+from gatelab.model import build_model  # noqa: E402
+from tests.helpers import (  # noqa: E402
+    REPO, made_once, micro_config, sqlite_uri, train_in_process, write_foreign_tokenizer, write_micro_experiment,
+)
 
 V = 300  # the vocabulary of write_foreign_tokenizer's tokenizer
 SENTENCES = ["river stone lantern quiet harbour.", "The cat, who slept, was not seen by Anna?",
