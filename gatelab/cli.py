@@ -122,7 +122,9 @@ def sweep_plan(
 @sweep_app.command("run")
 def sweep_run(
     sweep: SweepFile, experiment: ExperimentOption = None,
-    workers: Annotated[int, typer.Option(min=1, help="worker processes (one GPU each, or a share of the cores)")] = 1,
+    workers: Annotated[int, typer.Option(min=1, help="worker processes (a GPU each, from CUDA_VISIBLE_DEVICES "
+                                                          "where set, shared in turn if fewer; else a share of the "
+                                                          "cores)")] = 1,
     executor: Annotated[str, typer.Option(help="local, slurm (a submitit job array) or submitit-local")] = "local",
     storage: RunLedger = None, tracking_uri: TrackingUri = None, runs_dir: RunsDir = Path("runs"),
     heartbeat: Heartbeat = 10.0, grace: Grace = 60.0,
@@ -193,7 +195,8 @@ def eval_(
     limit: Annotated[Optional[float], typer.Option(help="documents per task (below 1: a fraction of them)")] = None,
     include_path: Annotated[Optional[Path], typer.Option(help="a folder of your own lm-eval task YAMLs")] = None,
     batch_size: Annotated[int, typer.Option(help="sequences per forward")] = 16,
-    workers: Annotated[int, typer.Option(help="processes scoring runs side by side")] = 1,
+    workers: Annotated[int, typer.Option(help="processes scoring runs side by side (a GPU each, "
+                                                 "as sweep run --workers)")] = 1,
     experiment: ExperimentOption = None, tracking_uri: TrackingUri = None, runs_dir: RunsDir = Path("runs"),
 ) -> None:
     """Score finished runs with lm-evaluation-harness, from their checkpoints, into the same MLflow runs; a run

@@ -1,5 +1,6 @@
 """Where a model runs outside the training loop: the end-of-run evaluation, the probes, `gatelab eval`, the lm-eval
-model and the bench. One rule, so that a run evaluates where it trained.
+model and the bench. One rule, so that a run evaluates where it trained. And which GPU each local worker of
+`gatelab sweep run --workers` and `gatelab eval --workers` gets (`worker_gpus`).
 
 Lightning moves the module back to the CPU when `fit` ends (its strategy's teardown), so a run that trained on a GPU
 and evaluated "wherever the model is" evaluated on the host's cores: minutes instead of seconds on one H200.
@@ -8,8 +9,10 @@ and evaluated "wherever the model is" evaluated on the host's cores: minutes ins
 from __future__ import annotations
 
 import logging
+import os
 import re
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -130,5 +133,87 @@ def gpu_peak(name: str | None) -> GpuPeak | None:
     return next((peak for peak in GPU_PEAKS if re.search(peak.pattern, name, re.IGNORECASE)), None)
 
 
-__all__ = ["GPU_PEAKS", "GpuPeak", "device_name", "evaluation_batch_size", "evaluation_device", "evaluation_precision", "gpu_peak",
-           "rows_for_length"]
+VISIBLE_ENV = "CUDA_VISIBLE_DEVICES"
+
+
+def gpu_count() -> int:
+    """The GPUs torch sees here (under the user's CUDA_VISIBLE_DEVICES); 0 without a usable CUDA."""
+    try:
+        return torch.cuda.device_count()
+    except Exception:  # a broken driver or CUDA build: plan for CPUs
+        return 0
+
+
+def visible_entries(value: str) -> list[str]:
+    """The GPUs a CUDA_VISIBLE_DEVICES value names, as it names them: `4`, `GPU-8f3a...`, `MIG-...`. CUDA reads the
+    list up to its first invalid entry, so "" and "-1" name none, and "0,-1,1" names GPU 0 only."""
+    entries = []
+    for entry in value.split(","):
+        entry = entry.strip()
+        if not entry or entry.startswith("-"):
+            break
+        entries.append(entry)
+    return entries
+
+
+@dataclass(frozen=True)
+class WorkerGpus:
+    """The GPU each of a launch's local workers gets, as its CUDA_VISIBLE_DEVICES (`per_worker`); none at all on a
+    machine without GPUs, whose workers share the cores instead (`gatelab.sweep.executor`)."""
+
+    gpus: tuple[str, ...]  # the launch's GPUs: the user's CUDA_VISIBLE_DEVICES entries as given, else 0..n-1
+    per_worker: tuple[str, ...]  # round-robin over `gpus`; () without GPUs
+    user_visible: str | None  # the user's CUDA_VISIBLE_DEVICES, None where unset
+
+    def env(self, worker: int) -> dict[str, str]:
+        return {VISIBLE_ENV: self.per_worker[worker]} if self.per_worker else {}
+
+    def launch_line(self) -> str | None:
+        """How many workers share each GPU, e.g. "4 workers on 2 GPUs (CUDA_VISIBLE_DEVICES=4,5): 2 a GPU"; None
+        without GPUs."""
+        if not self.per_worker:
+            return None
+        load = Counter(self.per_worker)
+        used = [gpu for gpu in self.gpus if gpu in load]
+        of = f" of {len(self.gpus)}" if len(used) < len(self.gpus) else ""
+        where = (f"{VISIBLE_ENV}={self.user_visible}" if self.user_visible is not None
+                 else f"GPU{'s' * (len(used) > 1)} {','.join(used)}")
+        counts = sorted(set(load.values()), reverse=True)
+        if len(counts) == 1:
+            share = "one a GPU" if counts[0] == 1 else f"{counts[0]} a GPU"
+        else:  # uneven: which GPUs take the extra worker
+            share = "; ".join(_on(count, [gpu for gpu in used if load[gpu] == count]) for count in counts)
+        workers = len(self.per_worker)
+        return (f"{workers} worker{'s' * (workers > 1)} on {len(used)}{of} GPU{'s' * (len(self.gpus) > 1)} "
+                f"({where}): {share}")
+
+
+def _on(workers: int, gpus: list[str]) -> str:
+    return f"{workers} on GPU{'s' * (len(gpus) > 1)} {','.join(gpus)}"
+
+
+def assign_gpus(n_workers: int, user_visible: str | None, count: int) -> WorkerGpus:
+    """Each of `n_workers` local workers' GPU: taken in turn from the user's CUDA_VISIBLE_DEVICES where it is set,
+    else from the `count` GPUs torch sees (0..count-1), so that `CUDA_VISIBLE_DEVICES=4,5,6,7` trains on 4-7, not
+    0-3. Where workers outnumber GPUs they share them round-robin. None at all where torch sees no GPU (`count` 0:
+    CUDA_VISIBLE_DEVICES "" or -1, no CUDA), whatever the variable says.
+
+    Entries are passed on as the user wrote them (UUIDs and MIG ids too), and `count` does not shorten the user's
+    list: a process enumerates a single MIG instance however many the variable names, but each worker can have one."""
+    if count <= 0:
+        return WorkerGpus((), (), user_visible)
+    gpus = visible_entries(user_visible) if user_visible is not None else [str(index) for index in range(count)]
+    if not gpus:  # "" or -1: torch counts no GPU then, so only a stand-in count gets here
+        return WorkerGpus((), (), user_visible)
+    return WorkerGpus(tuple(gpus), tuple(gpus[index % len(gpus)] for index in range(n_workers)), user_visible)
+
+
+def worker_gpus(n_workers: int, environ: Mapping[str, str] = os.environ) -> WorkerGpus:
+    """`assign_gpus` for this process: its CUDA_VISIBLE_DEVICES and the GPUs torch sees. One rule for every launcher
+    of local workers: `gatelab sweep run --workers` and `gatelab eval --workers`."""
+    return assign_gpus(n_workers, environ.get(VISIBLE_ENV), gpu_count())
+
+
+__all__ = ["GPU_PEAKS", "VISIBLE_ENV", "GpuPeak", "WorkerGpus", "assign_gpus", "device_name", "evaluation_batch_size",
+           "evaluation_device", "evaluation_precision", "gpu_count", "gpu_peak", "rows_for_length", "visible_entries",
+           "worker_gpus"]

@@ -9,7 +9,9 @@ tag over missing metrics.
 
 Why plain processes for `--workers` rather than the sweep's Optuna ledger: scoring writes only to finished runs and is
 keyed by that tag, so two processes that happened to score the same run would log the same values twice, not corrupt
-anything; a ledger would add a study per scoring pass for no safety gained. The runs are dealt out round-robin.
+anything; a ledger would add a study per scoring pass for no safety gained. The runs are dealt out round-robin, and
+each process gets a GPU of its own as the sweep's local workers do (`gatelab.devices.worker_gpus`): without one every
+process scored on cuda:0.
 """
 
 from __future__ import annotations
@@ -253,18 +255,38 @@ def _score_share(args: tuple) -> dict[str, int]:
     return score_runs(targets, settings, uri, runs_dir)
 
 
+def _use_devices(env: dict[str, str]) -> None:
+    """A scoring process's first act: its CUDA_VISIBLE_DEVICES, set before anything in it initialises CUDA."""
+    os.environ.update(env)
+
+
 def score_in_parallel(targets: Sequence[Target], settings: HarnessSettings, uri: str, runs_dir: Path, workers: int,
                       log=print) -> dict[str, int]:
-    """`score_runs` over `workers` processes, the runs dealt out round-robin (see the module docstring)."""
+    """`score_runs` over `workers` processes, the runs dealt out round-robin, each process on its own GPU where there
+    are GPUs (see the module docstring)."""
     if workers <= 1 or len(targets) <= 1:
         return score_runs(targets, settings, uri, runs_dir, log)
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
+    from gatelab.devices import worker_gpus
+
     shares = [list(targets[i::workers]) for i in range(workers)]
     shares = [s for s in shares if s]
-    with ProcessPoolExecutor(len(shares), mp_context=multiprocessing.get_context("spawn")) as pool:
-        results = list(pool.map(_score_share, [(s, settings, uri, runs_dir) for s in shares]))
+    gpus = worker_gpus(len(shares))
+    if gpus.per_worker:
+        log(gpus.launch_line())
+    # A pool of one process per share: a process's CUDA_VISIBLE_DEVICES counts only until CUDA starts in it, so a
+    # process of a shared pool that took a second share would score it on the first share's GPU.
+    context = multiprocessing.get_context("spawn")
+    pools = [ProcessPoolExecutor(1, mp_context=context, initializer=_use_devices, initargs=(gpus.env(index),))
+             for index in range(len(shares))]
+    try:
+        futures = [pool.submit(_score_share, (share, settings, uri, runs_dir)) for pool, share in zip(pools, shares)]
+        results = [future.result() for future in futures]
+    finally:
+        for pool in pools:
+            pool.shutdown(cancel_futures=True)
     return {key: sum(r[key] for r in results) for key in ("scored", "skipped")}
 
 

@@ -1,5 +1,6 @@
-"""Where workers run: in this process, as local processes pinned to a share of the cores or to one GPU each, or as a
-Slurm job array through submitit (whose local executor serves for tests). The ledger does the coordination.
+"""Where workers run: in this process, as local processes pinned to a share of the cores or to one GPU each (GPUs
+shared in turn where workers outnumber them), or as a Slurm job array through submitit (whose local executor serves
+for tests). The ledger does the coordination.
 
 Local CPU workers get disjoint cores, and the cores of a worker that has nothing left to train go to the workers still
 training: small runs side by side on one core each train faster together than one at a time on all the cores (a
@@ -44,15 +45,6 @@ def worker_command(sweep: Path, experiment: Path | None, storage: str, tracking_
     if is_verbose():  # the environment reaches local workers anyway; a Slurm job's may not
         command += ["--verbose"]
     return command
-
-
-def gpu_count() -> int:
-    try:
-        import torch
-
-        return torch.cuda.device_count()
-    except Exception:  # no usable torch/CUDA: plan for CPUs
-        return 0
 
 
 def available_cores() -> list[int]:
@@ -179,13 +171,20 @@ class LocalShare:
 
 
 def run_local_workers(n_workers: int, **worker_args) -> int:
-    """N worker processes; each gets one GPU (CUDA_VISIBLE_DEVICES) where there are enough, else a disjoint share of
-    this process's cores, with as many threads, widened while other workers sit idle (see the module docstring).
+    """N worker processes; on a machine with GPUs each gets one as its CUDA_VISIBLE_DEVICES, in turn from the user's
+    CUDA_VISIBLE_DEVICES or the GPUs torch sees (`gatelab.devices.worker_gpus`; more workers than GPUs share them),
+    and the launch says how many share each; without GPUs each gets a disjoint share of this process's cores, with as
+    many threads, widened while other workers sit idle (see the module docstring).
 
     Ctrl-C or SIGTERM on this process is forwarded to every worker, which puts its run back in the queue before it
     exits; then `Interrupted` is raised here. Returns the highest exit code of the workers (1: a cell failed).
     """
-    on_gpus = gpu_count() >= n_workers
+    from gatelab.devices import worker_gpus  # torch: only a local launch needs it
+
+    gpus = worker_gpus(n_workers)
+    on_gpus = bool(gpus.per_worker)
+    if on_gpus:
+        print(gpus.launch_line(), file=sys.stderr, flush=True)
     pool = available_cores()
     homes = assign_cores(pool, n_workers)
     registry = None
@@ -202,7 +201,7 @@ def run_local_workers(n_workers: int, **worker_args) -> int:
             for index in range(n_workers):
                 env = {**os.environ, **launcher_env(says_resume=True)}
                 if on_gpus:
-                    env["CUDA_VISIBLE_DEVICES"] = str(index)
+                    env.update(gpus.env(index))
                     command = worker_command(threads=None, **worker_args)
                 else:
                     env.update({REGISTRY_ENV: str(registry.folder.resolve()), POOL_ENV: ",".join(map(str, pool)),

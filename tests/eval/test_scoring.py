@@ -1,17 +1,23 @@
 """`gatelab eval`: lm-eval scores of finished runs into their MLflow runs, once per task and settings, resumable after a
-kill; `gatelab table` shows them; bad input is one message."""
+kill, each `--workers` process on a GPU of its own; `gatelab table` shows them; bad input is one message."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import os
 import re
 import signal
 import time
+from concurrent.futures import Future
+from unittest import mock
 
 import pytest
+import torch
 
 from gatelab import tracking
 from gatelab.errors import GatelabError
-from gatelab.eval.scoring import PREFIX, TAG_PREFIX, metrics_of
+from gatelab.eval import scoring
+from gatelab.eval.scoring import PREFIX, TAG_PREFIX, HarnessSettings, Target, metrics_of
 from tests.helpers import gatelab_cli, sqlite_uri, write_micro_sweep
 
 
@@ -20,6 +26,63 @@ def test_lm_eval_keys_become_metric_names():
                "exact_match_stderr,strict-match": "N/A", "samples": 12, "acc_norm,none": float("nan")}
     assert metrics_of("blimp", results) == {
         f"{PREFIX}/blimp/acc": 0.75, f"{PREFIX}/blimp/acc/stderr": 0.02, f"{PREFIX}/blimp/exact_match_strict-match": 0.5}
+
+
+class _InlinePool:
+    """A ProcessPoolExecutor whose processes are this one: each task runs after the pool's initializer, in an
+    environment put back after it, so each task sees only what its pool's initializer set."""
+
+    def __init__(self, max_workers, mp_context=None, initializer=None, initargs=()):
+        self.initializer, self.initargs = initializer, initargs
+
+    def submit(self, fn, *args) -> Future:
+        future = Future()
+        with mock.patch.dict(os.environ):
+            if self.initializer is not None:
+                self.initializer(*self.initargs)
+            future.set_result(fn(*args))
+        return future
+
+    def map(self, fn, iterable):
+        return [self.submit(fn, item).result() for item in iterable]
+
+    def shutdown(self, wait=True, cancel_futures=False) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+
+@pytest.mark.parametrize("visible,count,given,line", [
+    ("4,5", 2, {"a": "4", "b": "5", "c": "4", "d": "5"}, "4 workers on 2 GPUs (CUDA_VISIBLE_DEVICES=4,5): 2 a GPU"),
+    (None, 2, {"a": "0", "b": "1", "c": "0", "d": "1"}, "4 workers on 2 GPUs (GPUs 0,1): 2 a GPU"),
+    ("-1", 0, {"a": "-1", "b": "-1", "c": "-1", "d": "-1"}, None),
+], ids=["users-gpus", "torch-sees", "no-gpu"])
+def test_each_scoring_process_scores_on_a_gpu_of_its_own(monkeypatch, visible, count, given, line):
+    """`gatelab eval --workers 4` set no device: every process scored on cuda:0."""
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", _InlinePool)
+    seen = {}
+
+    def score_runs(targets, settings, uri, runs_dir):
+        seen.update({target.label: os.environ.get("CUDA_VISIBLE_DEVICES") for target in targets})
+        return {"scored": len(targets), "skipped": 0}
+
+    monkeypatch.setattr(scoring, "score_runs", score_runs)
+    lines = []
+    targets = [Target(f"run-{label}", label) for label in "abcd"]
+    counts = scoring.score_in_parallel(targets, HarnessSettings(("gatelab_blimp",)), "sqlite:///x.db", "runs", 4,
+                                       log=lines.append)
+    assert counts == {"scored": 4, "skipped": 0}
+    assert seen == given
+    assert lines == ([line] if line else [])
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""Local workers: disjoint cores from the parent's affinity mask, and the registry of the workers that still have work."""
+"""Local workers: a GPU each, in turn from the user's CUDA_VISIBLE_DEVICES; else disjoint cores from the parent's
+affinity mask, and the registry of the workers that still have work."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from gatelab.interrupts import Interrupted
 from gatelab.sweep import executor
@@ -104,7 +106,7 @@ class _FakeProcess:
 def test_cpu_workers_get_disjoint_cores_of_the_parents_mask_and_their_folder_goes_at_the_end(tmp_path, monkeypatch):
     (tmp_path / "sweep.yaml").write_text(f"name: pinned\nexperiment: {REPO / 'experiments' / 'tiny.yaml'}\n"
                                          "grid: {variant: [baseline]}\n")
-    monkeypatch.setattr(executor, "gpu_count", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     monkeypatch.setattr(executor, "available_cores", lambda: [4, 5, 6, 7, 9])  # e.g. under taskset -c 4-7,9
     monkeypatch.setattr(executor.subprocess, "Popen", _FakeProcess)
     _FakeProcess.started = []
@@ -117,6 +119,63 @@ def test_cpu_workers_get_disjoint_cores_of_the_parents_mask_and_their_folder_goe
     assert first.command[-2:] == ["--threads", "3"] and second.command[-2:] == ["--threads", "2"]
     assert first.registry.parent == tmp_path / "runs" / "pinned" / "local-workers"
     assert not first.registry.exists()
+
+
+class _GpuWorker:
+    started: list[_GpuWorker] = []
+
+    def __init__(self, command, env):
+        self.command, self.env, self.pid = command, env, 200000 + len(self.started)
+        self.started.append(self)
+
+    def wait(self) -> int:
+        return 0
+
+
+@pytest.mark.parametrize("visible,count,given,line", [
+    ("4,5,6,7", 4, ["4", "5", "6", "7"], "4 workers on 4 GPUs (CUDA_VISIBLE_DEVICES=4,5,6,7): one a GPU"),
+    ("4,5", 2, ["4", "5", "4", "5"], "4 workers on 2 GPUs (CUDA_VISIBLE_DEVICES=4,5): 2 a GPU"),
+    ("GPU-8f3a0c2e,MIG-3c4d5e6f", 2, ["GPU-8f3a0c2e", "MIG-3c4d5e6f"] * 2,
+     "4 workers on 2 GPUs (CUDA_VISIBLE_DEVICES=GPU-8f3a0c2e,MIG-3c4d5e6f): 2 a GPU"),
+    (None, 3, ["0", "1", "2", "0"], "4 workers on 3 GPUs (GPUs 0,1,2): 2 on GPU 0; 1 on GPUs 1,2"),
+], ids=["indices", "shared-indices", "uuids", "torch-sees"])
+def test_gpu_workers_take_the_users_gpus_in_turn_and_the_launch_says_how_many_share_one(tmp_path, monkeypatch, capsys,
+                                                                                        visible, count, given, line):
+    """CUDA_VISIBLE_DEVICES=4,5,6,7 trained on 0-3, and four workers on two GPUs shared cores instead (or, where the
+    workers saw the GPUs anyway, all trained on GPU 0)."""
+    (tmp_path / "sweep.yaml").write_text(f"name: on-gpus\nexperiment: {REPO / 'experiments' / 'tiny.yaml'}\n"
+                                         "grid: {variant: [baseline]}\n")
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    monkeypatch.setattr(executor.subprocess, "Popen", _GpuWorker)
+    _GpuWorker.started = []
+    code = executor.run_local_workers(4, sweep=tmp_path / "sweep.yaml", experiment=None, storage="ledger.journal",
+                                      tracking_uri=None, runs_dir=tmp_path / "runs", heartbeat_s=1.0, grace_s=5.0)
+    assert code == 0
+    assert [worker.env.get("CUDA_VISIBLE_DEVICES") for worker in _GpuWorker.started] == given
+    assert not any(REGISTRY_ENV in worker.env or "--threads" in worker.command for worker in _GpuWorker.started)
+    assert capsys.readouterr().err.splitlines() == [line]
+    assert not (tmp_path / "runs").exists()  # no core registry for GPU workers
+
+
+@pytest.mark.parametrize("visible", ["", "-1"], ids=["empty", "minus-one"])
+def test_with_every_gpu_hidden_workers_share_the_cores_and_keep_the_users_setting(tmp_path, monkeypatch, capsys,
+                                                                                  visible):
+    (tmp_path / "sweep.yaml").write_text(f"name: hidden\nexperiment: {REPO / 'experiments' / 'tiny.yaml'}\n"
+                                         "grid: {variant: [baseline]}\n")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)  # what CUDA counts under "" and -1
+    monkeypatch.setattr(executor, "available_cores", lambda: [0, 1, 2, 3])
+    monkeypatch.setattr(executor.subprocess, "Popen", _FakeProcess)
+    _FakeProcess.started = []
+    executor.run_local_workers(2, sweep=tmp_path / "sweep.yaml", experiment=None, storage="ledger.journal",
+                               tracking_uri=None, runs_dir=tmp_path / "runs", heartbeat_s=1.0, grace_s=5.0)
+    assert [(w.env["CUDA_VISIBLE_DEVICES"], w.env[HOME_ENV]) for w in _FakeProcess.started] == [(visible, "0,1"),
+                                                                                                (visible, "2,3")]
+    assert capsys.readouterr().err == ""
 
 
 _SIGNALLED_WORKER = """
