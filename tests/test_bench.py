@@ -296,11 +296,14 @@ def _gpu_report(gpu: str | None = "NVIDIA H200", compiling: dict | None = None) 
 
 def test_a_gpu_run_ends_with_mfu_evaluation_memory_and_compile_cache_checks():
     report = _gpu_report(compiling={**_compiling(second_s=3.0, loaded=4), "preset": "small"})
+    report.lightning_peak_gpu_gb = {"small": 33.5}  # max_memory_allocated over gatelab's Lightning steps
     checks = bench.acceptance_checks(report)
-    gpu_rows = checks[-4:]
+    gpu_rows = checks[-5:]
     assert all(c["target"].startswith("small, GPU: ") for c in gpu_rows)
-    assert not any(", GPU: " in c["target"] for c in checks[:-4])  # the CPU's rows come first, unchanged
-    mfu, evaluation, memory, compiling = gpu_rows
+    assert not any(", GPU: " in c["target"] for c in checks[:-5])  # the CPU's rows come first, unchanged
+    mfu, evaluation, memory, step_memory, compiling = gpu_rows
+    assert (step_memory["measured"], step_memory["limit"], step_memory["holds"]) == (33.5, 32.0, False)
+    assert bench.gpu_figures(report)["small"]["lightning_peak_gpu_gb"] == 33.5
     assert "NVIDIA H200: dense bf16 peak 989 TFLOP/s" in mfu["target"]
     assert mfu["measured"] == pytest.approx(5e13 / 0.25 / 989e12)  # the Lightning step, not the plain one
     assert (mfu["limit"], mfu["at_most"], mfu["holds"]) == (0.40, False, False)  # ~0.2: does not hold yet

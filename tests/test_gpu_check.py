@@ -145,12 +145,18 @@ def test_the_check_scripts_parse():
         subprocess.run(["bash", "-n", str(REPO / "experiments" / script)], check=True)
 
 
+# What ../shared/gpu/bundle.sh leaves out of a GPU machine's install (lm-eval unless EVAL=1; MLflow's server and
+# PostgreSQL's driver): `pytest -m gpu` must collect there all the same.
+NOT_ON_A_GPU_MACHINE = ("lm_eval", "psycopg", "gunicorn", "graphene", "huey", "skops", "docker")
+
+
 def test_pytest_m_gpu_collects_where_lm_eval_is_not_importable(tmp_path):
-    """A GPU machine's bundle carries lm-eval only on request: a module that needs it skips, saying why, instead of
-    stopping the collection (it stopped at tests/eval/test_harness.py)."""
-    hidden = tmp_path / "lm_eval"
-    hidden.mkdir()
-    (hidden / "__init__.py").write_text("raise ModuleNotFoundError('lm_eval is hidden by this test', name='lm_eval')\n")
+    """A module that needs what a GPU machine's bundle leaves out skips, saying why, instead of stopping the whole
+    collection (it stopped at tests/eval/test_harness.py's `import lm_eval`)."""
+    for name in NOT_ON_A_GPU_MACHINE:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(
+            f"raise ModuleNotFoundError('{name} is hidden by this test', name='{name}')\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
     collected = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "gpu", "-p",
                                 "no:cacheprovider", "-p", "no:xdist", "-o", "addopts=", "-rs", "tests"],

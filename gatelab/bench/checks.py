@@ -44,7 +44,8 @@ def gpu_figures(report: BenchReport) -> dict[str, dict]:
             "plain_step_s": plain and plain.step_s, "mfu_plain": mfu(plain),
             "eval_s": eval_s, "fixed_s": fixed_s, "quickstart_run_s": run_s,
             "eval_share_of_quickstart_run": eval_s / run_s if eval_s is not None and run_s else None,
-            "peak_gpu_gb": cost.get("peak_gpu_gb"), "peak_gpu_train_gb": cost.get("peak_gpu_train_gb")}
+            "peak_gpu_gb": cost.get("peak_gpu_gb"), "peak_gpu_train_gb": cost.get("peak_gpu_train_gb"),
+            "lightning_peak_gpu_gb": report.lightning_peak_gpu_gb.get(preset)}
     return figures
 
 
@@ -129,6 +130,8 @@ def check_gpu_targets(report: BenchReport, checks: TargetChecks) -> None:
               at_most=False, unit="")
         check(f"{preset}, GPU: evaluation seconds of a run", gpu["eval_s"], 20.0, unit="s")
         check(f"{preset}, GPU: peak GPU memory of a run (GB)", gpu["peak_gpu_gb"], 32.0, unit="GB")
+        check(f"{preset}, GPU: peak GPU memory of gatelab's Lightning step (GB)", gpu["lightning_peak_gpu_gb"], 32.0,
+              unit="GB")
         check(f"{preset}, GPU: compile seconds of the second run of a shape (cache loaded)",
               cached_compile_s(report.compile_cost.get(preset)), 10.0, unit="s")
         for row in report.steps:

@@ -278,8 +278,14 @@ def measure_lightning(report: BenchReport, under_test: PresetUnderTest, settings
     under_test.plain = plain = plain_step(base, precision)
     with tempfile.TemporaryDirectory() as folder:
         for _ in range(3):  # three blocks of each, alternating, so drift hits both
+            if under_test.cuda:  # the peak of gatelab's own step (the plain loop's model and state stay resident)
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
             under_test.lightning_times += lightning_steps(base, precision, settings.lightning_steps,
                                                           Path(folder))[warmup:]
+            if under_test.cuda:
+                report.lightning_peak_gpu_gb[name] = max(report.lightning_peak_gpu_gb.get(name, 0.0),
+                                                         torch.cuda.max_memory_allocated() / 1e9)
             under_test.plain_times += time_interleaved({"plain": plain}, warmup,
                                                        settings.lightning_steps - warmup)["plain"]
         if under_test.cuda:

@@ -59,6 +59,7 @@ class BenchReport:
     gpu_estimates: list[dict] = field(default_factory=list)
     gpu: dict = field(default_factory=dict)  # preset -> gpu_figures, on a GPU
     kernels: dict = field(default_factory=dict)  # preset -> variant -> gpu_profile.kernel_summary, on a GPU
+    lightning_peak_gpu_gb: dict = field(default_factory=dict)  # preset -> max_memory_allocated of its Lightning steps
     notes: list = field(default_factory=list)  # what was not measured, and why
     model_flops: dict = field(default_factory=dict)  # preset -> model FLOPs a step (the plan's count)
     complete: bool = False  # False in what `bench` saves between its parts
