@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 SINK_COLUMNS = 8  # flash takes head dims in multiples of 8: the learnable sink's one column, padded
 SOFTPICK_EPS = 1e-8  # Zuhri et al.'s reference implementation
@@ -44,29 +45,30 @@ KINDS: dict[str, AttentionKind] = {
 }
 
 
-def _sigmoid_weights(scores_BHTS: Tensor, n_virtual: int) -> Tensor:
+def _sigmoid_weights(scores_BHQS: Tensor, n_virtual: int) -> Tensor:
     """sigmoid(s - log n) with n = t + 1, the tokens query t attends to: b = -log n as Ramapuram et al. 2024 (arXiv
     2409.04431; their n is the sequence length), taken per query rather than per window, so a query's output depends on
     nothing after it, not even the window length (evaluation runs at several lengths). Masked scores are -inf: weight
-    0."""
-    time = scores_BHTS.shape[-2]
-    log_n_T1 = torch.arange(1, time + 1, device=scores_BHTS.device, dtype=scores_BHTS.dtype).log()[:, None]
-    return torch.sigmoid(scores_BHTS - log_n_T1)
+    0. The Q queries are the last of the S - n_virtual tokens (a query block sees the tokens up to its last query)."""
+    queries, tokens = scores_BHQS.shape[-2], scores_BHQS.shape[-1] - n_virtual
+    log_n_Q1 = torch.arange(tokens - queries + 1, tokens + 1, device=scores_BHQS.device,
+                            dtype=scores_BHQS.dtype).log()[:, None]
+    return torch.sigmoid(scores_BHQS - log_n_Q1)
 
 
-def _softpick_weights(scores_BHTS: Tensor, n_virtual: int) -> Tensor:
+def _softpick_weights(scores_BHQS: Tensor, n_virtual: int) -> Tensor:
     """relu(e^s - 1) / sum |e^s - 1|, in Zuhri et al.'s stable form (the row max m factored out of both)."""
-    m_BHT1 = scores_BHTS.amax(dim=-1, keepdim=True)  # finite: every query sees itself
-    shifted_BHTS = torch.exp(scores_BHTS - m_BHT1) - torch.exp(-m_BHT1)
-    allowed_BHTS = scores_BHTS.isfinite()  # a masked score's |e^-inf - 1| is 1, not 0: leave it out of the sum
-    total_BHT1 = torch.where(allowed_BHTS, shifted_BHTS.abs(), 0.0).sum(dim=-1, keepdim=True)
-    return F.relu(shifted_BHTS) / (total_BHT1 + SOFTPICK_EPS)
+    m_BHQ1 = scores_BHQS.amax(dim=-1, keepdim=True)  # finite: every query sees itself
+    shifted_BHQS = torch.exp(scores_BHQS - m_BHQ1) - torch.exp(-m_BHQ1)
+    allowed_BHQS = scores_BHQS.isfinite()  # a masked score's |e^-inf - 1| is 1, not 0: leave it out of the sum
+    total_BHQ1 = torch.where(allowed_BHQS, shifted_BHQS.abs(), 0.0).sum(dim=-1, keepdim=True)
+    return F.relu(shifted_BHQS) / (total_BHQ1 + SOFTPICK_EPS)
 
 
 WEIGHTS = {
-    "softmax": lambda scores_BHTS, n_virtual: scores_BHTS.softmax(dim=-1),
-    "off_by_one": lambda scores_BHTS, n_virtual: scores_BHTS.softmax(dim=-1),
-    "learnable_sink": lambda scores_BHTS, n_virtual: scores_BHTS.softmax(dim=-1),
+    "softmax": lambda scores_BHQS, n_virtual: scores_BHQS.softmax(dim=-1),
+    "off_by_one": lambda scores_BHQS, n_virtual: scores_BHQS.softmax(dim=-1),
+    "learnable_sink": lambda scores_BHQS, n_virtual: scores_BHQS.softmax(dim=-1),
     "sigmoid": _sigmoid_weights,
     "softpick": _softpick_weights,
 }
@@ -76,6 +78,46 @@ def _repeat_kv(x_BKXD: Tensor, n_rep: int) -> Tensor:
     return x_BKXD.repeat_interleave(n_rep, dim=1)  # query head i reads KV head i // n_rep, as SDPA's enable_gqa
 
 
+def _full_precision_product(a: Tensor, b: Tensor) -> Tensor:
+    """a @ b in fp32 (or wider) inputs and output, autocast or not: under bf16 autocast the scores were rounded to 8
+    significant bits before the upcast, 2-4x the error of the fused kernels (which score in fp32) for sigmoid and
+    softpick. bf16 inputs upcast exactly; on a GPU the product may take TF32 where the process allows it."""
+    dtype = torch.promote_types(a.dtype, torch.float32)
+    with torch.autocast(a.device.type, enabled=False):
+        return a.to(dtype) @ b.to(dtype)
+
+
+def _attention_block(q_BHQD: Tensor, k_BKTD: Tensor, v_BKTD: Tensor, kind: str, sink_logits_H: Tensor | None,
+                     kv_bias: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor]:
+    """(Y, weights on the real tokens) of the Q queries that are the last of the T tokens given: a query's weights
+    depend only on its own row of scores, so blocks of queries give the whole's values."""
+    H, K, Q, T, D = q_BHQD.shape[1], k_BKTD.shape[1], q_BHQD.shape[2], k_BKTD.shape[2], q_BHQD.shape[3]
+    k_BHTD, v_BHTD = _repeat_kv(k_BKTD, H // K), _repeat_kv(v_BKTD, H // K)
+    # In place: the product's backward reads q and k, not its output, and an evaluation keeps one (B, H, Q, T) less
+    scores_BHQT = _full_precision_product(q_BHQD, k_BHTD.transpose(-2, -1)).div_(math.sqrt(D))
+    causal_QT = torch.ones(Q, T, dtype=torch.bool, device=q_BHQD.device).tril(diagonal=T - Q)
+    scores_BHQT = scores_BHQT.masked_fill_(~causal_QT, float("-inf"))
+    dtype = scores_BHQT.dtype
+    virtual_scores, virtual_values = [], []  # (B or 1, H, Q or 1, 1) scores and (H, 1, D) values, in `attend`'s order
+    if KINDS[kind].sink:
+        sink_H = sink_logits_H if sink_logits_H is not None else q_BHQD.new_zeros(H)
+        virtual_scores.append(sink_H.to(dtype).view(1, H, 1, 1).expand(*scores_BHQT.shape[:3], 1))
+        virtual_values.append(v_BKTD.new_zeros(H, 1, D))
+    if kv_bias is not None:
+        key_HD, value_HD = (_repeat_kv(p.to(q_BHQD.dtype)[None], H // K)[0] for p in kv_bias)
+        virtual_scores.append(_full_precision_product(q_BHQD, key_HD[:, :, None]) / math.sqrt(D))
+        virtual_values.append(value_HD.to(v_BKTD.dtype)[:, None, :])
+    N = len(virtual_scores)
+    if N:
+        scores_BHQT = torch.cat([*virtual_scores, scores_BHQT], dim=-1)  # (B, H, Q, N + T)
+    weights_BHQS = WEIGHTS[kind](scores_BHQT, N)
+    weights_BHQT = weights_BHQS[..., N:]
+    y_BHQD = weights_BHQT.to(v_BHTD.dtype) @ v_BHTD
+    if N:
+        y_BHQD = y_BHQD + weights_BHQS[..., :N].to(v_BHTD.dtype) @ torch.cat(virtual_values, dim=1)
+    return y_BHQD, weights_BHQT
+
+
 def explicit_attention(q_BHTD: Tensor, k_BKTD: Tensor, v_BKTD: Tensor, kind: str = "softmax",
                        sink_logits_H: Tensor | None = None, kv_bias: tuple[Tensor, Tensor] | None = None
                        ) -> tuple[Tensor, Tensor]:
@@ -83,31 +125,49 @@ def explicit_attention(q_BHTD: Tensor, k_BKTD: Tensor, v_BKTD: Tensor, kind: str
 
     The weights are those the mechanism uses: with a sink or a KV-bias slot they sum to less than 1 over the tokens (the
     rest is on the virtual position), under sigmoid attention they are the sigmoids. `kv_bias`: (k_0, v_0), each (K, D).
+    The scores are fp32 (or q's dtype if wider) under autocast too. Every (B, H, T, T) is live at once: for the probes,
+    on a few sequences; `explicit_output` computes Y alone in bounded memory.
     """
-    H, K, T, D = q_BHTD.shape[1], k_BKTD.shape[1], q_BHTD.shape[2], q_BHTD.shape[3]
-    k_BHTD, v_BHTD = _repeat_kv(k_BKTD, H // K), _repeat_kv(v_BKTD, H // K)
-    dtype = torch.promote_types(q_BHTD.dtype, torch.float32)
-    scores_BHTT = (q_BHTD @ k_BHTD.transpose(-2, -1)).to(dtype) / math.sqrt(D)
-    causal_TT = torch.ones(T, T, dtype=torch.bool, device=q_BHTD.device).tril()
-    scores_BHTT = scores_BHTT.masked_fill(~causal_TT, float("-inf"))
-    virtual_scores, virtual_values = [], []  # (B or 1, H, T or 1, 1) scores and (H, 1, D) values, in `attend`'s order
-    if KINDS[kind].sink:
-        sink_H = sink_logits_H if sink_logits_H is not None else q_BHTD.new_zeros(H)
-        virtual_scores.append(sink_H.to(dtype).view(1, H, 1, 1).expand(*scores_BHTT.shape[:3], 1))
-        virtual_values.append(v_BKTD.new_zeros(H, 1, D))
-    if kv_bias is not None:
-        key_HD, value_HD = (_repeat_kv(p.to(q_BHTD.dtype)[None], H // K)[0] for p in kv_bias)
-        virtual_scores.append((q_BHTD @ key_HD[:, :, None]).to(dtype) / math.sqrt(D))
-        virtual_values.append(value_HD.to(v_BKTD.dtype)[:, None, :])
-    N = len(virtual_scores)
-    if N:
-        scores_BHTT = torch.cat([*virtual_scores, scores_BHTT], dim=-1)  # (B, H, T, S)
-    weights_BHTS = WEIGHTS[kind](scores_BHTT, N)
-    weights_BHTT = weights_BHTS[..., N:]
-    y_BHTD = weights_BHTT.to(v_BHTD.dtype) @ v_BHTD
-    if N:
-        y_BHTD = y_BHTD + weights_BHTS[..., :N].to(v_BHTD.dtype) @ torch.cat(virtual_values, dim=1)
-    return y_BHTD, weights_BHTT
+    return _attention_block(q_BHTD, k_BKTD, v_BKTD, kind, sink_logits_H, kv_bias)
+
+
+# Bytes of one query block's fp32 scores (B, H, Q, T) in `explicit_output`. A block's forward and backward hold a few
+# tensors of that size (EXPLICIT_BLOCK_TENSORS in gatelab.train.memory): GBs, not the small preset's 58 GB of weights
+# saved for backward. Blocks of fewer rows launch more, smaller products.
+EXPLICIT_BLOCK_BYTES = 2**30
+
+
+def query_block_rows(batch: int, n_heads: int, tokens: int, block_bytes: int = EXPLICIT_BLOCK_BYTES) -> int:
+    """Queries per block in `explicit_output`: as many as keep one block's fp32 scores within `block_bytes`."""
+    return max(1, min(tokens, block_bytes // (4 * batch * n_heads * tokens)))
+
+
+def _block_output(q_BHQD: Tensor, k_BKTD: Tensor, v_BKTD: Tensor, kind: str, sink_logits_H: Tensor | None,
+                  kv_bias: tuple[Tensor, Tensor] | None) -> Tensor:
+    return _attention_block(q_BHQD, k_BKTD, v_BKTD, kind, sink_logits_H, kv_bias)[0]
+
+
+def explicit_output(q_BHTD: Tensor, k_BKTD: Tensor, v_BKTD: Tensor, kind: str = "softmax",
+                    sink_logits_H: Tensor | None = None, kv_bias: tuple[Tensor, Tensor] | None = None,
+                    block_bytes: int = EXPLICIT_BLOCK_BYTES) -> Tensor:
+    """`explicit_attention`'s Y, the same values, in blocks of `query_block_rows` queries, each over the tokens up to
+    its last query: one block's (B, H, Q, T) scores are live at a time, not (B, H, T, T).
+
+    Where gradients are on, each block runs under activation checkpointing: backward keeps q, k and v (the block's
+    inputs) and recomputes one block's weights at a time, where autograd would keep (B, H, T, T) weights per layer
+    (fp32 and their bf16 copy: 58 GB for sigmoid in the small preset). One more forward pass of attention buys that.
+    """
+    B, H, T, _ = q_BHTD.shape
+    rows = query_block_rows(B, H, T, block_bytes)
+    blocks = []
+    for start in range(0, T, rows):
+        end = min(T, start + rows)
+        args = (q_BHTD[:, :, start:end], k_BKTD[:, :, :end], v_BKTD[:, :, :end], kind, sink_logits_H, kv_bias)
+        if torch.is_grad_enabled():
+            blocks.append(checkpoint(_block_output, *args, use_reentrant=False, preserve_rng_state=False))
+        else:
+            blocks.append(_block_output(*args))
+    return blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=2)
 
 
 SDPA_ALIGNMENT = 8  # elements: 16 bytes in bf16
