@@ -61,6 +61,7 @@ class BenchReport:
     kernels: dict = field(default_factory=dict)  # preset -> variant -> gpu_profile.kernel_summary, on a GPU
     notes: list = field(default_factory=list)  # what was not measured, and why
     model_flops: dict = field(default_factory=dict)  # preset -> model FLOPs a step (the plan's count)
+    graphs: dict = field(default_factory=dict)  # preset -> variant -> steps.block_graphs
     complete: bool = False  # False in what `bench` saves between its parts
     checks: list[dict] = field(default_factory=list)
     command: str = ""
