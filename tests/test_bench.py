@@ -183,6 +183,21 @@ def test_markdown_lists_every_target_and_step(tmp_path):
     assert [p.name for p in written] == ["bench.json", "bench.md"]
 
 
+def test_the_bench_records_and_shows_how_many_graphs_a_compiled_block_is(micro, tmp_path):
+    """One graph, no break, for the micro preset's block (issue 41: sdpa_layout's storage offset made it 6)."""
+    graphs = bench.block_graphs(load_experiment(micro), "32-true")
+    assert graphs == {"graphs": 1, "graph_breaks": 0, "break_reasons": {}}
+    report = _report()
+    report.machine = {"cpu": "cpu", "cores": 2, "torch_threads": 2, "fast_bf16_cpu": False, "torch": "2", "gpu": None}
+    report.graphs = {"micro": {"baseline": graphs, "moe": {"graphs": 3, "graph_breaks": 2,
+                                                           "break_reasons": {"bincount (at moe.py:50)": 2}}}}
+    bench.write(report, tmp_path)
+    markdown = (tmp_path / "bench.md").read_text()
+    assert "| micro | baseline | 1 | 0 |  |" in markdown
+    assert "| micro | moe | 3 | 2 | 2x bincount (at moe.py:50) |" in markdown
+    assert '"graph_breaks": 2' in (tmp_path / "bench.json").read_text()
+
+
 def test_every_op_of_a_profiled_step_is_in_a_group_and_the_shares_add_up(micro):
     step = bench.plain_step(load_experiment(micro), "32-true")
     step()  # the first step allocates and initialises lazily: not what the profile is for

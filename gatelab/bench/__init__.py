@@ -1,6 +1,7 @@
 """`gatelab bench`: where the time of a training step goes, measured side by side in one process.
 
 What it measures, per experiment preset (tiny and tiny-moe by default):
+- how many graphs dynamo makes of each variant's compiled block (1: no graph break);
 - the step time and tokens/s of `baseline` and one variant of each gate family, as ratios to `baseline`;
 - gatelab's real Lightning training step (its Trainer settings, callbacks and MLflow logger) against a plain PyTorch
   loop on the same model, batches, optimizer and precision: the framework overhead as a ratio;
@@ -35,15 +36,16 @@ from gatelab.bench.render import summary_markdown, to_markdown, write
 from gatelab.bench.report import BenchReport, GemmFigures, StepFigures
 from gatelab.bench.runs import LIGHT_EVALUATION, compile_cost, measures_compile_cache, run_cost, run_cost_of
 from gatelab.bench.steps import (
-    PEER_LABEL, fits_in_memory, lightning_steps, loss_curves, plain_step, random_windows, transformers_step,
+    PEER_LABEL, block_graphs, fits_in_memory, lightning_steps, loss_curves, plain_step, random_windows, transformers_step,
 )
 from gatelab.bench.timing import ratio_interval, time_interleaved
 
 __all__ = [
     "DEFAULT_PRESETS", "GEMM_OPS", "GPU_DEFAULTS", "GPU_VARIANTS", "LIGHT_EVALUATION", "PARTS", "PEER_LABEL",
-    "BenchReport", "GemmFigures", "StepFigures", "acceptance_checks", "bench", "compile_cost", "fits_in_memory",
-    "gemm_pass", "gemm_shapes", "gpu_estimate", "gpu_figures", "gpu_peak_flops", "kernel_profile_variants",
-    "kineto_markers_dropped", "lightning_steps", "loss_curves", "machine_facts", "measures_compile_cache",
-    "model_flops_per_step", "op_profile", "plain_step", "random_windows", "ratio_interval", "run_cost", "run_cost_of",
-    "summary_markdown", "time_interleaved", "to_markdown", "transformers_step", "with_gpu_defaults", "write",
+    "BenchReport", "GemmFigures", "StepFigures", "acceptance_checks", "bench", "block_graphs", "compile_cost",
+    "fits_in_memory", "gemm_pass", "gemm_shapes", "gpu_estimate", "gpu_figures", "gpu_peak_flops",
+    "kernel_profile_variants", "kineto_markers_dropped", "lightning_steps", "loss_curves", "machine_facts",
+    "measures_compile_cache", "model_flops_per_step", "op_profile", "plain_step", "random_windows", "ratio_interval",
+    "run_cost", "run_cost_of", "summary_markdown", "time_interleaved", "to_markdown", "transformers_step",
+    "with_gpu_defaults", "write",
 ]

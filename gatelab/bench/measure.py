@@ -26,7 +26,7 @@ from gatelab.bench.profiling import op_profile
 from gatelab.bench.report import BenchReport, GemmFigures, StepFigures
 from gatelab.bench.runs import compile_cost, measures_compile_cache, plan_seconds, run_cost, run_cost_of, sweep_cost
 from gatelab.bench.steps import (
-    PEER_LABEL, cuda_graph_step, fits_in_memory, lightning_steps, loss_curves, matmul_dtype, plain_step,
+    PEER_LABEL, block_graphs, cuda_graph_step, fits_in_memory, lightning_steps, loss_curves, matmul_dtype, plain_step,
     transformers_step,
 )
 from gatelab.bench.timing import ratio_interval, spread, time_interleaved
@@ -155,6 +155,7 @@ def bench(presets: list[Path], variants: list[str], warmup: int, measured: int, 
     estimated, not yet measured):
 
         start, imports, CUDA                                                                      20
+        graphs of 15 variants' blocks (torch._dynamo.explain: traced, not compiled; estimated)     15
         15 variants, 3 untimed rounds (the first compiles each) + 10 timed                       150
         CUDA kernel profiles of 6 variants (one per gate family and baseline), 4 steps each         10
         Lightning against the plain loop: 3 blocks of 10 + 10 steps, a Trainer each (~3 s)       25
@@ -165,7 +166,7 @@ def bench(presets: list[Path], variants: list[str], warmup: int, measured: int, 
         two compiled child runs of 20 steps: 50 with LIGHT_EVALUATION, then from the cache
           with the full evaluation, which is also the one real run (start 20, setup 10, 5, 20)   105
         sweep plan (a child process), GPU estimates                                               15
-        total                                                                           about 385 (6.4 min)
+        total                                                                           about 400 (6.7 min)
     """
     validate(presets, variants, sweep)
     # Every variant's compiled blocks stay live here, side by side: more graphs of Block.forward than dynamo keeps by
@@ -197,6 +198,7 @@ def bench_preset(report: BenchReport, preset: Path, device: torch.device, settin
     precision = resolve_precision(base.train.precision, base.train.accelerator, moe=base.model.ffn == "moe")
     under_test = PresetUnderTest(preset, base, precision, device)
     report.model_flops[under_test.name] = model_flops_per_step(base)
+    measure_graphs(report, under_test, settings)
     if "variants" in parts:
         measure_variants(report, under_test, settings)
     part_done()
@@ -207,6 +209,16 @@ def bench_preset(report: BenchReport, preset: Path, device: torch.device, settin
         if part in parts:
             measure(report, under_test, settings)
     part_done()
+
+
+def measure_graphs(report: BenchReport, under_test: PresetUnderTest, settings: Settings) -> None:
+    """How many graphs dynamo makes of each variant's block (`block_graphs`), first: its `explain` resets dynamo, which
+    would drop the compiled steps of the parts after it."""
+    name = under_test.name
+    report.graphs[name] = {v: block_graphs(load_experiment(under_test.preset, [f"variant={v}"]), under_test.precision)
+                           for v in settings.variants}
+    counts = ", ".join(f"{v} {g['graphs']}" for v, g in report.graphs[name].items())
+    settings.log(f"{name}: graphs of a compiled block (torch._dynamo.explain; 1 is no graph break): {counts}")
 
 
 def measure_variants(report: BenchReport, under_test: PresetUnderTest, settings: Settings) -> None:

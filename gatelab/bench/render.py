@@ -97,7 +97,7 @@ def to_markdown(report: BenchReport) -> str:
     gpu = gpu_markdown(report)
     lines += [""] * bool(gpu) + gpu
     for section in (step_times_markdown, flops_markdown, op_profile_markdown, kernels_markdown, notes_markdown,
-                    compiling_markdown, numerics_markdown, runs_markdown, estimates_markdown):
+                    graphs_markdown, compiling_markdown, numerics_markdown, runs_markdown, estimates_markdown):
         lines += section(report)
     return "\n".join(lines) + "\n"
 
@@ -161,6 +161,20 @@ def notes_markdown(report: BenchReport) -> list[str]:
         lines += ["", f"{preset}: {PEER_LABEL} {why}."]
     for note in report.notes:
         lines += ["", f"{note}."]
+    return lines
+
+
+def graphs_markdown(report: BenchReport) -> list[str]:
+    if not report.graphs:
+        return []
+    lines = ["", "## Graphs of a compiled block (torch._dynamo.explain on block 0)", "",
+             "One graph is a block without graph breaks; each break returns to Python between two graphs, which "
+             "inductor cannot fuse across.", "",
+             "| preset | variant | graphs | graph breaks | why |", "|---|---|---|---|---|"]
+    for preset, by_variant in report.graphs.items():
+        for variant, g in by_variant.items():
+            why = "; ".join(f"{count}x {reason}" for reason, count in g["break_reasons"].items())
+            lines.append(f"| {preset} | {variant} | {g['graphs']} | {g['graph_breaks']} | {why} |")
     return lines
 
 

@@ -62,6 +62,7 @@ class BenchReport:
     lightning_peak_gpu_gb: dict = field(default_factory=dict)  # preset -> max_memory_allocated of its Lightning steps
     notes: list = field(default_factory=list)  # what was not measured, and why
     model_flops: dict = field(default_factory=dict)  # preset -> model FLOPs a step (the plan's count)
+    graphs: dict = field(default_factory=dict)  # preset -> variant -> steps.block_graphs
     complete: bool = False  # False in what `bench` saves between its parts
     checks: list[dict] = field(default_factory=list)
     command: str = ""

@@ -89,6 +89,26 @@ def cuda_graph_step(experiment: ExperimentConfig, precision: str) -> Callable[[]
         return f"not timed: train.compile_mode reduce-overhead failed ({type(error).__name__}: {str(error)[:200]})"
 
 
+def block_graphs(experiment: ExperimentConfig, precision: str) -> dict:
+    """How dynamo splits a compiled block of the experiment's model: `torch._dynamo.explain` on its first block (every
+    block has the same code and shapes), one row of the preset's length under the preset's autocast. Each break is a
+    return to Python and a graph boundary inductor cannot fuse across (issue 41: `sdpa_layout`'s storage offset split
+    every block in 6). `explain` resets dynamo: call it before anything of the preset compiles."""
+    from gatelab.model import build_model, resolve_model
+
+    model = build_model(resolve_model(experiment), experiment.seed, bench_device())
+    x_BTD = torch.randn(1, experiment.data.seq_len, model.config.d_model, device=bench_device())
+    with autocast(precision):
+        explained = torch._dynamo.explain(model.blocks[0])(x_BTD, model.rotary.cos_sin(x_BTD.shape[1], x_BTD.device))
+    reasons: dict[str, int] = {}  # "why (at file:line)" -> how many breaks
+    for reason in explained.break_reasons:
+        where = reason.user_stack[-1] if reason.user_stack else None
+        at = f" (at {Path(where.filename).name}:{where.lineno})" if where else ""
+        why = str(reason.reason).strip().splitlines()[0] + at
+        reasons[why] = reasons.get(why, 0) + 1
+    return {"graphs": explained.graph_count, "graph_breaks": explained.graph_break_count, "break_reasons": reasons}
+
+
 def loss_curves(experiment: ExperimentConfig, steps: int = 50, rows: int | None = None) -> dict:
     """Per-step training losses of `steps` steps on the same batches: the step as it was before the faster one (whole
     logits and fp32 cross-entropy, torch's per-parameter AdamW, eager), and gatelab's step eager and compiled. Returns

@@ -43,12 +43,16 @@ class Rotary(nn.Module):
         return (x_BHTD.float() * cos_TD + rotated.float() * sin_TD).to(x_BHTD.dtype)
 
 
+def top_k_mask(scores_BTKE: Tensor, top_k: int) -> Tensor:
+    """1 on each KV head's top-k experts, else 0."""
+    return torch.zeros_like(scores_BTKE).scatter_(-1, scores_BTKE.topk(top_k, dim=-1).indices, 1.0)
+
+
 def switch_mix(experts_BTKED: Tensor, router_logits_BTKE: Tensor, top_k: int) -> Tensor:
     """SwitchHead's non-competitive routing: the top-k experts of each KV head, weighted by their sigmoid scores."""
     scores_BTKE = torch.sigmoid(router_logits_BTKE)
     if top_k < scores_BTKE.shape[-1]:
-        keep = torch.zeros_like(scores_BTKE).scatter_(-1, scores_BTKE.topk(top_k, dim=-1).indices, 1.0)
-        scores_BTKE = scores_BTKE * keep
+        scores_BTKE = scores_BTKE * top_k_mask(scores_BTKE, top_k)
     return (experts_BTKED * scores_BTKE.unsqueeze(-1)).sum(dim=-2)
 
 

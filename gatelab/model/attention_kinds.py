@@ -174,17 +174,22 @@ SDPA_ALIGNMENT = 8  # elements: 16 bytes in bf16
 
 
 def sdpa_layout(x: Tensor) -> Tensor:
-    """`x` itself where its storage offset and every stride but the last are multiples of SDPA_ALIGNMENT, else a
-    contiguous copy (the same values).
+    """`x` itself where its last stride is 1 and every other stride a multiple of SDPA_ALIGNMENT, else a contiguous
+    copy (the same values).
 
     q, k and v are views into one projection's output, whose row is as wide as q + k + v + the gates' logits: a
     headwise G1 gate adds n_heads logits, so at the tiny presets' widths v's token stride is 132 elements. On an H100
     in bf16 (torch 2.11, CUDA 13) a fused SDPA kernel given such a v trained g1_head_sig to 2.6 times the baseline's
     perplexity, its gates closed, where the CPU's kernel trained it to the baseline's (results/tiny/README.md, issue
     34); fused kernels assume aligned rows (pytorch/pytorch#112577: non-contiguous inputs to the mem-efficient
-    kernel return wrong values). Aligned views, every other variant's, pass untouched: no copy."""
-    aligned = x.storage_offset() % SDPA_ALIGNMENT == 0 and all(
-        stride % SDPA_ALIGNMENT == 0 for stride in x.stride()[:-1])
+    kernel return wrong values). Aligned views, every other variant's, pass untouched: no copy.
+
+    Decided from the strides alone, which dynamo knows statically: `storage_offset()` breaks a compiled block's graph
+    (issue 41). The storage offset is aligned by construction where the strides are: `Attention` lays q, k and v out
+    first in its projection, each a whole number of heads, so a view starts at a multiple of the head stride (and
+    RoPE's q and k are new tensors, offset 0). Under torch.compile inductor lays out SDPA's inputs itself and aligns
+    them on a GPU (torch._inductor.lowering.sdpa_constraint)."""
+    aligned = all(stride % SDPA_ALIGNMENT == 0 for stride in x.stride()[:-1])
     return x if aligned and x.stride(-1) == 1 else x.contiguous()
 
 

@@ -1,0 +1,208 @@
+"""Every variant's training attention path in low precision against the same module in float64 on the explicit path:
+a check that catches a kernel fed a layout it reads wrong (issue 34: a fused SDPA kernel given a misaligned v view
+trained g1_head_sig to 2.6x the baseline's perplexity on an H100 in bf16; the CPU's kernel was right).
+
+    python -m gatelab.model.numerics [--device cuda] [--dtype bf16]    one line a case; exit 1 on any FAIL
+    python -m gatelab.model.numerics --emulate-misaligned-kernel       on a CPU (see below)
+
+The attention module of each preset's widths (experiments/{tiny,small,tiny-moe,small-moe}.yaml, one layer, the FFN
+left out) runs as training runs it: fp32 weights under autocast (or in fp32), the fused path where its kind has one,
+on the views its fused projection makes. The reference is the same weights and input in float64 on the probes'
+explicit path (RoPE's product stays float32: 1e-7, far below bf16's 4e-3). Error: RMS of the difference over RMS of
+the reference. Tolerance: TOLERANCE x baseline's error at the same widths and input. The positive control runs
+g1_head_sig, whose v is a misaligned view at H = 4 and 12 (`attention_kinds.sdpa_layout`), with that copy bypassed:
+on a kernel that reads such a view wrong the check must FAIL. A CPU's kernel reads it right: the tests put a
+misalignment-sensitive stand-in in SDPA's place (`misalignment_sensitive_sdpa`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import sys
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gatelab import host
+from gatelab.errors import GatelabError
+from gatelab.model import attention, attention_kinds, build_model
+from gatelab.model.attention import Rotary
+from gatelab.variants import VARIANTS, apply_variant
+
+PRESETS = ("tiny", "small", "tiny-moe", "small-moe")
+TOLERANCE = 2.0  # times baseline's error at the same widths
+BATCH, TIME = 2, 128
+CONTROL = "g1_head_sig"  # a headwise G1 gate's n_heads logits make the row, and so v's token stride, misaligned
+
+
+class _Explicit:
+    """A probe that keeps nothing: passed to `Attention.forward`, it takes the explicit path."""
+
+    def add(self, layer: int, name: str, tensor: torch.Tensor) -> None:
+        pass
+
+
+def attention_module(preset: str, variant: str, device: str) -> tuple[nn.Module, Rotary]:
+    """Layer 0's attention module (and the model's RoPE) of `variant` at the preset's widths, initialised as training initialises it, the
+    zero-initialised sink logits, KV biases and input-independent gate logits drawn at random (zero would hide them)."""
+    from gatelab.data.resolve import load_experiment
+
+    base = load_experiment(host.repo_root() / "experiments" / f"{preset}.yaml").model
+    shrink = {"n_layers": 1, "vocab_size": 64}  # the FFN is not checked: a small one keeps building cheap
+    if base.moe is not None:
+        shrink["moe"] = base.moe.model_copy(update={"expert_hidden": 8})
+    else:
+        shrink["ffn_hidden"] = 8
+    model = build_model(apply_variant(base.model_copy(update=shrink), variant), seed=0)
+    attn = model.blocks[0].attn
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, parameter in attn.named_parameters():
+            if name.endswith(("sink_logits_H", "kv_bias_key", "kv_bias_value", "logits_HD")):
+                parameter.copy_(torch.randn(parameter.shape, generator=generator))
+    return attn.to(device), model.rotary.to(device)
+
+
+@contextlib.contextmanager
+def _switch_choices(choices: list[torch.Tensor], replay: bool):
+    """Switch-Head's top-k experts recorded (the fast run), then replayed (the reference): a near-tie that rounding
+    breaks the other way would change the output by a whole expert, which is not a kernel's error."""
+    real, replayed = attention.top_k_mask, iter(list(choices))
+
+    def mask(scores_BTKE: torch.Tensor, top_k: int) -> torch.Tensor:
+        if replay:
+            return next(replayed).to(scores_BTKE.dtype)
+        choices.append(real(scores_BTKE, top_k))
+        return choices[-1]
+
+    attention.top_k_mask = mask
+    try:
+        yield
+    finally:
+        attention.top_k_mask = real
+
+
+def relative_error(attn: nn.Module, rotary: Rotary, x_BTD: torch.Tensor, dtype: torch.dtype) -> float:
+    """RMS(fast path in `dtype` - explicit path in float64) / RMS(explicit path in float64)."""
+    device = x_BTD.device
+    rope_TD = rotary.cos_sin(x_BTD.shape[1], device)
+    reference, choices = copy.deepcopy(attn).double(), []
+    with torch.no_grad():
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32), _switch_choices(choices, False):
+            y_BTD = attn(x_BTD, rope_TD)
+        with _switch_choices(choices, True):
+            expected_BTD = reference(x_BTD.double(), rope_TD, probe=_Explicit())
+    return ((y_BTD.double() - expected_BTD).pow(2).mean() / expected_BTD.pow(2).mean()).sqrt().item()
+
+
+@contextlib.contextmanager
+def layout_copy_bypassed():
+    """`attend` hands SDPA its views as they come, aligned or not: the code before issue 34's fix."""
+    real = attention_kinds.sdpa_layout
+    attention_kinds.sdpa_layout = lambda x: x
+    try:
+        yield
+    finally:
+        attention_kinds.sdpa_layout = real
+
+
+def misaligned(t: torch.Tensor) -> bool:
+    return t.storage_offset() % 8 != 0 or any(stride % 8 for stride in t.stride()[:-1])
+
+
+@contextlib.contextmanager
+def misalignment_sensitive_sdpa():
+    """SDPA as a kernel that reads misaligned views wrong (storage offset or a stride but the last not a multiple of 8
+    elements): its output shifted by a token, as a kernel reading the wrong rows of v would give."""
+    real = F.scaled_dot_product_attention
+
+    def sensitive(query, key, value, *args, **kwargs):
+        y = real(query, key, value, *args, **kwargs)
+        return y.roll(1, dims=-2) if any(misaligned(t) for t in (query, key, value)) else y
+
+    attention_kinds.F.scaled_dot_product_attention = sensitive
+    try:
+        yield
+    finally:
+        attention_kinds.F.scaled_dot_product_attention = real
+
+
+def v_is_misaligned_view(attn) -> bool:
+    """Whether `attn` hands `attend` v as a misaligned view of its fused projection (no gate or expert mix on v)."""
+    view = not attn.switch or "v" not in attn.switch.projections
+    view = view and not any(gate.site == "g2" for gate in attn.gates)
+    return view and bool(sum(attn.widths.values()) % 8 or attn.row_blocks()["v"].start % 8)
+
+
+def check(device: str = "cpu", dtype: torch.dtype = torch.bfloat16, presets=PRESETS, variants=None,
+          log=print) -> list[dict]:
+    """One row a (preset, variant), and the positive control's row at the widths where its v is a misaligned view:
+    error, tolerance, passed. Every variant of a preset sees the same input; baseline's error sets the tolerance."""
+    rows = []
+    for preset in presets:
+        x_BTD, baseline_error = None, None
+        cases = [("baseline", False), *[(v, False) for v in (variants or VARIANTS) if v != "baseline"],
+                 (CONTROL, True)]
+        for variant, control in cases:
+            try:
+                attn, rotary = attention_module(preset, variant, device)
+            except GatelabError:
+                continue  # a variant this preset cannot take (ref_add4experts needs an MoE model)
+            if control and not v_is_misaligned_view(attn):
+                continue
+            if x_BTD is None:
+                x_BTD = torch.randn(BATCH, TIME, attn.o_proj.out_features,
+                                    generator=torch.Generator().manual_seed(0)).to(device)
+            with layout_copy_bypassed() if control else contextlib.nullcontext():
+                error = relative_error(attn, rotary, x_BTD, dtype)
+            baseline_error = error if baseline_error is None else baseline_error
+            row = {"preset": preset, "variant": variant, "control": control, "error": error,
+                   "tolerance": TOLERANCE * baseline_error}
+            row["passed"] = error <= row["tolerance"]
+            rows.append(row)
+            log(describe(row))
+    return rows
+
+
+def describe(row: dict) -> str:
+    what = f"{row['variant']}, sdpa_layout's copy bypassed (control: must FAIL)" if row["control"] else row["variant"]
+    return (f"{row['preset']:9s} {what:58s} error {row['error']:.2e}  tolerance {row['tolerance']:.2e}  "
+            f"{'PASS' if row['passed'] else 'FAIL'}")
+
+
+def verdict(rows: list[dict]) -> str | None:
+    """None where every variant passes and every control fails; else what went wrong."""
+    failed = [f"{r['preset']}/{r['variant']}" for r in rows if not r["control"] and not r["passed"]]
+    controls = [r for r in rows if r["control"]]
+    if failed:
+        return f"FAIL: {', '.join(failed)} beyond {TOLERANCE:g}x baseline's error"
+    if not controls or any(r["passed"] for r in controls):
+        return "FAIL: the positive control passed: this check cannot see a misaligned-view kernel bug here"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gatelab.model.numerics", description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    parser.add_argument("--presets", default=",".join(PRESETS))
+    parser.add_argument("--emulate-misaligned-kernel", action="store_true",
+                        help="SDPA as a kernel that reads misaligned views wrong (misalignment_sensitive_sdpa): a "
+                             "CPU's own kernel reads them right, and its positive control cannot fail")
+    options = parser.parse_args(argv)
+    warnings.filterwarnings("ignore", "Mismatch dtype between input and weight")  # autocast's RMSNorm, as in training
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[options.dtype]
+    name = torch.cuda.get_device_name() if options.device.startswith("cuda") else "CPU"
+    print(f"torch {torch.__version__}, {name}, {options.dtype} against float64, {BATCH} x {TIME} tokens")
+    with misalignment_sensitive_sdpa() if options.emulate_misaligned_kernel else contextlib.nullcontext():
+        problem = verdict(check(options.device, dtype, options.presets.split(",")))
+    print(problem or "PASS: every variant within tolerance, and the positive control failed as it must")
+    return 1 if problem else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
