@@ -20,6 +20,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import json
+import math
+import subprocess
 import sys
 import warnings
 
@@ -138,38 +141,83 @@ def v_is_misaligned_view(attn) -> bool:
     return view and bool(sum(attn.widths.values()) % 8 or attn.row_blocks()["v"].start % 8)
 
 
+def _control_row(preset: str, device: str, dtype: torch.dtype, x_BTD: torch.Tensor, baseline_error: float
+                 ) -> dict | None:
+    """The positive control at the preset's widths, in this process; None where its v is not a misaligned view."""
+    attn, rotary = attention_module(preset, CONTROL, device)
+    if not v_is_misaligned_view(attn):
+        return None
+    with layout_copy_bypassed():
+        error = relative_error(attn, rotary, x_BTD, dtype)
+    return {"preset": preset, "variant": CONTROL, "control": True, "error": error,
+            "tolerance": TOLERANCE * baseline_error, "passed": error <= TOLERANCE * baseline_error}
+
+
+def _control_in_child(preset: str, device: str, dtype: torch.dtype) -> dict | None:
+    """The positive control in a process of its own: a kernel may fault on the misaligned view rather than misread it
+    (an H100's flash kernel did: "misaligned address", after which the CUDA context is lost), and that must cost
+    neither the variants' lines nor the other presets' controls. A child that dies has caught the bug too."""
+    name = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
+    child = subprocess.run([sys.executable, "-m", "gatelab.model.numerics", "--control-only", "--presets", preset,
+                            "--device", device, "--dtype", name], capture_output=True, text=True, timeout=300)
+    for line in reversed(child.stdout.splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    if child.returncode == 0:  # no row: v is aligned at these widths
+        return None
+    why = (child.stderr.strip().splitlines() or [f"exit {child.returncode}"])[-1]
+    return {"preset": preset, "variant": CONTROL, "control": True, "error": math.inf, "tolerance": math.nan,
+            "passed": False, "fault": why[:200]}
+
+
 def check(device: str = "cpu", dtype: torch.dtype = torch.bfloat16, presets=PRESETS, variants=None,
-          log=print) -> list[dict]:
-    """One row a (preset, variant), and the positive control's row at the widths where its v is a misaligned view:
-    error, tolerance, passed. Every variant of a preset sees the same input; baseline's error sets the tolerance."""
-    rows = []
+          log=print, control_in_child: bool | None = None) -> list[dict]:
+    """One row a (preset, variant), then the positive control's row at the widths where its v is a misaligned view:
+    error, tolerance, passed. Every variant of a preset sees the same input; baseline's error sets the tolerance. The
+    controls run last, each in a child process on a GPU (`control_in_child`, default: where `device` is CUDA)."""
+    rows, inputs = [], {}
     for preset in presets:
         x_BTD, baseline_error = None, None
-        cases = [("baseline", False), *[(v, False) for v in (variants or VARIANTS) if v != "baseline"],
-                 (CONTROL, True)]
-        for variant, control in cases:
+        for variant in ["baseline", *[v for v in (variants or VARIANTS) if v != "baseline"]]:
             try:
                 attn, rotary = attention_module(preset, variant, device)
             except GatelabError:
                 continue  # a variant this preset cannot take (ref_add4experts needs an MoE model)
-            if control and not v_is_misaligned_view(attn):
-                continue
             if x_BTD is None:
-                x_BTD = torch.randn(BATCH, TIME, attn.o_proj.out_features,
-                                    generator=torch.Generator().manual_seed(0)).to(device)
-            with layout_copy_bypassed() if control else contextlib.nullcontext():
-                error = relative_error(attn, rotary, x_BTD, dtype)
+                x_BTD = _input(attn, device)
+            error = relative_error(attn, rotary, x_BTD, dtype)
             baseline_error = error if baseline_error is None else baseline_error
-            row = {"preset": preset, "variant": variant, "control": control, "error": error,
-                   "tolerance": TOLERANCE * baseline_error}
-            row["passed"] = error <= row["tolerance"]
+            rows.append({"preset": preset, "variant": variant, "control": False, "error": error,
+                         "tolerance": TOLERANCE * baseline_error, "passed": error <= TOLERANCE * baseline_error})
+            log(describe(rows[-1]))
+        inputs[preset] = (x_BTD, baseline_error)
+    in_child = device.startswith("cuda") if control_in_child is None else control_in_child
+    for preset, (x_BTD, baseline_error) in inputs.items():
+        row = (_control_in_child(preset, device, dtype) if in_child
+               else _control_row(preset, device, dtype, x_BTD, baseline_error))
+        if row is not None:
             rows.append(row)
             log(describe(row))
     return rows
 
 
+def _input(attn: nn.Module, device: str) -> torch.Tensor:
+    return torch.randn(BATCH, TIME, attn.o_proj.out_features, generator=torch.Generator().manual_seed(0)).to(device)
+
+
+def _control_only(preset: str, device: str, dtype: torch.dtype) -> None:
+    """`--control-only`: baseline's error (the tolerance), then the control's row as one JSON line."""
+    attn, rotary = attention_module(preset, "baseline", device)
+    x_BTD = _input(attn, device)
+    row = _control_row(preset, device, dtype, x_BTD, relative_error(attn, rotary, x_BTD, dtype))
+    if row is not None:
+        print(json.dumps(row), flush=True)
+
+
 def describe(row: dict) -> str:
     what = f"{row['variant']}, sdpa_layout's copy bypassed (control: must FAIL)" if row["control"] else row["variant"]
+    if "fault" in row:
+        return f"{row['preset']:9s} {what:58s} the kernel faulted: {row['fault']}  FAIL"
     return (f"{row['preset']:9s} {what:58s} error {row['error']:.2e}  tolerance {row['tolerance']:.2e}  "
             f"{'PASS' if row['passed'] else 'FAIL'}")
 
@@ -193,13 +241,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--emulate-misaligned-kernel", action="store_true",
                         help="SDPA as a kernel that reads misaligned views wrong (misalignment_sensitive_sdpa): a "
                              "CPU's own kernel reads them right, and its positive control cannot fail")
+    parser.add_argument("--control-only", action="store_true", help=argparse.SUPPRESS)  # the child of _control_in_child
     options = parser.parse_args(argv)
     warnings.filterwarnings("ignore", "Mismatch dtype between input and weight")  # autocast's RMSNorm, as in training
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[options.dtype]
+    if options.control_only:
+        _control_only(options.presets, options.device, dtype)
+        return 0
     name = torch.cuda.get_device_name() if options.device.startswith("cuda") else "CPU"
     print(f"torch {torch.__version__}, {name}, {options.dtype} against float64, {BATCH} x {TIME} tokens")
     with misalignment_sensitive_sdpa() if options.emulate_misaligned_kernel else contextlib.nullcontext():
-        problem = verdict(check(options.device, dtype, options.presets.split(",")))
+        # a stand-in kernel lives in this process only: its controls run here too
+        problem = verdict(check(options.device, dtype, options.presets.split(","),
+                                control_in_child=False if options.emulate_misaligned_kernel else None))
     print(problem or "PASS: every variant within tolerance, and the positive control failed as it must")
     return 1 if problem else 0
 

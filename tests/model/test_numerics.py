@@ -3,6 +3,8 @@ positive control, on a CPU with a misalignment-sensitive stand-in for SDPA's ker
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 import torch
 
@@ -44,3 +46,27 @@ def test_on_a_gpu_every_variant_in_bf16_is_within_twice_baseline_s_error_and_the
     lines = []
     rows = numerics.check("cuda", torch.bfloat16, log=lines.append)
     assert numerics.verdict(rows) is None, "\n".join(lines)
+
+
+def test_the_control_runs_in_a_child_process_and_a_child_that_faults_has_caught_the_bug(monkeypatch):
+    """On a GPU the control runs in a process of its own: an H100's flash kernel faulted on the misaligned view
+    ("misaligned address"), which loses the CUDA context. A child that reports its row is read as it is; one that dies
+    is a caught bug, and the variants' rows are all there either way."""
+    rows = numerics.check("cpu", torch.float32, ("tiny",), variants=["baseline", "g1_elem_sig"], log=lambda line: None,
+                          control_in_child=True)
+    assert [(r["variant"], r["control"]) for r in rows] == [("baseline", False), ("g1_elem_sig", False),
+                                                            ("g1_head_sig", True)]
+    assert rows[-1]["passed"]  # the CPU's kernel reads the view right, in the child as here
+    assert rows[-1]["tolerance"] == pytest.approx(rows[0]["tolerance"])  # the child's baseline: the same input
+
+    def faulting_child(command, **kwargs):
+        assert "--control-only" in command
+        return subprocess.CompletedProcess(command, 1, "", "Traceback ...\ntorch.AcceleratorError: CUDA error: "
+                                                           "misaligned address\n")
+
+    monkeypatch.setattr(numerics.subprocess, "run", faulting_child)
+    rows = numerics.check("cpu", torch.float32, ("tiny",), variants=["baseline"], log=lambda line: None,
+                          control_in_child=True)
+    assert rows[-1]["control"] and not rows[-1]["passed"] and "misaligned address" in rows[-1]["fault"]
+    assert "the kernel faulted: torch.AcceleratorError: CUDA error: misaligned address" in numerics.describe(rows[-1])
+    assert numerics.verdict(rows) is None
