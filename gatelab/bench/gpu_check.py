@@ -156,7 +156,8 @@ def bench_verdicts(step: StepResult, report: dict | None) -> list[Verdict]:
         why = f"no GPU figures in bench.json ({step.how()}; {last_line(step.log)})"
         return [Verdict(None, "the compiled small step at 0 graph breaks and >= 40% MFU", why),
                 Verdict(None, f"the compiled small step's peak GPU memory <= {PEAK_MEMORY_GB:.0f} GB", why)]
-    graphs = (report or {}).get("graphs", {})
+    graphs = {f"{variant}": figures for by_variant in (report or {}).get("graphs", {}).values()
+              for variant, figures in by_variant.items()}  # preset -> variant -> steps.block_graphs
     breaks = [figures.get("graph_breaks") for figures in graphs.values()]
     counted = [count for count in breaks if count is not None]
     mfu, flops = gpu.get("mfu_lightning"), gpu.get("model_flops_per_step")

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from gatelab.config import ModelConfig
-from gatelab.model.attention_kinds import KINDS, attend, explicit_attention, explicit_output
+from gatelab.model.attention_kinds import KINDS, attend, explicit_attention
 from gatelab.model.gates import Gate
 
 __all__ = ["Attention", "Rotary", "explicit_attention", "switch_mix"]
@@ -169,9 +169,7 @@ class Attention(nn.Module):
         k_BKTD = Rotary.apply(k_BTKD.transpose(1, 2), cos_TD, sin_TD)
         v_BKTD = v_BTKD.transpose(1, 2)
         if probe is None:
-            # `attend`'s explicit branch would keep (B, H, T, T) per layer for backward; explicit_output does not
-            forward_path = attend if self.uses_sdpa else explicit_output
-            y_BHTD = forward_path(q_BHTD, k_BKTD, v_BKTD, **self._mechanism())
+            y_BHTD = attend(q_BHTD, k_BKTD, v_BKTD, **self._mechanism())
         else:
             y_BHTD, probs_BHTT = explicit_attention(q_BHTD, k_BKTD, v_BKTD, **self._mechanism())
             probe.add(self.layer_index, "attention_probs", probs_BHTT)

@@ -2,7 +2,8 @@
 slot every query may also attend to (`model.kv_bias`).
 
 Two paths compute the same thing. `attend` is the training path; `explicit_attention` writes the weights out and
-returns them, for the probes (and is the training path of the kinds without a fused kernel: sigmoid, softpick).
+returns them, for the probes. The kinds without a fused kernel (sigmoid, softpick) train on `explicit_output`, the
+explicit path in query blocks, which never holds (B, H, T, T).
 
 The softmax kinds reach SDPA's fused kernels through "virtual" positions prepended to the keys and values: the sink
 (score b_h, value 0) and the KV-bias slot (key k_0, value v_0), each with a dummy query prepended to q, so the call
@@ -197,7 +198,7 @@ def attend(q_BHTD: Tensor, k_BKTD: Tensor, v_BKTD: Tensor, kind: str = "softmax"
            sink_logits_H: Tensor | None = None, kv_bias: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """The training path: one SDPA call for the softmax kinds (see the module's docstring), else the explicit path."""
     if not KINDS[kind].fused:
-        return explicit_attention(q_BHTD, k_BKTD, v_BKTD, kind, sink_logits_H, kv_bias)[0]
+        return explicit_output(q_BHTD, k_BKTD, v_BKTD, kind, sink_logits_H, kv_bias)
     q_BHTD, k_BKTD, v_BKTD = sdpa_layout(q_BHTD), sdpa_layout(k_BKTD), sdpa_layout(v_BKTD)
     B, H, T, D = q_BHTD.shape
     K = k_BKTD.shape[1]
