@@ -111,15 +111,28 @@ def cpu_has_fast_bf16() -> bool:
     return "amx_bf16" in flags or ("avx512_bf16" in flags and "AuthenticAMD" in info)
 
 
+def cuda_has_native_bf16() -> bool:
+    """Whether the current CUDA device computes in bf16 itself (compute capability 8.0 on, Ampere; ROCm's GPUs).
+    `torch.cuda.is_bf16_supported()` also says yes where CUDA emulates bf16 in fp32 (V100, T4), slower than fp16 there;
+    its `including_emulation` argument leaves emulation out, and where a torch lacks it, compute capability decides."""
+    import inspect
+
+    import torch
+
+    if "including_emulation" in inspect.signature(torch.cuda.is_bf16_supported).parameters:
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    return bool(torch.version.hip) or torch.cuda.get_device_capability()[0] >= 8
+
+
 def resolve_precision(precision: str, accelerator: str, moe: bool = False) -> str:
-    """`train.precision` as Lightning takes it; `auto`: bf16 (or fp16) mixed on a GPU; on a CPU with fast bf16, mixed
-    bf16 for dense models and fp32 for MoE ones, whose routing and small expert matmuls run slower in bf16 there
-    (tiny-moe's plain step: 585 against 1393 ms on an AMX Xeon, 710 against 905 ms on an AVX512-BF16 EPYC,
-    results/bench/); fp32 on other CPUs, where bf16 is emulated."""
+    """`train.precision` as Lightning takes it; `auto`: on a GPU bf16 mixed where bf16 is native, else fp16 mixed
+    (`cuda_has_native_bf16`); on a CPU with fast bf16, mixed bf16 for dense models and fp32 for MoE ones, whose routing
+    and small expert matmuls run slower in bf16 there (tiny-moe's plain step: 585 against 1393 ms on an AMX Xeon, 710
+    against 905 ms on an AVX512-BF16 EPYC, results/bench/); fp32 on other CPUs, where bf16 is emulated."""
     if precision != "auto":
         return precision
     import torch  # here: the rest of this module is read by commands that answer before torch loads
 
     if torch.cuda.is_available() and accelerator in ("auto", "gpu", "cuda"):
-        return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
+        return "bf16-mixed" if cuda_has_native_bf16() else "16-mixed"
     return "bf16-mixed" if cpu_has_fast_bf16() and not moe else "32-true"

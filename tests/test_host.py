@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+import torch
+
 
 def test_a_programs_start_is_its_first_import_of_gatelab_not_the_process_that_became_it(tmp_path):
     """Under `bash -c 'sleep ... && gatelab ...'` bash execs gatelab in its own process: time/import_s counted the
@@ -14,3 +17,35 @@ def test_a_programs_start_is_its_first_import_of_gatelab_not_the_process_that_be
                             text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert 0 <= float(result.stdout) < 2.5  # the 3 s before Python are not the program's
+
+
+# --- the precision `auto` picks on a GPU ----------------------------------------------------------------------------
+
+
+def _emulating_bf16_supported(native: bool):
+    """torch's `is_bf16_supported` as torch 2.5 on has it: with emulation counted unless told otherwise."""
+    return lambda including_emulation=True: native or including_emulation
+
+
+@pytest.mark.parametrize(("native", "expected"), [(True, "bf16-mixed"), (False, "16-mixed")])
+def test_auto_precision_on_a_gpu_is_bf16_only_where_bf16_is_native(monkeypatch, native, expected):
+    """On a V100 or T4 CUDA emulates bf16 in fp32 and `is_bf16_supported()` still says yes: fp16 there."""
+    from gatelab import host
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", _emulating_bf16_supported(native))
+    assert host.resolve_precision("auto", "auto") == expected
+    assert host.resolve_precision("auto", "gpu", moe=True) == expected
+    assert host.resolve_precision("32-true", "gpu") == "32-true"  # as the user set it
+
+
+@pytest.mark.parametrize(("capability", "expected"), [((7, 0), "16-mixed"), ((7, 5), "16-mixed"),
+                                                      ((8, 0), "bf16-mixed"), ((9, 0), "bf16-mixed")])
+def test_where_torch_cannot_leave_emulation_out_the_compute_capability_decides(monkeypatch, capability, expected):
+    from gatelab import host
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)  # no `including_emulation`: emulation counts
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.version, "hip", None)
+    assert host.resolve_precision("auto", "auto") == expected

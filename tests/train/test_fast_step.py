@@ -86,15 +86,16 @@ def test_the_chunked_head_loss_has_the_loss_and_gradients_of_whole_logits(tmp_pa
         torch.testing.assert_close(chunked_grad, whole_grad, rtol=1e-4, atol=1e-7)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("tokens", [16, 200])
-def test_under_autocast_the_head_loss_is_fp32_with_the_loss_and_gradients_of_whole_low_precision_logits(tokens):
-    """`LowPrecisionChunkedLoss` (chunks of 64 tokens: one chunk, and four with a short last one) against autocast's
-    whole bf16 logits and fp32 cross-entropy, the eager step before it."""
+def test_under_autocast_the_head_loss_is_fp32_with_the_loss_and_gradients_of_whole_low_precision_logits(tokens, dtype):
+    """`ChunkedLinearCrossEntropy` (chunks of 64 tokens: one chunk, and four with a short last one) against autocast's
+    whole low-precision logits and fp32 cross-entropy, the eager step before it."""
     generator = torch.Generator().manual_seed(0)
     hidden_BTD = torch.randn(2, tokens // 2, 96, generator=generator, requires_grad=True)
     weight_VD = (torch.randn(512, 96, generator=generator) * 0.1).requires_grad_()
     targets_BT = torch.randint(0, 512, (2, tokens // 2), generator=generator)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast("cpu", dtype=dtype):
         loss = head_loss(hidden_BTD, weight_VD, targets_BT)
         reference = next_token_loss(torch.nn.functional.linear(hidden_BTD, weight_VD), targets_BT)
     assert loss.dtype == torch.float32
@@ -106,8 +107,10 @@ def test_under_autocast_the_head_loss_is_fp32_with_the_loss_and_gradients_of_who
         torch.testing.assert_close(grad, reference_grad, rtol=2e-2, atol=2e-4)
 
 
-def test_the_low_precision_chunks_never_hold_whole_fp32_logits(small_chunks):
-    """The largest tensor the chunked loss makes is one chunk's fp32 logits, not the whole batch's."""
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
+def test_the_chunks_never_hold_whole_fp32_logits(small_chunks, monkeypatch, dtype):
+    """The largest tensor the chunked loss makes is one chunk's fp32 logits, not the whole batch's: under autocast, and
+    in fp32 where torch has no `F.linear_cross_entropy` (fp16 makes the chunks' logits again in backward)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class LargestFp32(TorchDispatchMode):
@@ -124,7 +127,10 @@ def test_the_low_precision_chunks_never_hold_whole_fp32_logits(small_chunks):
     hidden_BTD = torch.randn(4, tokens // 4, 32, requires_grad=True)
     weight_VD = (torch.randn(vocab, 32) * 0.1).requires_grad_()
     targets_BT = torch.randint(0, vocab, (4, tokens // 4))
-    with torch.autocast("cpu", dtype=torch.bfloat16), LargestFp32():
+    if dtype == torch.float32:
+        monkeypatch.delattr(torch.nn, "LinearCrossEntropyOptions", raising=False)
+        monkeypatch.delattr(torch.nn.functional, "linear_cross_entropy", raising=False)
+    with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32), LargestFp32():
         head_loss(hidden_BTD, weight_VD, targets_BT).backward()
     rows = head_loss_module.chunk_rows(vocab, hidden_BTD.device)
     assert rows < tokens and LargestFp32.largest == rows * vocab
