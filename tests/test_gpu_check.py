@@ -165,3 +165,29 @@ def test_pytest_m_gpu_collects_where_lm_eval_is_not_importable(tmp_path):
     assert collected.returncode == 0, collected.stdout[-3000:] + collected.stderr[-3000:]
     assert "error" not in collected.stdout.splitlines()[-1], collected.stdout[-3000:]
     assert "tests/eval/test_harness.py" in collected.stdout and "lm-eval is not installed" in collected.stdout
+
+
+def test_every_gatelab_module_but_the_lm_eval_model_imports_without_what_a_gpu_bundle_leaves_out(tmp_path):
+    """On the H100 the bf16-against-fp32 `gpu` test failed because it read a checkpoint through gatelab.eval.harness,
+    which imports lm-eval; the checkpoint reader lives in gatelab.eval.checkpoint now. Only the lm-eval model itself
+    may need lm-eval at import."""
+    for name in NOT_ON_A_GPU_MACHINE:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(
+            f"raise ModuleNotFoundError('{name} is hidden by this test', name='{name}')\n")
+    needs_lm_eval = {"gatelab.eval.harness"}
+    script = (
+        "import importlib, pkgutil, gatelab\n"
+        "failed = []\n"
+        "for module in pkgutil.walk_packages(gatelab.__path__, 'gatelab.'):\n"
+        f"    if module.name in {needs_lm_eval!r} or module.name.endswith('__main__'):\n"
+        "        continue\n"
+        "    try:\n"
+        "        importlib.import_module(module.name)\n"
+        "    except ModuleNotFoundError as error:\n"
+        "        failed.append(f'{module.name}: {error}')\n"
+        "print('\\n'.join(failed) or 'all imported')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
+    imported = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=300)
+    assert imported.stdout.strip() == "all imported", imported.stdout + imported.stderr[-2000:]

@@ -217,6 +217,21 @@ def test_device_work_keeps_kernels_copies_and_fills_of_the_device_only():
         KernelInterval(name, 1.0, 3.0) for name in (GEMM_CUBLAS, MEMCPY, "Memset (Device)", MUL)]
 
 
+def test_device_work_reads_torch_2_11_s_events_which_have_no_activity_type():
+    """torch 2.11's FunctionEvent has no `activity_type` attribute (the GPU check on an H100 with torch 2.11 stopped
+    there, issue 41): its kernels count, its user annotations do not."""
+    def old_event(name: str, is_user_annotation: bool = False) -> SimpleNamespace:
+        event = trace_event(name, None, is_user_annotation=is_user_annotation)
+        del event.activity_type
+        return event
+
+    events = [old_event(GEMM_CUBLAS), old_event("my_range", is_user_annotation=True)]
+    assert device_work(events, device_index=0) == [KernelInterval(GEMM_CUBLAS, 1.0, 3.0)]
+    bare = old_event(MUL)
+    del bare.is_user_annotation
+    assert device_work([bare], device_index=0) == [KernelInterval(MUL, 1.0, 3.0)]
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message where torch sees no CUDA GPU")
 def test_kernel_profile_needs_cuda():
     with pytest.raises(RuntimeError, match="no CUDA GPU"):

@@ -172,10 +172,16 @@ _DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")
 
 def device_work(events: Iterable, device_index: int) -> list[KernelInterval]:
     """The kernels, copies and fills on CUDA device `device_index` among a trace's FunctionEvents (`trace.events()`,
-    times in microseconds). An event without an activity type (older torch) counts unless it is a user annotation."""
+    times in microseconds). An event without an activity type counts unless it is a user annotation: torch 2.11's
+    FunctionEvent has no `activity_type` attribute at all (an H100 with torch 2.11 failed on it), and an older one
+    may lack `is_user_annotation` too."""
+    def is_work(event) -> bool:
+        activity = getattr(event, "activity_type", None)
+        return activity in _DEVICE_WORK if activity else not getattr(event, "is_user_annotation", False)
+
     return [KernelInterval(event.name, event.time_range.start, event.time_range.end) for event in events
             if event.device_type == torch.autograd.DeviceType.CUDA and event.device_index == device_index
-            and (event.activity_type in _DEVICE_WORK if event.activity_type else not event.is_user_annotation)]
+            and is_work(event)]
 
 
 def kernel_profile(step: Callable[[], None], steps: int = 3) -> dict:

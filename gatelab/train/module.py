@@ -127,7 +127,7 @@ class GatedLM(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # The checkpoint describes itself: the experiment (for the tokenizer and training length) and the resolved model
-        # config rebuild its model without the YAML, the registry or MLflow (gatelab.eval.harness.load_checkpoint).
+        # config rebuild its model without the YAML, the registry or MLflow (gatelab.eval.checkpoint.load_checkpoint).
         # With the precision it trained in: `auto` may resolve otherwise on the machine that resumes it.
         # Every string redacted (gatelab.errors.redact): a tracking URI's password was in plain text in last.ckpt,
         # the file people copy; nothing read back from a checkpoint connects anywhere.

@@ -107,7 +107,7 @@ def test_bf16_training_and_tf32_evaluation_agree_with_fp32(tmp_path):
     assert bf16.metrics["ppl/avg"] == pytest.approx(fp32.metrics["ppl/avg"], rel=0.05)
 
     # The fp32 run's trained weights scored three ways: strict fp32, the evaluation's TF32 products, bf16 autocast.
-    from gatelab.eval.harness import load_checkpoint
+    from gatelab.eval.checkpoint import load_checkpoint
     from gatelab.model import build_model, resolve_model
 
     loaded = load_experiment(experiment, list(ON_THE_GPU))
