@@ -66,11 +66,11 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
     - fp16: in the backward pass, from the logits made again (four matmuls a chunk), as (softmax - one_hot) *
       grad_loss / N in fp32 rounded to fp16 only then. fp16's smallest value is 6e-8: rounded in the forward pass,
       (softmax - one_hot) / N lost every entry below it, all but the targets' at a near-uniform softmax once N * V
-      passes 2^25 (8,192 tokens at V = 4,096: the head's gradients 18% and 25% off fp64's). `grad_loss` carries
-      16-mixed's GradScaler factor, there to lift such gradients into fp16's range and lowered by the scaler where they
-      overflow: rounded after it, as autograd rounds whole logits' gradient, they are 0.04% off. Keeping (softmax -
-      one_hot) unscaled in fp16 from the forward pass would save the matmul but fix the factor at 1: a chunk's weight
-      gradient that overflowed would stay inf however far the scaler backed off."""
+      passes 2^25 (at 16,384 tokens and V = 4,096 the head's gradients were 102% and 140% off fp64's).
+      `grad_loss` carries 16-mixed's GradScaler factor, there to lift such gradients into fp16's range and lowered by
+      the scaler where they overflow: rounded after it, as autograd rounds whole logits' gradient, they are 0.05% off.
+      Keeping (softmax - one_hot) unscaled in fp16 from the forward pass would save the matmul but fix the factor at
+      1: a chunk's weight gradient that overflowed would stay inf however far the scaler backed off."""
 
     @staticmethod
     def forward(ctx, hidden_ND: torch.Tensor, weight_VD: torch.Tensor, targets_N: torch.Tensor, rows: int,
