@@ -102,6 +102,16 @@ def test_each_bench_rule_fails_on_its_own_fault(report, failing):
 def test_a_bench_without_gpu_figures_is_not_run_and_says_why():
     verdicts = bench_verdicts(StepResult(124, 300.0, "compiling baseline"), None)
     assert all(v.ok is None for v in verdicts) and "cut off at its limit" in verdicts[0].figure
+
+
+def test_graph_breaks_are_judged_even_where_the_bench_stopped_after_recording_them():
+    """On the H100 the bench stopped at the Lightning step's kernel profile (torch 2.11's profiler events), after it
+    had saved the graph counts: those are a verdict, the MFU and memory lines are not run."""
+    report = bench_report()
+    del report["gpu"]
+    verdicts = bench_verdicts(StepResult(1, 72.0, "error: AttributeError: 'FunctionEvent' ..."), report)
+    assert [v.ok for v in verdicts] == [True, None, None]
+    assert "FunctionEvent" in verdicts[1].figure
     assert gpu_check.top_kernels(bench_report()) == ["small baseline, plain loop: 950.0 ms a step, idle 2.0%; "
                                                      "GEMM 60%"]
 
