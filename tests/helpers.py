@@ -300,3 +300,33 @@ def in_a_terminal(args: list[str], columns: int = 120, cwd: Path = REPO, timeout
 
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07", "", shown.decode(errors="replace"))  # colours, links
     return process.wait(timeout=30), text.replace("\r\n", "\n")
+
+
+# --- shared assertions and stand-ins ----------------------------------------------------------------------------------
+
+def assert_head_loss_matches_whole_logits(model) -> None:
+    """`head_loss` against `next_token_loss` of the whole logits on one micro batch (vocabulary 512): the loss to
+    1e-6 and fp32, every parameter's gradient to 1e-4."""
+    import pytest
+
+    from gatelab.train.head_loss import head_loss, next_token_loss
+
+    input_ids_BT, targets_BT = (torch.randint(0, 512, (4, 32), generator=torch.Generator().manual_seed(seed))
+                                for seed in (1, 2))
+    hidden_BTD, _ = model.hidden_states(input_ids_BT)
+    whole = next_token_loss(model.lm_head(hidden_BTD), targets_BT)
+    chunked = head_loss(hidden_BTD, model.lm_head.weight, targets_BT)
+    whole_grads = torch.autograd.grad(whole, list(model.parameters()), retain_graph=True)
+    chunked_grads = torch.autograd.grad(chunked, list(model.parameters()))
+    assert chunked.dtype == torch.float32 and chunked.item() == pytest.approx(whole.item(), rel=1e-6)
+    for whole_grad, chunked_grad in zip(whole_grads, chunked_grads):
+        torch.testing.assert_close(chunked_grad, whole_grad, rtol=1e-4, atol=1e-7)
+
+
+def see_gpus(monkeypatch, visible: str | None, count: int) -> None:
+    """What this process sees of GPUs: CUDA_VISIBLE_DEVICES as given (None: unset) and torch's device count."""
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)

@@ -12,13 +12,12 @@ from concurrent.futures import Future
 from unittest import mock
 
 import pytest
-import torch
 
 from gatelab import tracking
 from gatelab.errors import GatelabError
 from gatelab.eval import scoring
 from gatelab.eval.scoring import PREFIX, TAG_PREFIX, HarnessSettings, Target, metrics_of
-from tests.helpers import gatelab_cli, sqlite_uri, write_micro_sweep
+from tests.helpers import gatelab_cli, see_gpus, sqlite_uri, write_micro_sweep
 
 
 def test_lm_eval_keys_become_metric_names():
@@ -63,11 +62,7 @@ class _InlinePool:
 ], ids=["users-gpus", "torch-sees", "no-gpu"])
 def test_each_scoring_process_scores_on_a_gpu_of_its_own(monkeypatch, visible, count, given, line):
     """`gatelab eval --workers 4` set no device: every process scored on cuda:0."""
-    if visible is None:
-        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    else:
-        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    see_gpus(monkeypatch, visible, count)
     monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", _InlinePool)
     seen = {}
 

@@ -25,7 +25,7 @@ from gatelab.sweep.executor import (
     assign_cores,
     share_of_cores,
 )
-from tests.helpers import REPO
+from tests.helpers import REPO, see_gpus
 
 
 @pytest.mark.parametrize("cores,n_workers", [
@@ -145,11 +145,7 @@ def test_gpu_workers_take_the_users_gpus_in_turn_and_the_launch_says_how_many_sh
     workers saw the GPUs anyway, all trained on GPU 0)."""
     (tmp_path / "sweep.yaml").write_text(f"name: on-gpus\nexperiment: {REPO / 'experiments' / 'tiny.yaml'}\n"
                                          "grid: {variant: [baseline]}\n")
-    if visible is None:
-        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    else:
-        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    see_gpus(monkeypatch, visible, count)
     monkeypatch.setattr(executor.subprocess, "Popen", _GpuWorker)
     _GpuWorker.started = []
     code = executor.run_local_workers(4, sweep=tmp_path / "sweep.yaml", experiment=None, storage="ledger.journal",

@@ -15,7 +15,7 @@ from gatelab.data.resolve import load_experiment
 from gatelab.model import build_model, resolve_model
 from gatelab.train import compiling, head_loss as head_loss_module, module
 from gatelab.train.module import GatedLM, head_loss, lr_at, next_token_loss
-from tests.helpers import MICRO, write_micro_experiment
+from tests.helpers import MICRO, assert_head_loss_matches_whole_logits, write_micro_experiment
 
 
 def _micro(tmp_path, **train):
@@ -73,17 +73,7 @@ def small_chunks(monkeypatch):
 def test_the_chunked_head_loss_has_the_loss_and_gradients_of_whole_logits(tmp_path, small_chunks, tie_embeddings):
     path = tmp_path / "micro.yaml"
     path.write_text(yaml.safe_dump({**MICRO, "model": {**MICRO["model"], "tie_embeddings": tie_embeddings}}))
-    model = build_model(resolve_model(load_experiment(path)), seed=1)
-    input_ids_BT, targets_BT = (torch.randint(0, 512, (4, 32), generator=torch.Generator().manual_seed(s))
-                                for s in (1, 2))
-    hidden_BTD, _ = model.hidden_states(input_ids_BT)
-    whole = next_token_loss(model.lm_head(hidden_BTD), targets_BT)
-    chunked = head_loss(hidden_BTD, model.lm_head.weight, targets_BT)
-    whole_grads = torch.autograd.grad(whole, list(model.parameters()), retain_graph=True)
-    chunked_grads = torch.autograd.grad(chunked, list(model.parameters()))
-    assert chunked.dtype == torch.float32 and chunked.item() == pytest.approx(whole.item(), rel=1e-6)
-    for whole_grad, chunked_grad in zip(whole_grads, chunked_grads):
-        torch.testing.assert_close(chunked_grad, whole_grad, rtol=1e-4, atol=1e-7)
+    assert_head_loss_matches_whole_logits(build_model(resolve_model(load_experiment(path)), seed=1))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])

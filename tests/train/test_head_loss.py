@@ -13,8 +13,8 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 from gatelab.data.resolve import load_experiment
 from gatelab.model import build_model, resolve_model
 from gatelab.train import head_loss as head_loss_module
-from gatelab.train.module import GatedLM, head_loss, next_token_loss
-from tests.helpers import MICRO
+from gatelab.train.module import GatedLM, head_loss
+from tests.helpers import MICRO, assert_head_loss_matches_whole_logits
 
 GRAD_SCALER_INITIAL_SCALE = 2.0**16  # torch.amp.GradScaler's init_scale: the factor 16-mixed's first backward carries
 
@@ -116,17 +116,7 @@ def small_chunks(monkeypatch):
 
 def test_without_torchs_linear_cross_entropy_the_fp32_head_loss_has_the_loss_and_gradients_of_whole_logits(
         tmp_path, small_chunks, without_torchs_linear_cross_entropy):
-    model = build_model(resolve_model(_micro_experiment(tmp_path)), seed=1)
-    input_ids_BT, targets_BT = (torch.randint(0, 512, (4, 32), generator=torch.Generator().manual_seed(seed))
-                                for seed in (1, 2))
-    hidden_BTD, _ = model.hidden_states(input_ids_BT)
-    whole = next_token_loss(model.lm_head(hidden_BTD), targets_BT)
-    chunked = head_loss(hidden_BTD, model.lm_head.weight, targets_BT)
-    whole_grads = torch.autograd.grad(whole, list(model.parameters()), retain_graph=True)
-    chunked_grads = torch.autograd.grad(chunked, list(model.parameters()))
-    assert chunked.dtype == torch.float32 and chunked.item() == pytest.approx(whole.item(), rel=1e-6)
-    for whole_grad, chunked_grad in zip(whole_grads, chunked_grads):
-        torch.testing.assert_close(chunked_grad, whole_grad, rtol=1e-4, atol=1e-7)
+    assert_head_loss_matches_whole_logits(build_model(resolve_model(_micro_experiment(tmp_path)), seed=1))
 
 
 def test_without_torchs_linear_cross_entropy_an_fp32_run_trains_as_with_it(tmp_path, monkeypatch):
