@@ -3,23 +3,22 @@
 from __future__ import annotations
 
 import logging
-import shlex
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Callable, Optional
 
 import typer
 from rich.console import Console
 from rich.text import Text
 
 # What the commands do (modules that import torch, Lightning or MLflow only inside their functions).
+from gatelab.app import command_line
 from gatelab.app.claims import claims as write_claims
 from gatelab.app.data import prepare
 from gatelab.app.options import (AsJson, ClaimsLedger, ExperimentOption, Formats, Grace, Heartbeat, Ledger,
                                  PlanTrackingUri, RunLedger, RunsDir, SweepFile, TableLedger, TheSweepFile, TrackingUri,
                                  TrainRunsDir, VariantsExperiment, Verbose, WorkerHeartbeat, WorkerLedger,
-                                 WorkerTrackingUri, output_folder_option)
+                                 WorkerTrackingUri, bench_output_option, output_folder_option)
 from gatelab.app.plan import show_plan
 from gatelab.app.report import table as write_table
 from gatelab.app.score import lm_eval, score
@@ -29,7 +28,7 @@ from gatelab.app.train import train as train_run
 from gatelab.app.ui import ui as serve_ui
 from gatelab.app.variants import print_variants
 from gatelab.errors import GatelabError, exit_code, install_redaction, print_failure, redact
-from gatelab.output_folders import require_writable_folder
+from gatelab.workspace import Workspace
 
 # No pretty exceptions: main() turns every escaping exception into one redacted line, never a traceback.
 # Markdown help: a docstring's lines flow into one paragraph (typer's rich mode keeps each line break, so the command
@@ -48,10 +47,10 @@ def _root() -> None:
     """gatelab: gated-attention ablations from a YAML file, tracked in MLflow."""
 
 
-def _run(work: Callable[..., int | None], *args) -> None:
+def _run(work: Callable[..., int | None], first=None, /, **options) -> None:
     """One call into gatelab.app: a GatelabError ends in one message and exit code 2; a code returned, as that code."""
     try:
-        code = work(*args)
+        code = work(first, **options)
     except GatelabError as error:
         # Text, not markup: a path or key holding `[red]` or `[/bold]` is printed as written.
         message = Text.assemble(("error:", "bold red"), " ", redact(str(error)))
@@ -61,20 +60,10 @@ def _run(work: Callable[..., int | None], *args) -> None:
         raise typer.Exit(code=code)
 
 
-def _command(name: str) -> str:
-    """The command line as the user typed it, for the files it writes."""
-    return f"gatelab {name} " + " ".join(shlex.quote(a) for a in sys.argv[2:])
-
-
-def _bench_output_option(param: typer.CallbackParam, out: Path) -> Path:
-    require_writable_folder(out.parent if out.suffix == ".md" else out, param.opts[0])  # --data takes a .md file too
-    return out
-
-
 @app.command()
 def variants(experiment: VariantsExperiment = None, as_json: AsJson = False) -> None:
     """List every registered variant with its axes, formula and paper rows (and parameters under an experiment)."""
-    _run(print_variants, experiment, as_json)
+    _run(print_variants, experiment, as_json=as_json)
 
 
 @app.command()
@@ -89,7 +78,8 @@ def train(
 ) -> None:
     """Train and evaluate one run, tracked in MLflow; re-running the same command resumes it. Progress is a bar in a
     terminal, else a line every GATELAB_PROGRESS_EVERY seconds (30)."""
-    _run(train_run, experiment, variant, seed, set_, tracking_uri, runs_dir, quiet, verbose)
+    _run(train_run, experiment, variant=variant, seed=seed, set_=set_, quiet=quiet, verbose=verbose,
+         workspace=Workspace(runs_dir=runs_dir, tracking_uri=tracking_uri))
 
 
 @data_app.command("prepare")
@@ -104,7 +94,7 @@ def data_prepare(
 ) -> None:
     """Make the data a run trains on, once: with EXPERIMENT, its corpus, tokenizer and token shards (resumable: run
     it again after an interruption and the finished shards are kept); without, the built-in corpora only."""
-    _run(prepare, experiment_file or experiment, data_dir, domain, set_)
+    _run(prepare, experiment_file or experiment, data_dir=data_dir, domains=domain, set_=set_)
 
 
 @sweep_app.command("plan")
@@ -116,7 +106,8 @@ def sweep_plan(
 ) -> None:
     """One row per run: variant, seed, overrides, parameters, tokens and estimated time (measured from this machine's
     earlier runs of the same shape where the store has some, else a rough guess from FLOPs); rejects bad cells."""
-    _run(show_plan, sweep, experiment, as_json, flops_per_second, tracking_uri, runs_dir)
+    _run(show_plan, sweep, experiment=experiment, as_json=as_json, flops_per_second=flops_per_second,
+         workspace=Workspace(runs_dir=runs_dir, tracking_uri=tracking_uri))
 
 
 @sweep_app.command("run")
@@ -135,8 +126,10 @@ def sweep_run(
 ) -> None:
     """Run every unfinished run of a sweep; safe to re-run, and to run from several processes or machines at once.
     Each run's progress is a bar (one worker in a terminal), else a line every GATELAB_PROGRESS_EVERY seconds (30)."""
-    _run(run_sweep, sweep, experiment, storage, tracking_uri, runs_dir, verbose,
-         Launch(executor, workers, heartbeat, grace, slurm_partition, slurm_gpus, slurm_time_min))
+    launch = Launch(executor=executor, workers=workers, heartbeat=heartbeat, grace=grace,
+                    slurm_partition=slurm_partition, slurm_gpus=slurm_gpus, slurm_time_min=slurm_time_min)
+    _run(run_sweep, sweep, experiment=experiment, verbose=verbose, launch=launch,
+         workspace=Workspace(runs_dir=runs_dir, tracking_uri=tracking_uri, storage=storage))
 
 
 @sweep_app.command("worker")
@@ -149,7 +142,8 @@ def sweep_worker(
 ) -> None:
     """Join a sweep whose ledger lives in shared storage, from any machine; work until no run is left. Each run's
     progress is a line every GATELAB_PROGRESS_EVERY seconds (30): several workers may share one terminal."""
-    _run(worker, sweep, storage, experiment, tracking_uri, runs_dir, threads, heartbeat, grace, verbose)
+    _run(worker, sweep, experiment=experiment, threads=threads, heartbeat=heartbeat, grace=grace, verbose=verbose,
+         workspace=Workspace(runs_dir=runs_dir, tracking_uri=tracking_uri, storage=storage))
 
 
 @sweep_app.command("reset")
@@ -163,14 +157,16 @@ def sweep_reset(
 ) -> None:
     """Put failed cells back in the queue with fresh attempts; `gatelab sweep run` (or a worker) then trains them.
     Running, finished and diverged cells are refused: one would be trained twice, the others are results."""
-    _run(reset, sweep, cell, failed, experiment, storage, tracking_uri, runs_dir)
+    _run(reset, sweep, cells=cell, failed=failed, experiment=experiment,
+         workspace=Workspace(runs_dir=runs_dir, tracking_uri=tracking_uri, storage=storage))
 
 
 @sweep_app.command("status")
 def sweep_status(sweep: TheSweepFile, experiment: ExperimentOption = None, storage: Ledger = None,
                  runs_dir: RunsDir = Path("runs"), as_json: AsJson = False) -> None:
     """Counts and one row per run: pending, running (where, since when), finished, diverged, failed."""
-    _run(print_status, sweep, experiment, storage, runs_dir, as_json)
+    _run(print_status, sweep, experiment=experiment, workspace=Workspace(runs_dir=runs_dir, storage=storage),
+         as_json=as_json)
 
 
 @app.command()
@@ -184,7 +180,8 @@ def table(
     runs_dir: RunsDir = Path("runs"),
 ) -> None:
     """The sweep's comparison table laid out like the paper's, with the paper's numbers, significance and plots."""
-    _run(write_table, sweep, experiment, format_, out, tracking_uri, runs_dir, storage, _command("table"))
+    _run(write_table, sweep, experiment=experiment, formats=format_, out_dir=out, command=command_line("table"),
+         workspace=Workspace(runs_dir=runs_dir, tracking_uri=tracking_uri, storage=storage))
 
 
 @app.command("eval")
@@ -201,8 +198,9 @@ def eval_(
 ) -> None:
     """Score finished runs with lm-evaluation-harness, from their checkpoints, into the same MLflow runs; a run
     already scored on a task with the same settings is skipped, so the command can be run again after a stop."""
-    _run(score, target, tasks, num_fewshot, limit, include_path, batch_size, workers, experiment, tracking_uri,
-         runs_dir)
+    _run(score, target, tasks=tasks, num_fewshot=num_fewshot, limit=limit, include_path=include_path,
+         batch_size=batch_size, workers=workers, experiment=experiment,
+         workspace=Workspace(runs_dir=runs_dir, tracking_uri=tracking_uri))
 
 
 @app.command("lm-eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
@@ -223,7 +221,8 @@ def claims(
                                               "parent folder")] = Path("sweeps/claims/tiny.yaml"),
 ) -> None:
     """The paper's claims, one row each, checked on the sweeps' runs: figure, spread, p and q, MDE and a verdict."""
-    _run(write_claims, sweeps, format_, out, tracking_uri, runs_dir, storage, claims_file, _command("claims"))
+    _run(write_claims, sweeps, formats=format_, out_dir=out, claims_path=claims_file, command=command_line("claims"),
+         workspace=Workspace(runs_dir=runs_dir, tracking_uri=tracking_uri, storage=storage))
 
 
 @app.command()
@@ -238,7 +237,8 @@ def ui(
 ) -> None:
     """Start the MLflow UI on 127.0.0.1 over the sweep's tracking store and print the page to open: the sweep's runs
     (or the only experiment's) sorted by ppl/avg with the key metrics as columns. Ctrl-C stops it."""
-    _run(serve_ui, sweep, tracking_uri, runs_dir, port, screenshot, verbose)
+    _run(serve_ui, sweep, workspace=Workspace(runs_dir=runs_dir, tracking_uri=tracking_uri), port=port,
+         screenshot=screenshot, verbose=verbose)
 
 
 @app.command()
@@ -259,7 +259,7 @@ def bench(
     sweep: Annotated[Optional[Path], typer.Option(help="also run this sweep with 1 then 2 workers (slow)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the JSON report")] = False,
     out: Annotated[Path, typer.Option(help="folder for bench.md and bench.json (--data: data.md and data.json, or "
-                                            "a .md file)", callback=_bench_output_option)] = Path("results/bench"),
+                                            "a .md file)", callback=bench_output_option)] = Path("results/bench"),
     data: Annotated[bool, typer.Option("--data", help="the data bench instead: tokenizing, reading a 1e9-token "
                                                       "corpus, peak RSS (gatelab/bench/data/)")] = False,
     scratch: Annotated[Optional[Path], typer.Option(help="--data: folder for its corpora (about 2 GB; default "
@@ -278,7 +278,7 @@ def bench(
 
     # by the source's name: typer 0.29 vendors its own click, whose ParameterSource is not click's
     given = {name for name in ctx.params if ctx.get_parameter_source(name).name not in ("DEFAULT", "DEFAULT_MAP")}
-    _run(run_bench, BenchOptions(**ctx.params), given, _command("bench"))
+    _run(run_bench, BenchOptions(**ctx.params), given=given, command=command_line("bench"))
 
 
 def main() -> None:

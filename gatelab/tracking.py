@@ -73,12 +73,18 @@ _DATABASE_SCHEMES = ("postgresql", "mysql", "mssql")
 _HOSTED_SCHEMES = ("databricks", "databricks-uc", "uc")  # checked by their own clients; "databricks" alone is a URI too
 
 
-def default_tracking_uri(runs_dir: Path, create: bool = True) -> str:
-    """SQLite under runs/, waiting up to a minute for a lock: several local workers write to it at once. `create`
-    makes runs/ (the store's folder) too."""
+DEFAULT_STORE_FILE = "mlflow.db"  # the embedded store's database, in the runs folder
+
+
+def default_tracking_uri(runs_dir: Path, create: bool = True, *, as_written: bool = False) -> str:
+    """The embedded store, the only place its URI is spelled: SQLite under runs/, waiting up to a minute for a lock
+    (several local workers write to it at once). `create` makes runs/ (the store's folder) too. `as_written` keeps
+    runs_dir as the user gave it (a relative folder stays relative, as a message names it) and adds no lock wait."""
     if create:
         runs_dir.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{(runs_dir / 'mlflow.db').resolve()}?timeout=60"
+    if as_written:
+        return f"sqlite:///{runs_dir / DEFAULT_STORE_FILE}"
+    return f"sqlite:///{(runs_dir / DEFAULT_STORE_FILE).resolve()}?timeout=60"
 
 
 def run_tracking_uri(tracking_uri: str | None, experiment, runs_dir: Path, create: bool = True) -> str:
@@ -192,7 +198,7 @@ def check_store(uri: str) -> None:
 def _unknown_scheme(uri: str, scheme: str) -> str:
     if scheme in ("", "file"):
         path = urllib.parse.urlparse(uri).path if scheme else uri
-        database = path if path.endswith(".db") else f"{path.rstrip('/')}/mlflow.db"
+        database = path if path.endswith(".db") else f"{path.rstrip('/')}/{DEFAULT_STORE_FILE}"
         return (f"tracking URI '{redact(uri)}' names a folder store, which MLflow 3 no longer writes: for a SQLite "
                 f"file there write sqlite:///{database} (valid stores: {VALID_STORES})")
     return f"tracking URI '{redact(uri)}': unknown scheme '{scheme}:'; use one of {VALID_STORES}"
@@ -206,7 +212,8 @@ def _check_sqlite(uri: str) -> None:
                            "sqlite:///relative/path/mlflow.db or sqlite:////absolute/path/mlflow.db (three slashes, "
                            "then the path)")
     if path.is_dir():
-        raise GatelabError(f"{where}: {path} is a folder, not a database file; write sqlite:///{path / 'mlflow.db'}")
+        raise GatelabError(f"{where}: {path} is a folder, not a database file; "
+                           f"write sqlite:///{path / DEFAULT_STORE_FILE}")
     folder = path.parent
     if not folder.is_dir():
         raise GatelabError(f"{where}: its folder {folder} does not exist; create it (mkdir -p {folder}) or fix the "

@@ -12,6 +12,14 @@ from collections.abc import Iterable
 from pathlib import Path
 
 
+def command_line(name: str) -> str:
+    """The `gatelab <name>` command line as the user typed it, for the files it writes."""
+    import shlex
+    import sys
+
+    return f"gatelab {name} " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+
+
 def quiet_noise(verbose: bool) -> None:
     """--verbose, or not: for this process and every worker or rank it starts (`gatelab.progress`)."""
     from gatelab.progress import set_verbose, silence_noise

@@ -39,7 +39,7 @@ class BenchOptions:
     parts: str
 
 
-def bench(options: BenchOptions, given: Collection[str], command: str) -> None:
+def bench(options: BenchOptions, *, given: Collection[str], command: str) -> None:
     """`gatelab bench` (with --data, the data bench) from its options, `given` naming those the user gave and
     `command` the command line, for the report. A user error is a GatelabError, raised before anything is measured
     where the options are at fault."""
@@ -48,9 +48,10 @@ def bench(options: BenchOptions, given: Collection[str], command: str) -> None:
     progress.silence_noise()
     if options.data:
         sizes = data.QUICK if options.quick else data.Sizes()
-        write_and_print(data, data.bench_data(options.scratch, sizes, log=log), options.out, options.as_json, command)
+        write_and_print(data, report=data.bench_data(options.scratch, sizes, log=log), out=options.out,
+                        as_json=options.as_json, command=command)
         return
-    presets, variants, steps, warmup, lightning_steps = options_with_gpu_defaults(options, given, log)
+    presets, variants, steps, warmup, lightning_steps = options_with_gpu_defaults(options, given=given, log=log)
     parts = chosen_parts(options.parts)
     chosen_presets = presets if "presets" in given else [repo_root() / p for p in presets]
 
@@ -60,12 +61,12 @@ def bench(options: BenchOptions, given: Collection[str], command: str) -> None:
 
     report = measure.bench(chosen_presets, comma_list(variants), warmup, steps, lightning_steps, options.run_steps,
                            options.sweep, options.bf16_steps, log=log, parts=parts, save=save)
-    write_and_print(render, report, options.out, options.as_json, command)
+    write_and_print(render, report=report, out=options.out, as_json=options.as_json, command=command)
     if not options.as_json:  # the targets once more, where the output ends: the tables above scroll them off the screen
         echo("\n" + render.summary_markdown(report), nl=False)
 
 
-def options_with_gpu_defaults(options: BenchOptions, given: Collection[str], log) -> tuple:
+def options_with_gpu_defaults(options: BenchOptions, *, given: Collection[str], log) -> tuple:
     """(presets, variants, steps, warmup, lightning_steps): with CUDA, GPU_DEFAULTS for those not given (said in one
     line); refused where the Lightning blocks would time no step after their warm-up."""
     defaults = {"presets": options.presets or measure.DEFAULT_PRESETS, "variants": options.variants,
@@ -89,7 +90,7 @@ def chosen_parts(parts: str) -> list[str]:
     return chosen
 
 
-def write_and_print(renderer: ModuleType, report, out: Path, as_json: bool, command: str) -> None:
+def write_and_print(renderer: ModuleType, *, report, out: Path, as_json: bool, command: str) -> None:
     """A bench report into `out` with `renderer` (`gatelab.bench.render` or `gatelab.bench.data`), then as JSON or
     Markdown on stdout."""
     report.command = command

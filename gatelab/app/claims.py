@@ -10,13 +10,13 @@ from typer import echo
 
 from gatelab.app import comma_list, say_written
 from gatelab.errors import GatelabError
+from gatelab.workspace import Workspace
 
 DEFAULT_CLAIMS = Path("sweeps/claims/tiny.yaml")  # relative to the repository root, where gatelab is run from
 
 
-def make_claims(sweep_paths: Sequence[Path], out_dir: Path, formats: Sequence[str], tracking_uri: str | None,
-                runs_dir: Path, storage: str | None, command: str | None = None, log=print,
-                claims_path: Path = DEFAULT_CLAIMS) -> list[Path]:
+def make_claims(sweep_paths: Sequence[Path], *, out_dir: Path, formats: Sequence[str], workspace: Workspace,
+                command: str | None = None, log=print, claims_path: Path = DEFAULT_CLAIMS) -> list[Path]:
     """The claims table of the given sweeps' runs, written as `claims.<format>` under `out_dir`."""
     from gatelab.report.claims import LOSS_SPIKES, count_loss_spikes, write_claims
     from gatelab.report.claims_file import load_claims
@@ -24,7 +24,7 @@ def make_claims(sweep_paths: Sequence[Path], out_dir: Path, formats: Sequence[st
     from gatelab.report.tables import collect_runs
     from gatelab.sweep.queue import ledger_states
     from gatelab.sweep.spec import expand, load_sweep
-    from gatelab.tracking import RunStore, default_tracking_uri, missing_local_store
+    from gatelab.tracking import RunStore, missing_local_store
 
     check_formats(formats)
     sweeps = {}
@@ -35,7 +35,7 @@ def make_claims(sweep_paths: Sequence[Path], out_dir: Path, formats: Sequence[st
         raise GatelabError(f"{claims_path}: no such claims file; run gatelab claims from the repository root (the "
                            "default is sweeps/claims/tiny.yaml there) or name one with --claims FILE")
     claims = load_claims(claims_path, sweeps)
-    uri = tracking_uri or default_tracking_uri(runs_dir, create=False)
+    uri, runs_dir = workspace.store(create=False), workspace.runs_dir
     missing = missing_local_store(uri)  # reading a missing store would create an empty one: none is opened
     if missing:
         log(f"{missing.split(':')[0]}: no run has ended, so every claim is marked not run")
@@ -43,7 +43,8 @@ def make_claims(sweep_paths: Sequence[Path], out_dir: Path, formats: Sequence[st
     records = {}
     for name, sweep in sweeps.items():
         specs = expand(sweep)
-        records[name] = collect_runs(specs, store, name, ledger_states(storage, runs_dir, name, specs))
+        records[name] = collect_runs(specs, store, name, ledger_states(
+            workspace.storage, runs_dir=runs_dir, sweep_name=name, specs=specs))
     spiky = {claim.sweep for claim in claims if claim.metric == LOSS_SPIKES}
     for name in spiky & set(records):
         count_loss_spikes(records[name], lambda run_id: store.metric_history(run_id, "train/loss"))
@@ -54,13 +55,13 @@ def make_claims(sweep_paths: Sequence[Path], out_dir: Path, formats: Sequence[st
     return write_claims(records, claims, out_dir, formats, command, log=log)
 
 
-def claims(sweep_paths: Sequence[Path], formats: str, out_dir: Path, tracking_uri: str | None, runs_dir: Path,
-           storage: str | None, claims_path: Path, command: str) -> None:
+def claims(sweep_paths: Sequence[Path], *, formats: str, out_dir: Path, workspace: Workspace, claims_path: Path,
+           command: str) -> None:
     """`gatelab claims`: the claims table, each claim's verdict printed, then the files it wrote. A ValueError (a
     value in the runs or the claims file that the table cannot use) is a user error too."""
     try:
-        written = make_claims(sweep_paths, out_dir, comma_list(formats), tracking_uri, runs_dir, storage, command,
-                              log=echo, claims_path=claims_path)
+        written = make_claims(sweep_paths, out_dir=out_dir, formats=comma_list(formats), workspace=workspace,
+                              command=command, log=echo, claims_path=claims_path)
     except ValueError as error:
         raise GatelabError(str(error)) from None
     say_written(written)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typer import echo
 
 
-def prepare(preset: Path | None, data_dir: Path | None, domains: list[str], set_: list[str]) -> None:
+def prepare(preset: Path | None, *, data_dir: Path | None, domains: list[str], set_: list[str]) -> None:
     """With a preset, its corpus, tokenizer and token shards (resumable); without, the built-in corpora (`domains`, or
     all of them)."""
     if preset is not None:

@@ -13,18 +13,24 @@ import typer
 from gatelab.output_folders import require_folder, require_writable_folder
 
 
-def folder_option(param: typer.CallbackParam, folder: Optional[Path]) -> Optional[Path]:
+def folder_option(param: typer.CallbackParam, *, folder: Optional[Path]) -> Optional[Path]:
     """A folder option checked before any work: not a file, and creatable."""
     if folder is not None:
         require_folder(folder, param.opts[0])
     return folder
 
 
-def output_folder_option(param: typer.CallbackParam, folder: Optional[Path]) -> Optional[Path]:
+def output_folder_option(param: typer.CallbackParam, *, folder: Optional[Path]) -> Optional[Path]:
     """An output folder option checked before any work: writable."""
     if folder is not None:
         require_writable_folder(folder, param.opts[0])
     return folder
+
+
+def bench_output_option(param: typer.CallbackParam, *, out: Path) -> Path:
+    """`gatelab bench --out`: a writable folder, or with --data a .md file in one."""
+    require_writable_folder(out.parent if out.suffix == ".md" else out, param.opts[0])
+    return out
 
 
 SweepFile = Annotated[Path, typer.Argument(help="a sweep file, e.g. sweeps/quickstart.yaml")]

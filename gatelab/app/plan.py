@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gatelab.workspace import Workspace
 
-def show_plan(sweep_path: Path, experiment: Path | None = None, as_json: bool = False,
-              flops_per_second: float | None = None, tracking_uri: str | None = None,
-              runs_dir: Path | None = None) -> None:
-    """Load and validate the sweep (GatelabError on any bad cell), then print its plan. With `runs_dir` (or
-    `tracking_uri`) and no `flops_per_second`, times are measured where that store holds earlier runs of the same shape
-    from this machine."""
+
+def show_plan(sweep_path: Path, *, experiment: Path | None = None, as_json: bool = False,
+              flops_per_second: float | None = None, workspace: Workspace | None = None) -> None:
+    """Load and validate the sweep (GatelabError on any bad cell), then print its plan. With a `workspace` and no
+    `flops_per_second`, times are measured where its store holds earlier runs of the same shape from this machine."""
     from gatelab import paper as paper_tables
     from gatelab.sweep.plan import corpus_warnings, plan_rows, render_plan, sweep_measurements
     from gatelab.sweep.spec import load_sweep
@@ -18,8 +18,9 @@ def show_plan(sweep_path: Path, experiment: Path | None = None, as_json: bool = 
     sweep = load_sweep(sweep_path, experiment)
     trials = sweep.search.n_trials if sweep.search else 1
     measured, notes = [], []
-    if flops_per_second is None and (runs_dir is not None or tracking_uri is not None):
-        measured, notes = sweep_measurements(sweep.runs, tracking_uri, runs_dir or Path("runs"))
+    if flops_per_second is None and workspace is not None:
+        measured, notes = sweep_measurements(sweep.runs, tracking_uri=workspace.tracking_uri,
+                                             runs_dir=workspace.runs_dir)
     rows = plan_rows(sweep.runs, paper=sweep.paper, flops_per_second=flops_per_second, trials=trials,
                      measured=measured)
     notes += [str(duplicate) for duplicate in sweep.duplicates]

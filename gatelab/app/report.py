@@ -10,11 +10,11 @@ from typer import echo
 
 from gatelab.app import comma_list, say_written
 from gatelab.errors import GatelabError
+from gatelab.workspace import Workspace
 
 
-def make_report(sweep_path: Path, experiment: Path | None, formats: list[str], out_dir: Path | None,
-                tracking_uri: str | None, runs_dir: Path, storage: str | None, log=print,
-                command: str | None = None) -> list[Path]:
+def make_report(sweep_path: Path, *, experiment: Path | None, formats: list[str], out_dir: Path | None,
+                workspace: Workspace, log=print, command: str | None = None) -> list[Path]:
     """The report of a sweep's runs under `out_dir`, by default <runs_dir>/reports/<sweep name>/ (git ignores runs/,
     so a report never overwrites the shipped references under results/ unless --out names them)."""
     from gatelab.output_folders import require_writable_folder
@@ -23,11 +23,11 @@ def make_report(sweep_path: Path, experiment: Path | None, formats: list[str], o
     from gatelab.report.tables import collect_runs
     from gatelab.sweep.queue import ledger_states
     from gatelab.sweep.spec import expand, load_sweep
-    from gatelab.tracking import RunStore, default_tracking_uri, missing_local_store, read_only_store
+    from gatelab.tracking import RunStore, missing_local_store, read_only_store
 
     check_formats(formats)  # a wrong format is an error before any download or plot
     sweep = load_sweep(sweep_path, experiment)
-    uri = tracking_uri or default_tracking_uri(runs_dir, create=False)
+    uri, runs_dir = workspace.store(create=False), workspace.runs_dir
     missing = missing_local_store(uri)  # reading a missing store would create an empty one
     if missing:
         raise GatelabError(missing)
@@ -42,7 +42,8 @@ def make_report(sweep_path: Path, experiment: Path | None, formats: list[str], o
     # the store may be written; a store made read-only (chmod -w, a shared copy) is read and left byte for byte.
     read_only = read_only_store(uri)
     store = RunStore(uri, runs_dir, read_only=read_only is not None)
-    records = collect_runs(specs, store, sweep.name, ledger_states(storage, runs_dir, sweep.name, specs))
+    records = collect_runs(specs, store, sweep.name, ledger_states(
+        workspace.storage, runs_dir=runs_dir, sweep_name=sweep.name, specs=specs))
     written = write_report(sweep.name, sweep.paper, records, store, out, formats, command,
                            specs[0].experiment.data.seq_len, log=log)
     if read_only:
@@ -50,13 +51,13 @@ def make_report(sweep_path: Path, experiment: Path | None, formats: list[str], o
     return written
 
 
-def table(sweep_path: Path, experiment: Path | None, formats: str, out_dir: Path | None, tracking_uri: str | None,
-          runs_dir: Path, storage: str | None, command: str) -> None:
+def table(sweep_path: Path, *, experiment: Path | None, formats: str, out_dir: Path | None, workspace: Workspace,
+          command: str) -> None:
     """`gatelab table`: the report, its tables printed, then the files it wrote. A ValueError (a value in the runs
     that the report cannot use) is a user error too."""
     try:
-        written = make_report(sweep_path, experiment, comma_list(formats), out_dir, tracking_uri, runs_dir, storage,
-                              log=echo, command=command)
+        written = make_report(sweep_path, experiment=experiment, formats=comma_list(formats), out_dir=out_dir,
+                              workspace=workspace, log=echo, command=command)
     except ValueError as error:
         raise GatelabError(str(error)) from None
     say_written(written)

@@ -13,9 +13,10 @@ from gatelab.errors import GatelabError
 if TYPE_CHECKING:
     from gatelab.eval.scoring import Target
     from gatelab.tracking import RunStore
+    from gatelab.workspace import Workspace
 
 
-def targets_of(target: str, experiment: Path | None, store: RunStore, log=print) -> list[Target]:
+def targets_of(target: str, *, experiment: Path | None, store: RunStore, log=print) -> list[Target]:
     """The finished runs to score: every one of a sweep file's runs that has finished, or one MLflow run id."""
     from gatelab.eval.scoring import Target
 
@@ -41,8 +42,8 @@ def targets_of(target: str, experiment: Path | None, store: RunStore, log=print)
     return [Target(target, target)]
 
 
-def score(target: str, tasks: str, num_fewshot: int | None, limit: float | None, include_path: Path | None,
-          batch_size: int, workers: int, experiment: Path | None, tracking_uri: str | None, runs_dir: Path) -> int:
+def score(target: str, *, tasks: str, num_fewshot: int | None, limit: float | None, include_path: Path | None,
+          batch_size: int, workers: int, experiment: Path | None, workspace: Workspace) -> int:
     """Score the runs on the comma-separated `tasks` they lack and say how many; the exit code (130 after Ctrl-C)."""
     from gatelab.tracking import RunStore, missing_local_store
 
@@ -53,10 +54,10 @@ def score(target: str, tasks: str, num_fewshot: int | None, limit: float | None,
                                    str(include_path) if include_path else None, batch_size)
         if not settings.tasks:
             raise GatelabError("--tasks: name at least one lm-eval task, e.g. --tasks gatelab_blimp")
-        uri = tracking_uri or f"sqlite:///{(runs_dir / 'mlflow.db').resolve()}?timeout=60"
+        uri, runs_dir = workspace.store(create=False), workspace.runs_dir
         if missing_local_store(uri):
             raise GatelabError(missing_local_store(uri))
-        targets = targets_of(target, experiment, RunStore(uri, runs_dir), log=echo)
+        targets = targets_of(target, experiment=experiment, store=RunStore(uri, runs_dir), log=echo)
         counts = score_in_parallel(targets, settings, uri, runs_dir, workers, log=echo)
     except KeyboardInterrupt:
         echo("interrupted: the scores logged so far are kept; run the same command again to score the rest", err=True)

@@ -10,6 +10,7 @@ from typer import echo
 
 from gatelab.app import quiet_noise, stdout_console
 from gatelab.errors import GatelabError
+from gatelab.workspace import Workspace
 
 
 def interrupted_exit(interrupted) -> int:
@@ -32,8 +33,8 @@ def cells_failed_exit(failed_line: str | None) -> int:
     return 0
 
 
-def worker(sweep: Path, storage: str, experiment: Path | None, tracking_uri: str | None, runs_dir: Path,
-           threads: int | None, heartbeat: float, grace: float, verbose: bool) -> int:
+def worker(sweep: Path, *, experiment: Path | None, workspace: Workspace, threads: int | None, heartbeat: float,
+           grace: float, verbose: bool) -> int:
     """Work through the sweep's shared ledger until no run is left; the exit code."""
     quiet_noise(verbose)
     from gatelab.interrupts import Interrupted, raise_on_signals
@@ -43,16 +44,17 @@ def worker(sweep: Path, storage: str, experiment: Path | None, tracking_uri: str
         with raise_on_signals():  # from the start: Ctrl-C during the imports of torch is no traceback either
             from gatelab.sweep.worker import work
 
-            report = work(sweep, experiment, storage, tracking_uri, runs_dir, threads, heartbeat, grace)
-            failed = failed_cells_line(sweep, experiment, storage, runs_dir)
+            report = work(sweep, experiment=experiment, workspace=workspace, threads=threads, heartbeat_s=heartbeat,
+                          grace_s=grace)
+            failed = failed_cells_line(sweep, experiment=experiment, storage=workspace.storage,
+                                       runs_dir=workspace.runs_dir)
     except Interrupted as interrupted:
         return interrupted_exit(interrupted)
     echo(f"worker done: {len(report.finished)} finished, {len(report.diverged)} diverged, {len(report.failed)} failed")
     return cells_failed_exit(failed)
 
 
-def reset(sweep: Path, cells: list[int], failed: bool, experiment: Path | None, storage: str | None,
-          tracking_uri: str | None, runs_dir: Path) -> None:
+def reset(sweep: Path, *, cells: list[int], failed: bool, experiment: Path | None, workspace: Workspace) -> None:
     """Put the failed cells named (or every failed cell) back in the queue, and say which."""
     from gatelab.sweep.queue import SweepLedger, default_storage, ledger_exists, shown_storage, tracking_stores
     from gatelab.sweep.spec import expand, load_sweep
@@ -61,8 +63,8 @@ def reset(sweep: Path, cells: list[int], failed: bool, experiment: Path | None, 
         raise GatelabError("say which cells to reset: --failed (every failed cell) or --cell N (repeatable)")
     plan = load_sweep(sweep, experiment)
     specs = expand(plan)
-    storage = storage or default_storage(runs_dir, plan.name)
-    stores = tracking_stores(specs, tracking_uri, runs_dir)
+    storage = workspace.storage or default_storage(workspace.runs_dir, plan.name)
+    stores = tracking_stores(specs, tracking_uri=workspace.tracking_uri, runs_dir=workspace.runs_dir)
     if not ledger_exists(storage, plan.name, stores):
         raise GatelabError(f"sweep {plan.name} has no ledger in {shown_storage(storage)}: nothing has run yet (pass "
                            "--storage or --runs-dir if it lives elsewhere)")
@@ -74,7 +76,7 @@ def reset(sweep: Path, cells: list[int], failed: bool, experiment: Path | None, 
                                                  else ": no cell had failed"))
 
 
-def print_status(sweep: Path, experiment: Path | None, storage: str | None, runs_dir: Path, as_json: bool) -> None:
+def print_status(sweep: Path, *, experiment: Path | None, workspace: Workspace, as_json: bool) -> None:
     """Counts and one row per run of the sweep's ledger, as a table or as JSON."""
     from collections import Counter
     from dataclasses import asdict
@@ -86,8 +88,10 @@ def print_status(sweep: Path, experiment: Path | None, storage: str | None, runs
 
     plan = load_sweep(sweep, experiment)
     specs = expand(plan)
-    states = ledger_states(storage, runs_dir, plan.name, specs)  # read only: status never writes to the ledger
-    note = torn_tail_note(storage or default_storage(runs_dir, plan.name))
+    storage = workspace.storage or default_storage(workspace.runs_dir, plan.name)
+    # read only: status never writes to the ledger
+    states = ledger_states(storage, runs_dir=workspace.runs_dir, sweep_name=plan.name, specs=specs)
+    note = torn_tail_note(storage)
     if note:
         echo(note, err=True)
     counts = Counter(state.status for state in states)

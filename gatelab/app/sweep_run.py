@@ -12,6 +12,7 @@ from typer import echo
 from gatelab.app import quiet_noise
 from gatelab.app.sweep import cells_failed_exit, interrupted_exit, print_status
 from gatelab.errors import GatelabError
+from gatelab.workspace import Workspace
 
 EXECUTORS = ("local", "slurm", "submitit-local")
 
@@ -32,8 +33,7 @@ class Launch:
         return {"partition": self.slurm_partition, "gpus": self.slurm_gpus, "time_min": self.slurm_time_min}
 
 
-def run_sweep(sweep: Path, experiment: Path | None, storage: str | None, tracking_uri: str | None, runs_dir: Path,
-              verbose: bool, launch: Launch) -> int:
+def run_sweep(sweep: Path, *, experiment: Path | None, workspace: Workspace, verbose: bool, launch: Launch) -> int:
     """Run the sweep, then print its ledger and what to run next; the exit code (1 where a cell failed, the signal's
     where one stopped it)."""
     quiet_noise(verbose)
@@ -42,60 +42,65 @@ def run_sweep(sweep: Path, experiment: Path | None, storage: str | None, trackin
 
     try:
         with raise_on_signals():  # from the start: Ctrl-C during the imports of torch is no traceback either
-            plan, specs, storage = _open(sweep, experiment, storage, tracking_uri, runs_dir, launch.workers)
-            if not _launch(plan, specs, sweep, experiment, storage, tracking_uri, runs_dir, launch):
+            plan, specs, opened = _open(sweep, experiment=experiment, workspace=workspace, workers=launch.workers)
+            if not _launch(plan, specs, sweep, experiment=experiment, workspace=opened, launch=launch):
                 return 0  # Slurm has the workers now: `gatelab sweep status` follows them
     except Interrupted as interrupted:
         return interrupted_exit(interrupted)
-    print_status(sweep, experiment, storage, runs_dir, as_json=False)
+    print_status(sweep, experiment=experiment, workspace=opened, as_json=False)
     from gatelab.progress import closing_lines
 
-    for line in closing_lines(sweep, plan.name, tracking_stores(specs, tracking_uri, runs_dir), runs_dir, experiment,
-                              tracking_uri, None if storage == default_storage(runs_dir, plan.name) else storage):
+    runs_dir, tracking_uri, storage = opened.runs_dir, opened.tracking_uri, opened.storage
+    stores = tracking_stores(specs, tracking_uri=tracking_uri, runs_dir=runs_dir)
+    for line in closing_lines(sweep, sweep_name=plan.name, stores=stores, runs_dir=runs_dir, experiment=experiment,
+                              tracking_uri=tracking_uri,
+                              storage=None if storage == default_storage(runs_dir, plan.name) else storage):
         echo(line)
-    return cells_failed_exit(failed_cells_line(sweep, experiment, storage, runs_dir))
+    return cells_failed_exit(failed_cells_line(sweep, experiment=experiment, storage=storage, runs_dir=runs_dir))
 
 
-def _open(sweep: Path, experiment: Path | None, storage: str | None, tracking_uri: str | None, runs_dir: Path,
-          workers: int):
-    """The sweep, its runs (every cell validated before any ledger, MLflow or training work) and its ledger; prints
-    the runs and their estimated time."""
+def _open(sweep: Path, *, experiment: Path | None, workspace: Workspace, workers: int):
+    """The sweep, its runs (every cell validated before any ledger, MLflow or training work) and the workspace with
+    its ledger named; prints the runs and their estimated time."""
     from gatelab.sweep.queue import default_storage, shown_storage
     from gatelab.sweep.spec import expand, load_sweep
 
     plan = load_sweep(sweep, experiment)
     specs = expand(plan)
-    storage = storage or default_storage(runs_dir, plan.name)
-    echo(f"sweep {plan.name}: {len(specs)} runs; ledger {shown_storage(storage)}")
+    workspace = workspace.with_storage(workspace.storage or default_storage(workspace.runs_dir, plan.name))
+    echo(f"sweep {plan.name}: {len(specs)} runs; ledger {shown_storage(workspace.storage)}")
     from gatelab.sweep.plan import sweep_run_estimate
 
-    for line in sweep_run_estimate(plan, specs, storage, tracking_uri, runs_dir, workers):
+    for line in sweep_run_estimate(plan, specs, storage=workspace.storage, tracking_uri=workspace.tracking_uri,
+                                   runs_dir=workspace.runs_dir, workers=workers):
         echo(line)
-    return plan, specs, storage
+    return plan, specs, workspace
 
 
-def _launch(plan, specs, sweep: Path, experiment: Path | None, storage: str, tracking_uri: str | None, runs_dir: Path,
-            launch: Launch) -> bool:
-    """Train the sweep's runs; False where the workers were handed to Slurm and this process is done."""
+def _launch(plan, specs, sweep: Path, *, experiment: Path | None, workspace: Workspace, launch: Launch) -> bool:
+    """Train the sweep's runs (the workspace names their ledger); False where the workers were handed to Slurm and
+    this process is done."""
     if plan.search is not None:
         from gatelab.sweep.search import run_search
 
-        run_search(plan, specs, storage=storage, tracking_uri=tracking_uri, runs_dir=runs_dir)
+        run_search(plan, specs, workspace=workspace)
         return True
     if launch.executor == "local" and launch.workers == 1:
         from gatelab.sweep.worker import work
 
-        work(sweep, experiment, storage, tracking_uri, runs_dir, heartbeat_s=launch.heartbeat, grace_s=launch.grace,
+        work(sweep, experiment=experiment, workspace=workspace, heartbeat_s=launch.heartbeat, grace_s=launch.grace,
              progress=sys.stdout.isatty())
         return True
     from gatelab.sweep.queue import open_ledger
-    from gatelab.tracking import default_tracking_uri, prepare_store
+    from gatelab.tracking import prepare_store
 
-    open_ledger(plan, specs, storage, tracking_uri, runs_dir)  # a bad ledger: one message, not N
-    worker_uri = tracking_uri or default_tracking_uri(runs_dir)
-    prepare_store(worker_uri)
-    worker_args = dict(sweep=sweep, experiment=experiment, storage=storage, tracking_uri=worker_uri,
-                       runs_dir=runs_dir, heartbeat_s=launch.heartbeat, grace_s=launch.grace)
+    runs_dir = workspace.runs_dir
+    # a bad ledger: one message, not N
+    open_ledger(plan, specs, storage=workspace.storage, tracking_uri=workspace.tracking_uri, runs_dir=runs_dir)
+    workers_workspace = Workspace(runs_dir=runs_dir, tracking_uri=workspace.store(), storage=workspace.storage)
+    prepare_store(workers_workspace.tracking_uri)
+    worker_args = dict(sweep=sweep, experiment=experiment, workspace=workers_workspace, heartbeat_s=launch.heartbeat,
+                       grace_s=launch.grace)
     if launch.executor == "local":
         from gatelab.sweep.executor import run_local_workers
         from gatelab.sweep.queue import CELLS_FAILED
@@ -109,8 +114,8 @@ def _launch(plan, specs, sweep: Path, experiment: Path | None, storage: str, tra
     from gatelab.sweep.executor import submit_workers
 
     cluster = "slurm" if launch.executor == "slurm" else "local"
-    jobs = submit_workers(launch.workers, cluster, runs_dir / plan.name / "submitit", launch.slurm(),
-                          wait=cluster == "local", **worker_args)
+    jobs = submit_workers(launch.workers, cluster=cluster, folder=runs_dir / plan.name / "submitit",
+                          slurm=launch.slurm(), wait=cluster == "local", **worker_args)
     echo(f"submitted workers {', '.join(jobs)}")
     if cluster == "slurm":
         echo(f"follow them with: gatelab sweep status {sweep}")

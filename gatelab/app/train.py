@@ -7,11 +7,12 @@ from pathlib import Path
 from typer import echo
 
 from gatelab.app import quiet_noise
+from gatelab.workspace import Workspace
 
 KEY_METRICS = ("ppl/avg", "unigram_ppl/avg", "blimp/accuracy", "probe/f_attn", "probe/m_act", "probe/gate_score_mean")
 
 
-def checked_config(experiment: Path, overrides: list[str]):
+def checked_config(experiment: Path, *, overrides: list[str]):
     """The run's config, its file, keys and variant checked before Lightning is imported (5 s): a typo is answered at
     once. Shape errors of the variant surface here too, before any data or training work."""
     from gatelab.data.resolve import load_experiment
@@ -25,14 +26,15 @@ def checked_config(experiment: Path, overrides: list[str]):
     return config
 
 
-def train(experiment: Path, variant: str | None, seed: int | None, set_: list[str], tracking_uri: str | None,
-          runs_dir: Path, quiet: bool, verbose: bool) -> int:
+def train(experiment: Path, *, variant: str | None, seed: int | None, set_: list[str], workspace: Workspace,
+          quiet: bool, verbose: bool) -> int:
     """Train the run and print its outcome; the exit code (that of the signal that interrupted it, else 0)."""
     quiet_noise(verbose)
     from gatelab.errors import redact
+    from gatelab.tracking import default_tracking_uri
 
     overrides = [*set_, *([f"variant={variant}"] if variant else []), *([f"seed={seed}"] if seed is not None else [])]
-    config = checked_config(experiment, overrides)
+    config = checked_config(experiment, overrides=overrides)
     from gatelab.config import setting_warnings
 
     for warning in setting_warnings(config):
@@ -42,7 +44,7 @@ def train(experiment: Path, variant: str | None, seed: int | None, set_: list[st
     from gatelab.train.run import run
 
     try:
-        result = run(config, tracking_uri=tracking_uri, runs_dir=runs_dir, quiet=quiet)
+        result = run(config, tracking_uri=workspace.tracking_uri, runs_dir=workspace.runs_dir, quiet=quiet)
     except RunInProgress as busy:  # not a failure: the run is being made, by another process
         echo(str(busy))
         return 0
@@ -50,7 +52,8 @@ def train(experiment: Path, variant: str | None, seed: int | None, set_: list[st
         echo(f"interrupted ({interrupted}): the MLflow run is closed as KILLED and its last checkpoint kept; run the "
              "same command again to resume", err=True)
         return interrupted.exit_code
-    where = redact(tracking_uri or config.tracking.uri or f"sqlite:///{runs_dir / 'mlflow.db'}")
+    where = redact(workspace.tracking_uri or config.tracking.uri
+                   or default_tracking_uri(workspace.runs_dir, create=False, as_written=True))
     echo(f"{result.status}: MLflow run {result.run_id} in {where}")
     if result.status == "diverged":
         echo(f"diverged at step {result.diverged_step}")

@@ -4,18 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gatelab.workspace import Workspace
 
-def ui(sweep: Path | None, tracking_uri: str | None, runs_dir: Path, port: int, screenshot: Path | None,
-       verbose: bool) -> None:
+
+def ui(sweep: Path | None, *, workspace: Workspace, port: int, screenshot: Path | None, verbose: bool) -> None:
     """Serve the store's runs, opening on the sweep's (a wrong sweep file is an error here, not an empty UI). Only
     reads: a store or runs folder that does not exist is an error, not created."""
     from gatelab.report.ui import serve_ui
-    from gatelab.tracking import default_tracking_uri
 
     sweep_name = None
     if sweep is not None:
         from gatelab.sweep.spec import load_sweep
 
         sweep_name = load_sweep(sweep).name
-    serve_ui(tracking_uri or default_tracking_uri(runs_dir, create=False), port=port, sweep_name=sweep_name, screenshot=screenshot,
-             verbose=verbose)
+    serve_ui(workspace.store(create=False), port=port, sweep_name=sweep_name, screenshot=screenshot, verbose=verbose)

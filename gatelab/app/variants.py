@@ -44,7 +44,7 @@ def _millions(count: int | None, signed: bool = False) -> str:
     return f"{count / 1e6:+.2f}M" if signed else f"{count / 1e6:.2f}M"
 
 
-def print_variants(experiment: Path | None, as_json: bool) -> None:
+def print_variants(experiment: Path | None, *, as_json: bool) -> None:
     """The variants as a table, or as JSON."""
     from rich.table import Table
 

@@ -196,12 +196,14 @@ def pytest_verdict(step: StepResult) -> Verdict:
 
 def read_runs(runs_dir: Path) -> list[RunRecord]:
     """The quick-start sweep's runs, oldest first, from the runs folder's SQLite MLflow store."""
-    store = runs_dir / "mlflow.db"
-    if not store.exists():
+    from gatelab.tracking import default_tracking_uri, sqlite_file
+
+    uri = default_tracking_uri(runs_dir, create=False, as_written=True)
+    if not sqlite_file(uri).exists():
         return []
     import mlflow
 
-    client = mlflow.MlflowClient(f"sqlite:///{store}")
+    client = mlflow.MlflowClient(uri)
     records = []
     for experiment in client.search_experiments():
         for run in client.search_runs([experiment.experiment_id]):

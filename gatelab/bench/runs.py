@@ -42,7 +42,7 @@ def timed_child(command: list[str], cwd: Path, timeout: float = 3600,
 
 def run_timings(runs_dir: Path, seed: int | None = None) -> list[dict[str, float]]:
     """The `time/*` and `memory/*` metrics of every finished run in a runs folder's MLflow store (of one seed's)."""
-    store = tracking.RunStore(f"sqlite:///{runs_dir / 'mlflow.db'}", runs_dir)
+    store = tracking.RunStore(tracking.default_tracking_uri(runs_dir, create=False, as_written=True), runs_dir)
     return store.finished_run_metrics(("time/", "memory/"), seed=seed)
 
 

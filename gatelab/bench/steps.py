@@ -185,7 +185,7 @@ def lightning_steps(experiment: ExperimentConfig, precision: str, steps: int, fo
     silence_noise()
     train = experiment.train
     timer = step_timer()
-    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    uri = tracking.default_tracking_uri(folder, create=False, as_written=True)
     # made here, as `gatelab train` does: Lightning's logger would make it too, with a warning line in the bench's output
     tracking.RunStore(uri, folder).experiment_id("bench")
     logger = tracking.lightning_logger("bench", uri)

@@ -79,7 +79,7 @@ def blimp_dataset(blimp_path: str | None = None, blimp_per_paradigm: int | None 
 
 
 def _tracking_uri(tracking_uri: str | None, runs_dir: Path) -> str:
-    uri = tracking_uri or f"sqlite:///{runs_dir / 'mlflow.db'}"
+    uri = tracking_uri or tracking.default_tracking_uri(runs_dir, create=False, as_written=True)
     database = tracking.sqlite_file(uri)
     # MLflow would create an empty store at a mistyped path and then report the run as missing from it.
     if database is not None and not database.is_file():

@@ -26,20 +26,23 @@ from gatelab.errors import GatelabError
 from gatelab.interrupts import Interrupted, raise_on_signals
 from gatelab.progress import is_verbose
 from gatelab.sweep.queue import CELLS_FAILED, LAUNCHER_SAYS_ENV, USER_COMMAND_ENV, user_command
+from gatelab.workspace import Workspace
 
 REGISTRY_ENV = "GATELAB_LOCAL_WORKERS"  # the folder in which this launch's local workers list themselves
 POOL_ENV = "GATELAB_SWEEP_CORES"  # every core the launch was given, e.g. "0,1,2,3"
 HOME_ENV = "GATELAB_WORKER_CORES"  # this worker's own share of them, e.g. "2,3"
 
 
-def worker_command(sweep: Path, experiment: Path | None, storage: str, tracking_uri: str | None, runs_dir: Path,
-                   threads: int | None, heartbeat_s: float, grace_s: float) -> list[str]:
-    command = [sys.executable, "-m", "gatelab", "sweep", "worker", str(sweep), "--storage", storage,
-               "--runs-dir", str(runs_dir), "--heartbeat", str(heartbeat_s), "--grace", str(grace_s)]
+def worker_command(sweep: Path, *, experiment: Path | None, workspace: Workspace, threads: int | None,
+                   heartbeat_s: float, grace_s: float) -> list[str]:
+    """`gatelab sweep worker` with the launch's workspace as its flags (`workspace.storage` named: a worker needs its
+    ledger spelled out)."""
+    command = [sys.executable, "-m", "gatelab", "sweep", "worker", str(sweep), "--storage", workspace.storage,
+               "--runs-dir", str(workspace.runs_dir), "--heartbeat", str(heartbeat_s), "--grace", str(grace_s)]
     if experiment is not None:
         command += ["--experiment", str(experiment)]
-    if tracking_uri:
-        command += ["--tracking-uri", tracking_uri]
+    if workspace.tracking_uri:
+        command += ["--tracking-uri", workspace.tracking_uri]
     if threads:
         command += ["--threads", str(threads)]
     if is_verbose():  # the environment reaches local workers anyway; a Slurm job's may not
@@ -193,7 +196,7 @@ def run_local_workers(n_workers: int, **worker_args) -> int:
 
         name = load_sweep(worker_args["sweep"], worker_args.get("experiment")).name
         # One folder per launch: two launches (or two machines sharing the runs dir) never count each other's workers.
-        registry = LocalWorkerRegistry(Path(worker_args["runs_dir"]) / name / "local-workers"
+        registry = LocalWorkerRegistry(Path(worker_args["workspace"].runs_dir) / name / "local-workers"
                                        / f"{socket.gethostname()}-{os.getpid()}")
     processes = []
     with raise_on_signals():
@@ -234,7 +237,8 @@ def _submitit_worker(command: list[str], env: dict[str, str]) -> int:
     return subprocess.run(command, check=False, env={**os.environ, **env}).returncode
 
 
-def submit_workers(n_workers: int, cluster: str, folder: Path, slurm: dict, wait: bool, **worker_args) -> list[str]:
+def submit_workers(n_workers: int, *, cluster: str, folder: Path, slurm: dict, wait: bool,
+                   **worker_args) -> list[str]:
     """A job array of N workers through submitit: `cluster` is 'slurm', or 'local' to run them here."""
     import submitit
 

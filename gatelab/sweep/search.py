@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import traceback
-from pathlib import Path
 
 import optuna
 from optuna.trial import TrialState
@@ -19,6 +18,7 @@ from gatelab.errors import GatelabError, redact
 from gatelab.sweep.queue import open_storage, set_trial_state, tracking_stores
 from gatelab.sweep.spec import with_values
 from gatelab.tracking import STATUS_TAG
+from gatelab.workspace import Workspace
 
 MAX_INVALID_TRIALS = 20  # suggestions that are no valid run, in one cell, before the search stops with an error
 PRUNERS = {
@@ -49,25 +49,28 @@ def pruning_callback(trial: optuna.Trial, monitor: str = "val/loss"):
     return PruneRun(trial, monitor=monitor)
 
 
-def _final_value(result, metric: str, tracking_uri: str | None, experiment, runs_dir: Path) -> float:
+def _final_value(result, metric: str, *, experiment, workspace: Workspace) -> float:
     """The run's last value of `metric`: from its evaluation's result, else as MLflow recorded it (`val/loss`,
     logged during training); +inf where the run has none."""
     if metric in result.metrics:
         return result.metrics[metric]
     from gatelab import tracking
 
-    uri = tracking.run_tracking_uri(tracking_uri, experiment, runs_dir)
+    uri = tracking.run_tracking_uri(workspace.tracking_uri, experiment, workspace.runs_dir)
     with tracking.store_errors(uri):
         recorded = tracking.client(uri).get_run(result.run_id).data.metrics
     return recorded.get(metric, math.inf)
 
 
-def run_search(sweep, specs, storage: str, tracking_uri: str | None, runs_dir: Path, log=print) -> dict[str, dict]:
-    """Run (or finish) the search of every cell; returns each cell's best parameters and value."""
+def run_search(sweep, specs, *, workspace: Workspace, log=print) -> dict[str, dict]:
+    """Run (or finish) the search of every cell, its studies in `workspace.storage` (named: the sweep's ledger);
+    returns each cell's best parameters and value."""
     from gatelab.train.run import run
 
     search = sweep.search
-    ledger = open_storage(storage, tracking_stores(specs, tracking_uri, runs_dir))  # refused here, before any training
+    tracking_uri, runs_dir = workspace.tracking_uri, workspace.runs_dir
+    stores = tracking_stores(specs, tracking_uri=tracking_uri, runs_dir=runs_dir)
+    ledger = open_storage(workspace.storage, stores)  # refused here, before any training
     best: dict[str, dict] = {}
     for spec in specs:
         study = optuna.create_study(
@@ -109,7 +112,7 @@ def run_search(sweep, specs, storage: str, tracking_uri: str | None, runs_dir: P
             if result.status == "pruned":
                 study.tell(trial, state=TrialState.PRUNED)
             else:
-                value = _final_value(result, search.metric, tracking_uri, experiment, runs_dir) \
+                value = _final_value(result, search.metric, experiment=experiment, workspace=workspace) \
                     if result.status == "finished" else math.inf
                 study.tell(trial, value if math.isfinite(value) else math.inf)
         finished = [t for t in study.get_trials(states=(TrialState.COMPLETE,)) if math.isfinite(t.value)]

@@ -31,6 +31,7 @@ from gatelab.sweep.executor import LocalShare
 from gatelab.sweep.queue import Claim, SweepLedger, open_ledger, tracking_stores
 from gatelab.sweep.spec import RunSpec, Sweep, expand, load_sweep
 from gatelab.train.ownership import RunInProgress, RunTakenOver
+from gatelab.workspace import Workspace
 
 if TYPE_CHECKING:  # the training code is imported once per worker, in `work`
     from gatelab.train.run import RunResult
@@ -80,7 +81,7 @@ def launches_ranks(experiment) -> bool:
     return devices > 1
 
 
-def run_in_child(experiment, tracking_uri: str | None, runs_dir: Path):
+def run_in_child(experiment, *, tracking_uri: str | None, runs_dir: Path):
     """Train a run on several devices through `gatelab train` in a child process, and read its outcome from MLflow.
 
     Lightning's launcher starts ranks 1..N-1 by re-running the command line of the process that calls `fit`: in a
@@ -119,18 +120,21 @@ class WorkerReport:
     failed: list[str] = field(default_factory=list)
 
 
-def work(sweep_path: Path, experiment: Path | None = None, storage: str | None = None, tracking_uri: str | None = None,
-         runs_dir: Path = Path("runs"), threads: int | None = None, heartbeat_s: float = 10.0, grace_s: float = 60.0,
-         log=print, progress: bool = False) -> WorkerReport:
+def work(sweep_path: Path, *, experiment: Path | None = None, workspace: Workspace = Workspace(),
+         threads: int | None = None, heartbeat_s: float = 10.0, grace_s: float = 60.0, log=print,
+         progress: bool = False) -> WorkerReport:
     """Work until no run of the sweep is left. Each run says what it does through `log`, prefixed with this worker
     and the run's number; `progress` shows Lightning's bar (one worker in a terminal), else a plain line every
     GATELAB_PROGRESS_EVERY seconds. After each run, a line with the sweep's runs done and its time left."""
     sweep = load_sweep(sweep_path, experiment)
     specs = expand(sweep)
-    problem = setup_problem(specs, tracking_uri, runs_dir)  # before the ledger is touched: a broken set-up fails no cell
+    tracking_uri, runs_dir = workspace.tracking_uri, workspace.runs_dir
+    # before the ledger is touched: a broken set-up fails no cell
+    problem = setup_problem(specs, tracking_uri=tracking_uri, runs_dir=runs_dir)
     if problem:
         raise GatelabError(f"{problem} (this worker claimed no run: the sweep's ledger is as it was)")
-    ledger = open_ledger(sweep, specs, storage, tracking_uri, runs_dir, heartbeat_s, grace_s)
+    ledger = open_ledger(sweep, specs, storage=workspace.storage, tracking_uri=tracking_uri, runs_dir=runs_dir,
+                         heartbeat_s=heartbeat_s, grace_s=grace_s)
     share = LocalShare.from_env()  # only the CPU workers of `gatelab sweep run --workers N` share cores
     if share is not None:
         share.enter()
@@ -139,7 +143,8 @@ def work(sweep_path: Path, experiment: Path | None = None, storage: str | None =
         torch.set_num_threads(threads)
     from gatelab.train.run import run  # the training code is imported once per worker, here
 
-    worker = SweepWorker(sweep_path, sweep, specs, ledger, share, run, tracking_uri, runs_dir, grace_s, log, progress)
+    worker = SweepWorker(sweep_path=sweep_path, sweep=sweep, specs=specs, ledger=ledger, share=share, run=run,
+                         tracking_uri=tracking_uri, runs_dir=runs_dir, grace_s=grace_s, log=log, progress=progress)
     with raise_on_signals():  # a signal between runs is the same exception as one inside `run`
         try:
             while True:
@@ -158,11 +163,11 @@ def work(sweep_path: Path, experiment: Path | None = None, storage: str | None =
                 share.leave()
 
 
-def setup_problem(specs: Sequence[RunSpec], tracking_uri: str | None, runs_dir: Path) -> str | None:
+def setup_problem(specs: Sequence[RunSpec], *, tracking_uri: str | None, runs_dir: Path) -> str | None:
     """What is wrong with this worker's own set-up, where something is: an MLflow store its runs record to that
     cannot be used (a dead server, a bad URI). It is no cell's fault: checked before a claim, and again after a run
     fails, so that one worker with a bad `--tracking-uri` does not mark every cell it claims failed."""
-    for uri in sorted(tracking_stores(specs, tracking_uri, runs_dir)):
+    for uri in sorted(tracking_stores(specs, tracking_uri=tracking_uri, runs_dir=runs_dir)):
         path = tracking.sqlite_file(uri)
         if path is not None and not path.parent.is_dir():
             continue  # the embedded store under runs/, made with the first run
@@ -254,7 +259,7 @@ class SweepWorker:
         said = lambda message: self.log(f"{me}: {message}")  # noqa: E731  the run's own lines, named in a shared log
         try:
             if launches_ranks(spec.experiment):
-                return run_in_child(spec.experiment, self.tracking_uri, self.runs_dir)
+                return run_in_child(spec.experiment, tracking_uri=self.tracking_uri, runs_dir=self.runs_dir)
             return self.run(spec.experiment, tracking_uri=self.tracking_uri, runs_dir=self.runs_dir, log=said,
                             bar=self.progress, extra_callbacks=callbacks, lease=self.ledger.lease(claim))
         except RunTakenOver as taken:  # the trial is the other worker's now: not a word to the ledger about it
@@ -266,7 +271,7 @@ class SweepWorker:
                      f"tried again in {self.grace_s:.0f} s")
         except Exception:  # a failed run is recorded and retried; the worker goes on with the next
             error = traceback.format_exc()
-            problem = setup_problem([spec], self.tracking_uri, self.runs_dir)
+            problem = setup_problem([spec], tracking_uri=self.tracking_uri, runs_dir=self.runs_dir)
             if problem:  # the worker's fault, not the run's: back in the queue untouched, and this worker stops
                 self.ledger.release(claim, f"worker set-up failed: {problem}")
                 raise GatelabError(f"{problem} (run {spec.index} is back in the queue, its attempts as they were; "

@@ -23,6 +23,7 @@ from gatelab.report.export import GENERATED_MARK, ReportTable, export_report
 from gatelab.report.tables import ONE_SEED_TEST, RunRecord, build_comparison, comparison_title
 from gatelab.sweep.spec import expand, load_sweep
 from gatelab.variants import VARIANTS
+from gatelab.workspace import Workspace
 from tests.helpers import REPO
 
 QUICKSTART = REPO / "sweeps" / "quickstart.yaml"
@@ -90,8 +91,8 @@ def fake_store(monkeypatch):
 
 def _make(sweep: Path, runs_dir: Path, out: Path | None = None, formats=("md", "csv", "latex", "html"),
           command: str | None = None) -> list[Path]:
-    return app_report.make_report(sweep, None, list(formats), out, None, runs_dir, None, log=lambda *a: None,
-                                  command=command)
+    return app_report.make_report(sweep, experiment=None, formats=list(formats), out_dir=out,
+                                  workspace=Workspace(runs_dir=runs_dir), log=lambda *a: None, command=command)
 
 
 # -- where and under which names ------------------------------------------------------------------------------------

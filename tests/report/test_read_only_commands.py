@@ -18,6 +18,7 @@ from gatelab.errors import GatelabError
 from gatelab.report import ui
 from gatelab.sweep.queue import open_ledger
 from gatelab.sweep.spec import expand, load_sweep
+from gatelab.workspace import Workspace
 from tests.helpers import REPO, gatelab_cli, sqlite_uri, write_sweep
 
 
@@ -55,7 +56,8 @@ def test_table_over_a_read_only_store_changes_nothing_and_says_the_report_is_not
     sweep_path, runs = read_only_store
     before = _tree(runs)
     said = []
-    written = make_report(sweep_path, None, ["csv", "md"], tmp_path / "out", None, runs, None, log=said.append)
+    written = make_report(sweep_path, experiment=None, formats=["csv", "md"], out_dir=tmp_path / "out",
+                          workspace=Workspace(runs_dir=runs), log=said.append)
     assert written and all(path.is_relative_to(tmp_path / "out") for path in written)
     assert _tree(runs) == before, "the store and the ledger are byte for byte as they were"
     assert any(line.startswith("not logged to MLflow: ") and "read-only" in line for line in said)
@@ -67,7 +69,8 @@ def test_claims_ui_and_plan_over_a_read_only_store_change_nothing(read_only_stor
     claims = tmp_path / "claims.yaml"
     claims.write_text((REPO / "sweeps" / "claims" / "tiny.yaml").read_text())
     with pytest.raises(GatelabError):  # the shipped claims name the shipped sweeps, not this one: read, then refused
-        make_claims([sweep_path], tmp_path / "claims-out", ["md"], None, runs, None, claims_path=claims)
+        make_claims([sweep_path], out_dir=tmp_path / "claims-out", formats=["md"], workspace=Workspace(runs_dir=runs),
+                    claims_path=claims)
     page, pages = ui.landing_pages(sqlite_uri(runs), "http://127.0.0.1:5123/", sweep_name="t")
     assert [name for name, _ in pages] == ["t"] and page == pages[0][1]
     done = gatelab_cli("sweep", "plan", str(sweep_path), "--runs-dir", str(runs), cwd=tmp_path)

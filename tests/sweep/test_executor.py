@@ -25,6 +25,7 @@ from gatelab.sweep.executor import (
     assign_cores,
     share_of_cores,
 )
+from gatelab.workspace import Workspace
 from tests.helpers import REPO, see_gpus
 
 
@@ -110,8 +111,8 @@ def test_cpu_workers_get_disjoint_cores_of_the_parents_mask_and_their_folder_goe
     monkeypatch.setattr(executor, "available_cores", lambda: [4, 5, 6, 7, 9])  # e.g. under taskset -c 4-7,9
     monkeypatch.setattr(executor.subprocess, "Popen", _FakeProcess)
     _FakeProcess.started = []
-    code = executor.run_local_workers(2, sweep=tmp_path / "sweep.yaml", experiment=None, storage="ledger.journal",
-                                      tracking_uri=None, runs_dir=tmp_path / "runs", heartbeat_s=1.0, grace_s=5.0)
+    code = executor.run_local_workers(2, sweep=tmp_path / "sweep.yaml", experiment=None, heartbeat_s=1.0, grace_s=5.0,
+                                      workspace=Workspace(runs_dir=tmp_path / "runs", storage="ledger.journal"))
     assert code == 0
     first, second = _FakeProcess.started
     assert (first.env[HOME_ENV], second.env[HOME_ENV]) == ("4,5,6", "7,9")
@@ -148,8 +149,8 @@ def test_gpu_workers_take_the_users_gpus_in_turn_and_the_launch_says_how_many_sh
     see_gpus(monkeypatch, visible, count)
     monkeypatch.setattr(executor.subprocess, "Popen", _GpuWorker)
     _GpuWorker.started = []
-    code = executor.run_local_workers(4, sweep=tmp_path / "sweep.yaml", experiment=None, storage="ledger.journal",
-                                      tracking_uri=None, runs_dir=tmp_path / "runs", heartbeat_s=1.0, grace_s=5.0)
+    code = executor.run_local_workers(4, sweep=tmp_path / "sweep.yaml", experiment=None, heartbeat_s=1.0, grace_s=5.0,
+                                      workspace=Workspace(runs_dir=tmp_path / "runs", storage="ledger.journal"))
     assert code == 0
     assert [worker.env.get("CUDA_VISIBLE_DEVICES") for worker in _GpuWorker.started] == given
     assert not any(REGISTRY_ENV in worker.env or "--threads" in worker.command for worker in _GpuWorker.started)
@@ -167,8 +168,8 @@ def test_with_every_gpu_hidden_workers_share_the_cores_and_keep_the_users_settin
     monkeypatch.setattr(executor, "available_cores", lambda: [0, 1, 2, 3])
     monkeypatch.setattr(executor.subprocess, "Popen", _FakeProcess)
     _FakeProcess.started = []
-    executor.run_local_workers(2, sweep=tmp_path / "sweep.yaml", experiment=None, storage="ledger.journal",
-                               tracking_uri=None, runs_dir=tmp_path / "runs", heartbeat_s=1.0, grace_s=5.0)
+    executor.run_local_workers(2, sweep=tmp_path / "sweep.yaml", experiment=None, heartbeat_s=1.0, grace_s=5.0,
+                               workspace=Workspace(runs_dir=tmp_path / "runs", storage="ledger.journal"))
     assert [(w.env["CUDA_VISIBLE_DEVICES"], w.env[HOME_ENV]) for w in _FakeProcess.started] == [(visible, "0,1"),
                                                                                                 (visible, "2,3")]
     assert capsys.readouterr().err == ""
@@ -204,8 +205,8 @@ def test_a_signal_to_the_launcher_reaches_every_worker_and_ends_it_as_interrupte
 
     threading.Thread(target=signal_once_both_listen, daemon=True).start()
     with pytest.raises(Interrupted) as raised:
-        executor.run_local_workers(2, sweep=tmp_path / "sweep.yaml", experiment=None, storage="ledger.journal",
-                                   tracking_uri=None, runs_dir=tmp_path / "runs", heartbeat_s=1.0, grace_s=5.0)
+        executor.run_local_workers(2, sweep=tmp_path / "sweep.yaml", experiment=None, heartbeat_s=1.0, grace_s=5.0,
+                                   workspace=Workspace(runs_dir=tmp_path / "runs", storage="ledger.journal"))
     assert raised.value.exit_code == 128 + signum
     assert sorted(path.read_text() for path in tmp_path.glob("*.got")) == [str(int(signum))] * 2
 
@@ -220,8 +221,9 @@ def test_a_launched_worker_names_the_users_command_or_leaves_the_resume_line_to_
                                       "postgresql://u:hunter2x@db/ledger"])
     for name, value in executor.launcher_env(says_resume=launcher_waits).items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setattr(sys, "argv", executor.worker_command(Path("s.yaml"), None, "ledger.journal", None,
-                                                             Path("runs"), 1, 1.0, 5.0))
+    monkeypatch.setattr(sys, "argv", executor.worker_command(
+        Path("s.yaml"), experiment=None, workspace=Workspace(storage="ledger.journal"), threads=1, heartbeat_s=1.0,
+        grace_s=5.0))
     line = interrupted_line(Interrupted(signal.SIGTERM))
     if launcher_waits:
         assert line is None  # the launcher, waiting for this worker, prints the one line

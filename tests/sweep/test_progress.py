@@ -311,9 +311,10 @@ def test_verbose_reaches_every_worker_through_its_command_line(monkeypatch):
 
     from gatelab.cli import app
     from gatelab.sweep.executor import worker_command
+    from gatelab.workspace import Workspace
 
-    arguments = dict(sweep=Path("s.yaml"), experiment=None, storage="ledger.journal", tracking_uri=None,
-                     runs_dir=Path("runs"), threads=1, heartbeat_s=10.0, grace_s=60.0)
+    arguments = dict(sweep=Path("s.yaml"), experiment=None, workspace=Workspace(storage="ledger.journal"), threads=1,
+                     heartbeat_s=10.0, grace_s=60.0)
     monkeypatch.delenv("GATELAB_VERBOSE", raising=False)
     assert "--verbose" not in worker_command(**arguments)
     monkeypatch.setenv("GATELAB_VERBOSE", "1")  # what `gatelab sweep run --verbose` sets for itself

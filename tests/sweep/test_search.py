@@ -8,6 +8,7 @@ import pytest
 from gatelab.errors import GatelabError
 from gatelab.sweep import search as search_module
 from gatelab.sweep.spec import load_sweep
+from gatelab.workspace import Workspace
 from tests.helpers import write_sweep
 
 
@@ -25,7 +26,7 @@ def test_a_suggestion_that_is_no_valid_run_fails_without_training_and_the_search
     monkeypatch.setattr("gatelab.train.run.run", must_not_train)
     said = []
     with pytest.raises(GatelabError, match=f"{search_module.MAX_INVALID_TRIALS} suggested trials were no valid run"):
-        search_module.run_search(sweep, sweep.runs, str(tmp_path / "ledger.journal"), None, tmp_path / "runs",
-                                 log=said.append)
+        search_module.run_search(sweep, sweep.runs, log=said.append, workspace=Workspace(
+            runs_dir=tmp_path / "runs", storage=str(tmp_path / "ledger.journal")))
     assert sum("is no valid run, failed without training" in line for line in said) == \
         search_module.MAX_INVALID_TRIALS

@@ -13,6 +13,7 @@ import torch
 
 from gatelab.sweep.executor import LocalShare, LocalWorkerRegistry, available_cores
 from gatelab.sweep.worker import ShareFreedCores
+from gatelab.workspace import Workspace
 
 needs_two_cores = pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(available_cores()) < 2,
                                      reason="needs CPU affinity and two cores")
@@ -101,7 +102,8 @@ def test_a_run_that_gatelab_train_is_training_goes_back_to_the_queue_without_cos
 
     monkeypatch.setattr(training, "run", run)
     lines = []
-    report = work(sweep, runs_dir=tmp_path / "runs", heartbeat_s=0.1, grace_s=0.5, log=lines.append)
+    report = work(sweep, workspace=Workspace(runs_dir=tmp_path / "runs"), heartbeat_s=0.1, grace_s=0.5,
+                  log=lines.append)
     assert len(calls) == 2 and calls[1] - calls[0] >= 0.5  # tried again once the grace period had passed
     assert [line for line in lines if "PID 123 on host host" in line and "back in the queue" in line] == [lines[1]]
     assert len(report.finished) == 1 and not report.failed
@@ -131,7 +133,8 @@ def test_a_worker_whose_tracking_store_is_dead_stops_before_it_claims_or_writes_
     storage = tmp_path / "shared" / "ledger.journal"
     uri = f"http://127.0.0.1:{_closed_port()}"
     with pytest.raises(GatelabError) as raised:
-        work(sweep, storage=str(storage), tracking_uri=uri, runs_dir=tmp_path / "runs", log=lambda line: None)
+        work(sweep, workspace=Workspace(runs_dir=tmp_path / "runs", tracking_uri=uri, storage=str(storage)),
+             log=lambda line: None)
     assert uri in str(raised.value) and "claimed no run" in str(raised.value)
     assert not trained and not storage.exists() and not (tmp_path / "runs").exists()
 
@@ -186,7 +189,7 @@ def test_a_tracking_store_that_dies_mid_sweep_stops_the_worker_and_costs_the_run
 
     monkeypatch.setattr(training, "run", run)
     with pytest.raises(GatelabError) as raised:
-        work(sweep, tracking_uri=server.uri, runs_dir=tmp_path / "runs", log=lambda line: None)
+        work(sweep, workspace=Workspace(runs_dir=tmp_path / "runs", tracking_uri=server.uri), log=lambda line: None)
     assert server.uri in str(raised.value) and "back in the queue" in str(raised.value)
     plan = load_sweep(sweep)
     states = ledger_states(None, tmp_path / "runs", plan.name, expand(plan))
@@ -206,7 +209,8 @@ def test_a_worker_with_nothing_to_claim_says_which_runs_it_waits_for_and_how_lon
     ledger = open_ledger(sweep, specs, None, None, tmp_path / "runs", grace_s=60)
     ledger.claim()  # as a worker that was then killed left it: running, beating no more
     lines = []
-    worker = SweepWorker(sweep_path, sweep, specs, ledger, None, None, None, tmp_path / "runs", 60, lines.append, False)
+    worker = SweepWorker(sweep_path=sweep_path, sweep=sweep, specs=specs, ledger=ledger, share=None, run=None,
+                         tracking_uri=None, runs_dir=tmp_path / "runs", grace_s=60, log=lines.append, progress=False)
     worker.say_what_it_waits_for()
     worker.say_what_it_waits_for()  # the same wait: said once
     [line] = lines

@@ -164,6 +164,7 @@ def test_a_run_records_the_outlier_probes_and_gatelab_table_shows_them(tmp_path)
     import yaml
 
     from gatelab.app.report import make_report
+    from gatelab.workspace import Workspace
     from gatelab.report.tables import OUTLIER_PROBES
 
     runs = tmp_path / "runs"
@@ -181,7 +182,8 @@ def test_a_run_records_the_outlier_probes_and_gatelab_table_shows_them(tmp_path)
     sweep.write_text(yaml.safe_dump({"name": "micro", "experiment": experiment.name,
                                      "grid": {"variant": ["g1_elem_sig"], "seed": [3]}}))
     out = tmp_path / "out"
-    make_report(sweep, None, ["csv"], out, None, runs, None, log=lambda *args: None)
+    make_report(sweep, experiment=None, formats=["csv"], out_dir=out, workspace=Workspace(runs_dir=runs),
+                log=lambda *args: None)
     table = next(csv.DictReader(next(out.glob("*.csv")).open()))
     assert table["runs"] == "1 finished"
     for metric in OUTLIER_PROBES:
