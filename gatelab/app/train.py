@@ -7,8 +7,7 @@ from pathlib import Path
 from typer import echo
 
 from gatelab.app import quiet_noise
-
-KEY_METRICS = ("ppl/avg", "unigram_ppl/avg", "blimp/accuracy", "probe/f_attn", "probe/m_act", "probe/gate_score_mean")
+from gatelab.metrics import KEY_METRICS
 
 
 def checked_config(experiment: Path, overrides: list[str]):
