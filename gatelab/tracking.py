@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from gatelab.errors import GatelabError, first_line, redact  # redact re-exported: callers that log a tracking URI find it here
 from gatelab.host import repo_root
+from gatelab.metrics import KEY_METRICS, PPL_AVG  # KEY_METRICS re-exported: the view's columns, from the catalogue
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -54,7 +55,6 @@ EXPERIMENT_KIND_TAG, TRAINING_KIND = "mlflow.experimentKind", "custom_model_deve
 # the URL's `viewStateShareKey=<key>` and lists it under Views.
 SAVED_VIEW_TAG_PREFIX = "mlflow.sharedViewState."
 KEY_METRICS_VIEW = "gatelab-key-metrics"
-KEY_METRICS = ("ppl/avg", "val/loss", "probe/f_attn", "probe/m_act", "probe/gate_score_mean", "blimp/accuracy")
 
 # Bounds on every MLflow HTTP request of a gatelab process, where the user set none: with MLflow's own (7 retries with
 # exponential backoff, a 120 s timeout) `--tracking-uri http://127.0.0.1:9` kept a run waiting 267 s.
@@ -133,11 +133,13 @@ def reports_experiment(experiment_name: str) -> str:
 
 def key_metrics_view(now_ms: int | None = None) -> str:
     """The saved view KEY_METRICS_VIEW: the runs table sorted by ppl/avg (lowest first), its columns the key metrics
-    (a metric no run has is no column) and the run's gatelab status. The value of its SAVED_VIEW_TAG_PREFIX tag."""
+    of the catalogue (gatelab.metrics; a metric no run has is no column) and the run's gatelab status. The value of
+    its SAVED_VIEW_TAG_PREFIX tag."""
     import json
 
     columns = [f"metrics.`{name}`" for name in KEY_METRICS] + [f"tags.`{STATUS_TAG}`"]
-    state = {"orderByKey": columns[0], "orderByAsc": True, "selectedColumns": columns, "columnOrder": columns}
+    state = {"orderByKey": f"metrics.`{PPL_AVG}`", "orderByAsc": True, "selectedColumns": columns,
+             "columnOrder": columns}
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     return json.dumps({"name": "gatelab: key metrics", "createdAt": now_ms, "updatedAt": now_ms,
                        "state": json.dumps(state)})

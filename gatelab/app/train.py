@@ -7,9 +7,8 @@ from pathlib import Path
 from typer import echo
 
 from gatelab.app import quiet_noise
+from gatelab.metrics import KEY_METRICS
 from gatelab.workspace import Workspace
-
-KEY_METRICS = ("ppl/avg", "unigram_ppl/avg", "blimp/accuracy", "probe/f_attn", "probe/m_act", "probe/gate_score_mean")
 
 
 def checked_config(experiment: Path, *, overrides: list[str]):

@@ -14,7 +14,6 @@ error message, the plan and the ledger.
 
 from __future__ import annotations
 
-import ast
 import copy
 import difflib
 import itertools
@@ -30,10 +29,11 @@ from typing import Any, Literal
 
 from pydantic import Field, PositiveInt, ValidationError, field_validator, model_validator
 
-from gatelab.config import ExperimentConfig, StrictModel, format_validation_error, read_yaml, set_dotted
+from gatelab.config import DataConfig, ExperimentConfig, StrictModel, format_validation_error, read_yaml, set_dotted
 from gatelab.data.identity import spec_hash
 from gatelab.data.resolve import VocabularyTooSmall, experiment_from_dict, resolve_experiment
 from gatelab.errors import GatelabError
+from gatelab.metrics import KEY_METRICS, find, names_for
 from gatelab.paper import SWEEP_TABLES
 
 PaperTable = Literal[tuple(SWEEP_TABLES)]  # the paper registry's keys, so a sweep can name only what a report can read
@@ -108,7 +108,7 @@ class SearchSpace(StrictModel):
 
     params: dict[str, SearchParam]  # dotted ExperimentConfig path -> range
     n_trials: PositiveInt
-    metric: str = "ppl/avg"  # a final metric of gatelab.train.run, e.g. ppl/avg
+    metric: str = "ppl/avg"  # a whole metric name of the catalogue, gatelab.metrics (ppl/avg, long_ppl/x4)
     direction: Literal["minimize", "maximize"] = "minimize"
     pruner: Literal["none", "median", "hyperband"] = "median"
 
@@ -575,85 +575,31 @@ def _search_problems(tree: dict[str, Any], key: str, param: SearchParam, check: 
 
 # --- the metrics a run logs, for a search's `metric` ----------------------------------------------------------------
 
-METRIC_PACKAGES = ("gatelab.train", "gatelab.eval")  # the code that computes and logs a run's metrics
-_METRIC_SHAPE = re.compile(r"[a-z][a-z0-9_]*(/[A-Za-z0-9_.{}]+)+")
-_NOT_A_METRIC = re.compile(r"\.(ya?ml|json|jsonl|npy|png|csv|md|txt|html|ckpt|pt)$")
-
-
-def logged_metric_names(experiment: ExperimentConfig) -> tuple[set[str], list[re.Pattern]]:
-    """(the metric names a run of `experiment` logs, patterns for the ones named at run time), read from the code that
-    logs them, not kept by hand: every metric-shaped string in gatelab.train and gatelab.eval (`val/loss`,
-    `blimp/accuracy`), each f-string among them as a pattern (`probe/{k}`, with module-level constants filled in:
-    `{PREFIX}/{task}/{name}` is lm_eval's), except `ppl/{domain}`, whose names come from the evaluation's own
-    function over the experiment's domains (`ppl/<domain>` and the `ppl/avg` it adds)."""
-    import importlib
-    import pkgutil
-
-    import torch
-
-    from gatelab.config import DataConfig
-    from gatelab.eval.metrics import perplexities_by_domain
-
-    names: set[str] = set()
-    patterns: list[re.Pattern] = []
-    for package_name in METRIC_PACKAGES:
-        package = importlib.import_module(package_name)
-        for info in pkgutil.iter_modules(package.__path__):
-            source = Path(package.__path__[0]) / f"{info.name}.py"
-            if not source.is_file():
-                continue
-            constants: dict[str, str] = {}
-            for node in ast.walk(ast.parse(source.read_text())):
-                if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) \
-                        and isinstance(node.value.value, str):
-                    constants.update({target.id: node.value.value for target in node.targets
-                                      if isinstance(target, ast.Name)})
-            for node in ast.walk(ast.parse(source.read_text())):
-                text = _metric_text(node, constants)
-                if text is None or not _METRIC_SHAPE.fullmatch(text) or _NOT_A_METRIC.search(text):
-                    continue
-                if "{" not in text:
-                    names.add(text)
-                elif not text.startswith("ppl/{"):
-                    pattern = "".join(re.escape(part) if i % 2 == 0 else "[A-Za-z0-9_.-]+"
-                                      for i, part in enumerate(re.split(r"\{|\}", text)))
-                    patterns.append(re.compile(pattern))
-    domains = experiment.data.domains or DataConfig.model_fields["domains"].default or []
-    one = (torch.ones(1), torch.ones(1))
-    by_domain = perplexities_by_domain({domain: one for domain in domains} or {"": one})
-    names |= {f"ppl/{key}" for key in by_domain if key}
-    return names, patterns
-
-
-def _metric_text(node: Any, constants: dict[str, str]) -> str | None:
-    """A string constant as written, an f-string with each placeholder as `{}` (a module constant filled in)."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return node.value
-    if not isinstance(node, ast.JoinedStr):
-        return None
-    parts = []
-    for value in node.values:
-        if isinstance(value, ast.Constant):
-            parts.append(str(value.value))
-        elif isinstance(value.value, ast.Name) and value.value.id in constants:
-            parts.append(constants[value.value.id])
-        else:
-            parts.append("{}")
-    return "".join(parts)
-
 
 def _search_metric_problem(search: SearchSpace, experiments: list[ExperimentConfig]) -> str | None:
-    """None where every cell's runs log the search's metric; else one line naming it, a did-you-mean and the names."""
+    """None where the search's metric is one the catalogue (gatelab.metrics) declares, a `ppl/<domain>` of a domain
+    every cell's runs evaluate; else one line naming it, the close names and some metrics to pick from."""
+    metric = find(search.metric)
     for experiment in experiments:
-        names, patterns = logged_metric_names(experiment)
-        if search.metric in names or any(pattern.fullmatch(search.metric) for pattern in patterns):
+        domains = experiment.data.domains or DataConfig.model_fields["domains"].default or []
+        domain = metric.filled(search.metric).get("domain") if metric is not None else None
+        if metric is not None and (domain is None or domain in domains):
             continue
-        close = difflib.get_close_matches(search.metric, sorted(names), n=1, cutoff=0.6)
-        hint = f"did you mean '{close[0]}'? " if close else ""
-        common = [name for name in ("ppl/avg", "val/loss", "blimp/accuracy") if name in names]
+        close = _closest(search.metric, names_for(domains, experiment.eval.long_context_multipliers,
+                                                  experiment.model.n_layers))
+        hint = f"did you mean {' or '.join(repr(name) for name in close)}? " if close else ""
         return (f"search.metric: '{search.metric}' is not a metric a run logs, so there would be nothing to "
-                f"{search.direction}; {hint}(e.g. {', '.join(common)}; the runs' metrics are listed in the MLflow UI)")
+                f"{search.direction}; {hint}(e.g. {', '.join(KEY_METRICS[:3])}; gatelab.metrics lists every metric "
+                "a run records, and the runs' metrics are listed in the MLflow UI)")
     return None
+
+
+def _closest(name: str, names: list[str], cutoff: float = 0.6, most: int = 4) -> list[str]:
+    """The names closest to `name` (difflib's ratio, at least `cutoff`): the best one, or those tied for best (up to
+    `most`, in the order of `names`: `long_ppl/x` is as close to `long_ppl/x1` as to `long_ppl/x2`)."""
+    ratios = [difflib.SequenceMatcher(None, name, candidate).ratio() for candidate in names]
+    best = max(ratios, default=0.0)
+    return [] if best < cutoff else [candidate for candidate, ratio in zip(names, ratios) if ratio == best][:most]
 
 
 def _canonical(cell: dict[str, Any], experiment: ExperimentConfig) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from gatelab.eval.metrics import (domain_window_nlls, evaluation_mode, long_cont
 from gatelab.eval.probes import FirstTokenShareByQuery, probe_model
 from gatelab.eval.quantization import w8a8_perplexities
 from gatelab.eval.plots import run_plot_writers
+from gatelab.metrics import BLIMP_ACCURACY, UNIGRAM_PPL_AVG
 
 # The W8A8 perplexity runs on this many of each domain's held-out windows, evenly strided (all where a domain has no
 # more): a pass over all of them would cost as much again as the held-out perplexity (2.6 s of the tiny preset's 14 s
@@ -99,7 +100,7 @@ def heldout_metrics(model, corpus, domains: list[str], windows: dict[str, torch.
     metrics = {f"ppl/{domain}": value for domain, value in perplexities_by_domain(nlls).items()}
     unigram = [unigram_perplexity(corpus.get(d, "train").counts(corpus.vocab_size),
                                   corpus.get(d, "heldout").counts(corpus.vocab_size)) for d in domains]
-    metrics["unigram_ppl/avg"] = float(np.mean(unigram))
+    metrics[UNIGRAM_PPL_AVG] = float(np.mean(unigram))
     return metrics, nlls
 
 
@@ -160,7 +161,7 @@ def blimp_metrics(model, experiment: ExperimentConfig, tokenizer, bos_id: int, s
                        seed=experiment.seed)
     log(f"evaluating: BLiMP, {len(pairs)} minimal pairs")
     blimp = score_blimp(model, tokenizer, pairs, bos_id=bos_id, batch_size=sentence_batch_size)
-    return {"blimp/accuracy": blimp["accuracy"]}
+    return {BLIMP_ACCURACY: blimp["accuracy"]}
 
 
 def in_context_metrics(model, experiment: ExperimentConfig, corpus, batch_size: int, log) -> dict[str, float]:

@@ -19,6 +19,7 @@ from gatelab.errors import GatelabError, redact
 from gatelab.eval import INIT_SCALE_METRIC
 from gatelab.eval.probes import attention_output_rms
 from gatelab.host import resolve_precision
+from gatelab.metrics import TRAIN_LOSS, VAL_LOSS
 from gatelab.model import build_model
 from gatelab.train.head_loss import head_loss, next_token_loss, whole_logits_loss
 
@@ -107,7 +108,7 @@ class GatedLM(L.LightningModule):
         self._step_started = now
         # Lightning reads a progress-bar tensor back (`.item()`) after every step, a device sync, and other tensors
         # only at logging steps: the loss goes to the bar only on CPU, where reading it back is free.
-        self.log("train/loss", loss, prog_bar=self.device.type == "cpu", sync_dist=True)  # global batch's under DDP
+        self.log(TRAIN_LOSS, loss, prog_bar=self.device.type == "cpu", sync_dist=True)  # global batch's under DDP
         # Host numbers as CPU tensors: `self.log` turns a Python float into a tensor on the module's device, a
         # host-to-device copy that waits for the device's queue (pytorch/pytorch#120996).
         self.log("train/tokens_per_s", torch.tensor(tokens_per_s), prog_bar=True)
@@ -123,7 +124,7 @@ class GatedLM(L.LightningModule):
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         input_ids_BT, targets_BT = batch
         loss = next_token_loss(self.model(input_ids_BT), targets_BT)
-        self.log("val/loss", loss, prog_bar=True, batch_size=input_ids_BT.shape[0])
+        self.log(VAL_LOSS, loss, prog_bar=True, batch_size=input_ids_BT.shape[0])
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # The checkpoint describes itself: the experiment (for the tokenizer and training length) and the resolved model
@@ -138,8 +139,8 @@ class GatedLM(L.LightningModule):
                                  "precision": self._trainer.precision if self._trainer is not None else None}
 
     def on_validation_epoch_end(self) -> None:
-        if "val/loss" in self.trainer.callback_metrics:
-            self.log("val/ppl", torch.exp(self.trainer.callback_metrics["val/loss"]))
+        if VAL_LOSS in self.trainer.callback_metrics:
+            self.log("val/ppl", torch.exp(self.trainer.callback_metrics[VAL_LOSS]))
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """Clips by the global norm and logs that norm, one norm for both (Lightning's clipping and a logged norm took
@@ -311,7 +312,7 @@ class StabilityMonitor(L.Callback):
         if self.diverged_step is not None:
             return
         self._pending_steps.append(trainer.global_step - 1)
-        self._pending_losses.append(trainer.callback_metrics["train/loss"].detach())
+        self._pending_losses.append(trainer.callback_metrics[TRAIN_LOSS].detach())
         if trainer.global_step % (self.every or max(1, trainer.log_every_n_steps)) == 0:
             self._check(trainer)
         if self.diverged_step is None:

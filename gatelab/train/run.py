@@ -23,6 +23,7 @@ from gatelab.data.datasets import heldout_windows, train_dataset
 from gatelab.data.prepare import load_data
 from gatelab.errors import GatelabError, redact
 from gatelab.interrupts import Interrupted, raise_on_signals
+from gatelab.metrics import TRAIN_LOSS
 from gatelab.model import count_parameters, resolve_model
 from gatelab.progress import (DEFAULT_EVERY_S, DEVICE_TAG, HOST_TAG, format_duration, progress_every_s,
                               silence_noise, step_time)
@@ -143,7 +144,7 @@ class StepProgress(L.Callback):
         if self.every_s is None or now - self.last_line < self.every_s or trainer.global_rank:
             return
         self.last_line = now
-        self.say(self.line(trainer.global_step, trainer.max_steps, trainer.callback_metrics.get("train/loss")))
+        self.say(self.line(trainer.global_step, trainer.max_steps, trainer.callback_metrics.get(TRAIN_LOSS)))
 
     def on_train_end(self, trainer, pl_module) -> None:
         if self.every_s is not None and self.steps and not trainer.global_rank:
@@ -438,7 +439,7 @@ def _record_finished(session: RunSession) -> dict[str, float]:
         log(f"evaluating on {device_name(device)} ({device})")
     session.module.model.to(device)
     metrics, artifacts = evaluate(session.module.model, experiment, session.tokenizer, session.corpus,
-                                  session.domains, tracked.metric_history("train/loss"), session.stability.spikes,
+                                  session.domains, tracked.metric_history(TRAIN_LOSS), session.stability.spikes,
                                   log=log)
     log("recording the evaluation in MLflow: metrics, probes and plots")
     tracked.log_metrics({name: float(value) for name, value in metrics.items()
