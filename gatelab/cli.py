@@ -15,10 +15,30 @@ from rich.text import Text
 from gatelab.app import command_line
 from gatelab.app.claims import claims as write_claims
 from gatelab.app.data import prepare
-from gatelab.app.options import (AsJson, ClaimsLedger, ExperimentOption, Formats, Grace, Heartbeat, Ledger,
-                                 PlanTrackingUri, RunLedger, RunsDir, SweepFile, TableLedger, TheSweepFile, TrackingUri,
-                                 TrainRunsDir, VariantsExperiment, Verbose, WorkerHeartbeat, WorkerLedger,
-                                 WorkerTrackingUri, bench_output_option, output_folder_option)
+from gatelab.app.options import (
+    AsJson,
+    ClaimsLedger,
+    ExperimentOption,
+    Formats,
+    Grace,
+    Heartbeat,
+    Ledger,
+    PlanTrackingUri,
+    RunLedger,
+    RunsDir,
+    SweepFile,
+    TableLedger,
+    TheSweepFile,
+    TrackingUri,
+    TrainRunsDir,
+    VariantsExperiment,
+    Verbose,
+    WorkerHeartbeat,
+    WorkerLedger,
+    WorkerTrackingUri,
+    bench_output_option,
+    output_folder_option,
+)
 from gatelab.app.plan import show_plan
 from gatelab.app.report import table as write_table
 from gatelab.app.score import lm_eval, score
@@ -274,7 +294,8 @@ def bench(
     targets and whether each holds; with CUDA, the GPU's too (MFU, evaluation seconds, peak GPU memory, compiling from
     the cache), and the options not given take GPU defaults so that it ends within 8 minutes. With --data, the data
     path instead: tokenizing against a bare encode_batch loop, loader windows/s against training, peak RSS."""
-    from gatelab.app.bench import BenchOptions, bench as run_bench
+    from gatelab.app.bench import BenchOptions
+    from gatelab.app.bench import bench as run_bench
 
     # by the source's name: typer 0.29 vendors its own click, whose ParameterSource is not click's
     given = {name for name in ctx.params if ctx.get_parameter_source(name).name not in ("DEFAULT", "DEFAULT_MAP")}

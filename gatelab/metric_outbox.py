@@ -24,7 +24,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
-from gatelab.errors import first_line, redact
+from gatelab.errors import first_line
 
 SEND_BATCH = 1000  # the most metrics MLflow's log_batch takes in one call
 RETRY_EVERY_S = 2.0

@@ -194,8 +194,8 @@ def find(name: str) -> Metric | None:
 def names_for(domains: list[str], multipliers: list[int], n_layers: int) -> list[str]:
     """The catalogue's names with the placeholders a run's config decides filled in (its domains, long-context
     multipliers and layers); a family of other placeholders (lm-eval's tasks, a threshold) stays a pattern."""
-    values = {"domain": domains, "multiplier": [str(m) for m in multipliers], "layer": [str(l) for l in range(n_layers)],
-              "block": [str(l) for l in range(n_layers)]}
+    values = {"domain": domains, "multiplier": [str(m) for m in multipliers], "layer": [str(i) for i in range(n_layers)],
+              "block": [str(i) for i in range(n_layers)]}
     names = []
     for metric in CATALOGUE:
         placeholders = _PLACEHOLDER.findall(metric.name)

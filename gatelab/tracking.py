@@ -27,7 +27,11 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gatelab.errors import GatelabError, first_line, redact  # redact re-exported: callers that log a tracking URI find it here
+from gatelab.errors import (  # redact re-exported: callers that log a tracking URI find it here
+    GatelabError,
+    first_line,
+    redact,
+)
 from gatelab.host import repo_root
 from gatelab.metrics import KEY_METRICS, PPL_AVG  # KEY_METRICS re-exported: the view's columns, from the catalogue
 

@@ -9,8 +9,14 @@ import sys
 
 import pytest
 
-from tests.helpers import (REPO, REPORTS_LIGHTNING, in_a_terminal, write_files_corpus, write_micro_experiment,
-                           write_sweep)
+from tests.helpers import (
+    REPO,
+    REPORTS_LIGHTNING,
+    in_a_terminal,
+    write_files_corpus,
+    write_micro_experiment,
+    write_sweep,
+)
 
 
 def gatelab(*args: str) -> subprocess.CompletedProcess:
@@ -210,7 +216,8 @@ def test_a_value_the_table_cannot_use_ends_in_one_message_and_exit_2(monkeypatch
     """A ValueError from the runs (or the claims file) is a user error: one line, exit code 2, no traceback."""
     from typer.testing import CliRunner
 
-    from gatelab.app import claims as app_claims, report as app_report
+    from gatelab.app import claims as app_claims
+    from gatelab.app import report as app_report
     from gatelab.cli import app
 
     def refuse(*args, **kwargs):

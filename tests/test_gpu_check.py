@@ -13,7 +13,14 @@ import pytest
 
 from gatelab.bench import gpu_check
 from gatelab.bench.gpu_check import (
-    RunRecord, StepResult, bench_verdicts, plan_verdict, pytest_verdict, read_runs, read_utilization, sweep_verdicts,
+    RunRecord,
+    StepResult,
+    bench_verdicts,
+    plan_verdict,
+    pytest_verdict,
+    read_runs,
+    read_utilization,
+    sweep_verdicts,
 )
 from tests.helpers import REPO
 

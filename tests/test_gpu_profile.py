@@ -9,8 +9,16 @@ import pytest
 import torch
 
 from gatelab.bench.gpu_profile import (
-    ATTENTION, GEMM, KernelInterval, busy_union, device_work, kernel_group, kernel_markdown, kernel_profile,
-    kernel_summary, short_kernel_name,
+    ATTENTION,
+    GEMM,
+    KernelInterval,
+    busy_union,
+    device_work,
+    kernel_group,
+    kernel_markdown,
+    kernel_profile,
+    kernel_summary,
+    short_kernel_name,
 )
 
 GEMM_CUBLAS = ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off"

@@ -12,8 +12,8 @@ def prepare(preset: Path | None, *, data_dir: Path | None, domains: list[str], s
     """With a preset, its corpus, tokenizer and token shards (resumable); without, the built-in corpora (`domains`, or
     all of them)."""
     if preset is not None:
-        from gatelab.data.resolve import load_experiment
         from gatelab.data.prepare import BarProgress, load_data
+        from gatelab.data.resolve import load_experiment
 
         overrides = list(set_) + ([f"data.data_dir={data_dir}"] if data_dir is not None else [])
         config = load_experiment(preset, overrides)

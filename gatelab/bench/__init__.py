@@ -29,14 +29,27 @@ from gatelab.bench.checks import acceptance_checks, gpu_figures
 from gatelab.bench.flops import GEMM_OPS, gemm_pass, gemm_shapes, gpu_estimate, model_flops_per_step
 from gatelab.bench.machine import gpu_peak_flops, machine_facts
 from gatelab.bench.measure import (
-    DEFAULT_PRESETS, GPU_DEFAULTS, GPU_VARIANTS, PARTS, bench, kernel_profile_variants, with_gpu_defaults,
+    DEFAULT_PRESETS,
+    GPU_DEFAULTS,
+    GPU_VARIANTS,
+    PARTS,
+    bench,
+    kernel_profile_variants,
+    with_gpu_defaults,
 )
 from gatelab.bench.profiling import kineto_markers_dropped, op_profile
 from gatelab.bench.render import summary_markdown, to_markdown, write
 from gatelab.bench.report import BenchReport, GemmFigures, StepFigures
 from gatelab.bench.runs import LIGHT_EVALUATION, compile_cost, measures_compile_cache, run_cost, run_cost_of
 from gatelab.bench.steps import (
-    PEER_LABEL, block_graphs, fits_in_memory, lightning_steps, loss_curves, plain_step, random_windows, transformers_step,
+    PEER_LABEL,
+    block_graphs,
+    fits_in_memory,
+    lightning_steps,
+    loss_curves,
+    plain_step,
+    random_windows,
+    transformers_step,
 )
 from gatelab.bench.timing import ratio_interval, time_interleaved
 

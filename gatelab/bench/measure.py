@@ -26,7 +26,14 @@ from gatelab.bench.profiling import op_profile
 from gatelab.bench.report import BenchReport, GemmFigures, StepFigures
 from gatelab.bench.runs import compile_cost, measures_compile_cache, plan_seconds, run_cost, run_cost_of, sweep_cost
 from gatelab.bench.steps import (
-    PEER_LABEL, block_graphs, cuda_graph_step, fits_in_memory, lightning_steps, loss_curves, matmul_dtype, plain_step,
+    PEER_LABEL,
+    block_graphs,
+    cuda_graph_step,
+    fits_in_memory,
+    lightning_steps,
+    loss_curves,
+    matmul_dtype,
+    plain_step,
     transformers_step,
 )
 from gatelab.bench.timing import ratio_interval, spread, time_interleaved

@@ -20,7 +20,8 @@ from gatelab.data.corpora import CorpusManifest, default_data_dir, prepare_corpo
 from gatelab.data.datasets import check_windows, tokenize_corpus
 from gatelab.data.documents import writes_into
 from gatelab.data.shards import Progress
-from gatelab.data.synthetic import DOMAIN as BIGRAM_BACKCOPY, BigramBackcopy
+from gatelab.data.synthetic import DOMAIN as BIGRAM_BACKCOPY
+from gatelab.data.synthetic import BigramBackcopy
 from gatelab.data.tokenizer import TRAINED_BPE, load_foreign_tokenizer, load_or_train_tokenizer
 from gatelab.errors import GatelabError
 
@@ -186,7 +187,8 @@ class BarProgress(Progress):
     """A rich progress bar over the text to tokenize: documents, tokens/s and time left (by bytes of text covered)."""
 
     def __init__(self) -> None:
-        from rich.progress import BarColumn, Progress as Bar, TextColumn, TimeRemainingColumn
+        from rich.progress import BarColumn, TextColumn, TimeRemainingColumn
+        from rich.progress import Progress as Bar
 
         self._bar = Bar(TextColumn("tokenizing"), BarColumn(), TextColumn("{task.fields[documents]:>12,} documents"),
                         TextColumn("{task.fields[rate]:>12,.0f} tokens/s"), TimeRemainingColumn(), transient=False)

@@ -35,10 +35,10 @@ from tqdm import tqdm
 from gatelab import tracking
 from gatelab.config import ModelConfig
 from gatelab.data.resolve import experiment_from_dict
+from gatelab.devices import evaluation_device, rows_for_length
 from gatelab.errors import GatelabError, redact
 from gatelab.eval.benchmarks import PACKAGED_BLIMP, load_blimp
 from gatelab.eval.checkpoint import load_checkpoint
-from gatelab.devices import evaluation_device, rows_for_length
 from gatelab.eval.metrics import evaluation_mode, model_device
 
 log = logging.getLogger(__name__)
@@ -467,9 +467,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     """lm-eval's command line (`lm_eval ...`, same arguments) with model `gatelab` registered and gatelab's tasks on
     the include path unless `--include_path` is given (lm-eval takes one; gatelab's tasks can then be named by file,
     `--tasks <local_task_dir()>/gatelab_blimp.yaml`)."""
+    from lm_eval.__main__ import cli_evaluate
+
     import gatelab.eval.harness  # noqa: F401  registers `gatelab` when this file runs as __main__
     from gatelab.errors import install_redaction
-    from lm_eval.__main__ import cli_evaluate
 
     install_redaction()
 

@@ -119,8 +119,8 @@ class ProbeRecorder:
                 self._accumulate(layer, f"control_output_below_{threshold:g}", below, tensor.numel())
 
     def per_layer(self, name: str, n_layers: int) -> list[float]:
-        return [self.sums[(l, name)] / self.counts[(l, name)] if self.counts[(l, name)] else float("nan")
-                for l in range(n_layers)]
+        return [self.sums[(i, name)] / self.counts[(i, name)] if self.counts[(i, name)] else float("nan")
+                for i in range(n_layers)]
 
 
 class FirstTokenShareByQuery:
@@ -144,8 +144,8 @@ class FirstTokenShareByQuery:
             self.counts[(layer, marked)] += int(where_BT.sum())
 
     def share(self, marked: bool, n_layers: int) -> float:
-        return _mean([self.sums[(l, marked)] / self.counts[(l, marked)] for l in range(n_layers)
-                      if self.counts[(l, marked)]])
+        return _mean([self.sums[(i, marked)] / self.counts[(i, marked)] for i in range(n_layers)
+                      if self.counts[(i, marked)]])
 
 
 @dataclass
@@ -191,15 +191,15 @@ class ProbeReport:
         """Sink rate, kurtosis and largest |activation|, per layer (block) and over layers. Every layer has as many
         heads, so the mean of the per-layer sink rates is the share over all heads, as Gu et al.'s. A layer that
         handed no attention probabilities (NaN) is left out."""
-        sink = {l: rate for l, rate in enumerate(self.sink_rate) if not math.isnan(rate)}
-        kurtosis = {l: value for l, value in enumerate(self.kurtosis) if not math.isnan(value)}
+        sink = {i: rate for i, rate in enumerate(self.sink_rate) if not math.isnan(rate)}
+        kurtosis = {i: value for i, value in enumerate(self.kurtosis) if not math.isnan(value)}
         metrics = {"sink_rate": _mean(list(sink.values()))} if sink else {}
-        metrics |= {f"sink_rate/layer{l}": rate for l, rate in sink.items()}
+        metrics |= {f"sink_rate/layer{i}": rate for i, rate in sink.items()}
         if kurtosis:
             metrics |= {"kurtosis_max": max(kurtosis.values()), "kurtosis_mean": _mean(list(kurtosis.values()))}
-        metrics |= {f"kurtosis/block{l}": value for l, value in kurtosis.items()}
+        metrics |= {f"kurtosis/block{i}": value for i, value in kurtosis.items()}
         metrics["max_abs_activation"] = max(self.max_activation)
-        metrics |= {f"max_abs_activation/block{l}": value for l, value in enumerate(self.max_activation)}
+        metrics |= {f"max_abs_activation/block{i}": value for i, value in enumerate(self.max_activation)}
         return metrics
 
     def to_dict(self) -> dict:
@@ -225,15 +225,15 @@ def probe_model(model: nn.Module, batches: Iterable[Tensor]) -> ProbeReport:
         n_layers=n_layers,
         first_token_share=recorder.per_layer("first_token_share", n_layers),
         first_token_share_with_first_query=recorder.per_layer("first_token_share_with_first_query", n_layers),
-        max_activation=[recorder.maxima[(l, "ffn_residual")] for l in range(n_layers)],
-        max_activation_at_first_token=[recorder.max_at_first_token[l] for l in range(n_layers)],
-        tokens_near_max_share=[_mean(recorder.near_max_shares[l]) for l in range(n_layers)],
-        sublayer_max={name: [recorder.maxima[(l, name)] for l in range(n_layers)]
+        max_activation=[recorder.maxima[(i, "ffn_residual")] for i in range(n_layers)],
+        max_activation_at_first_token=[recorder.max_at_first_token[i] for i in range(n_layers)],
+        tokens_near_max_share=[_mean(recorder.near_max_shares[i]) for i in range(n_layers)],
+        sublayer_max={name: [recorder.maxima[(i, name)] for i in range(n_layers)]
                       for name in ("attn_output", "attn_residual", "ffn_output", "ffn_residual")},
         gate_score_mean={p: recorder.per_layer(f"gate_score.{p}", n_layers) for p in positions},
-        gate_histogram={p: [recorder.histograms[(l, f"gate_score.{p}")].tolist()
-                            if (l, f"gate_score.{p}") in recorder.histograms else [0.0] * HISTOGRAM_BINS
-                            for l in range(n_layers)] for p in positions},
+        gate_histogram={p: [recorder.histograms[(i, f"gate_score.{p}")].tolist()
+                            if (i, f"gate_score.{p}") in recorder.histograms else [0.0] * HISTOGRAM_BINS
+                            for i in range(n_layers)] for p in positions},
         sparsity={name: recorder.per_layer(name, n_layers) for name in sparsity_names},
         gate_score=sum(recorder.sums[k] for k in gate_keys) / sum(recorder.counts[k] for k in gate_keys)
         if gate_keys else None,
@@ -269,4 +269,4 @@ def attention_output_rms(model: nn.Module, input_ids_BT: Tensor) -> float:
     recorder = _AttentionOutputRms()
     model(input_ids_BT.to(model_device(model)), probe=recorder)
     model.train(was_training)
-    return _mean([math.sqrt(recorder.squares[l] / recorder.counts[l]) for l in sorted(recorder.counts)])
+    return _mean([math.sqrt(recorder.squares[i] / recorder.counts[i]) for i in sorted(recorder.counts)])

@@ -11,8 +11,14 @@ import numpy as np
 
 from gatelab.progress import fit_columns, fit_line, terminal_columns
 from gatelab.report.export import ReportSection, ReportTable, export_report
-from gatelab.report.plots import (VariantColours, plot_context_length, plot_delta_vs_paper,
-                                  plot_first_token_attention, plot_gate_histograms, plot_loss_curves)
+from gatelab.report.plots import (
+    VariantColours,
+    plot_context_length,
+    plot_delta_vs_paper,
+    plot_first_token_attention,
+    plot_gate_histograms,
+    plot_loss_curves,
+)
 from gatelab.report.regimes import regime_reports
 from gatelab.report.stats import mean_std
 from gatelab.report.tables import PPL, RunRecord, build_comparison, comparison_title, data_stamp, probe_payloads

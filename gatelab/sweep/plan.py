@@ -52,7 +52,7 @@ from gatelab import paper as paper_tables
 from gatelab.config import DataConfig, ExperimentConfig, ModelConfig, flatten, set_dotted
 from gatelab.data.budget import CorpusCounter, format_tokens, repeat_warning
 from gatelab.data.corpora import HELDOUT_FRACTION
-from gatelab.devices import GPU_PEAKS, gpu_peak
+from gatelab.devices import gpu_peak
 from gatelab.progress import DEVICE_TAG, DONE, HOST_TAG, format_duration, step_time
 from gatelab.sweep.spec import Progress, RunSpec, format_value
 

@@ -24,11 +24,11 @@ import yaml
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from gatelab.config import ExperimentConfig
+from gatelab.data import shards
 from gatelab.data.corpora import CorpusManifest
 from gatelab.data.documents import DataError
 from gatelab.data.prepare import load_data
 from gatelab.data.resolve import experiment_from_dict
-from gatelab.data import shards
 from gatelab.data.shards import Progress, SplitShards, TokenStream, load_split
 from tests.helpers import MICRO, REPO, gatelab_cli
 

@@ -26,7 +26,13 @@ from gatelab.eval.benchmarks import PACKAGED_BLIMP, load_blimp, score_blimp, sen
 from gatelab.eval.harness import GatelabLM, load_checkpoint, local_task_dir  # noqa: E402
 from gatelab.model import build_model  # noqa: E402
 from tests.helpers import (  # noqa: E402
-    REPO, made_once, micro_config, sqlite_uri, train_in_process, write_foreign_tokenizer, write_micro_experiment,
+    REPO,
+    made_once,
+    micro_config,
+    sqlite_uri,
+    train_in_process,
+    write_foreign_tokenizer,
+    write_micro_experiment,
 )
 
 V = 300  # the vocabulary of write_foreign_tokenizer's tokenizer
@@ -304,8 +310,8 @@ def _train_once(folder: Path) -> dict:
 def test_checkpoint_rebuilds_the_live_model(trained_run, tmp_path, monkeypatch):
     """A run id, its folder and its .ckpt load the same model, which scores as the model rebuilt by hand from the
     experiment and the checkpoint's weights; the run id is found from another working directory."""
-    from gatelab.data.resolve import load_experiment
     from gatelab.data.prepare import load_data
+    from gatelab.data.resolve import load_experiment
     from gatelab.model import resolve_model
 
     experiment = load_experiment(trained_run["experiment"])

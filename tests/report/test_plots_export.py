@@ -309,10 +309,9 @@ def test_a_variant_has_one_colour_in_every_figure_of_a_report(tmp_path, monkeypa
     """The gate-score histogram has no baseline: drawn with matplotlib's own cycle, its first variant took the colour
     the baseline has in every other figure."""
     import gatelab.eval.plots as kit
+    import gatelab.report.plots as report_plots
     from gatelab.eval.plots import VariantColours
     from gatelab.report.plots import plot_context_length, plot_first_token_attention, plot_gate_histograms
-
-    import gatelab.report.plots as report_plots
 
     drawn = []
     for module in (kit, report_plots):

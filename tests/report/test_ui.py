@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gatelab.errors import GatelabError
-from gatelab.errors import redact
+from gatelab.errors import GatelabError, redact
 from gatelab.report import ui
 from gatelab.report.ui import find_free_port, serve_ui
 from gatelab.tracking import RunStore

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from gatelab.errors import GatelabError
 from gatelab.progress import (
     RunCosts,
     closing_lines,
@@ -23,7 +24,6 @@ from gatelab.progress import (
     sweep_progress_line,
     sweep_time_left,
 )
-from gatelab.errors import GatelabError
 from gatelab.sweep.queue import RunState
 from tests.helpers import REPO, write_sweep
 
