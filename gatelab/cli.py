@@ -89,7 +89,8 @@ def variants(experiment: VariantsExperiment = None, as_json: AsJson = False) -> 
 @app.command()
 def train(
     experiment: Annotated[Path, typer.Argument(help="an experiment preset, e.g. experiments/tiny.yaml")],
-    variant: Annotated[Optional[str], typer.Option(help="a registry id; '+' composes, e.g. g1_elem_sig+g2_elem_sig")] = None,
+    variant: Annotated[Optional[str], typer.Option(help="a registry id; '+' composes, e.g. "
+                                                        "g1_elem_sig+g2_elem_sig")] = None,
     seed: Annotated[Optional[int], typer.Option(help="overrides the preset's seed")] = None,
     set_: Annotated[list[str], typer.Option("--set", help="KEY.PATH=VALUE override, repeatable")] = [],
     tracking_uri: TrackingUri = None, runs_dir: TrainRunsDir = Path("runs"),
@@ -104,11 +105,13 @@ def train(
 
 @data_app.command("prepare")
 def data_prepare(
-    experiment_file: Annotated[Optional[Path], typer.Argument(
-        metavar="[EXPERIMENT]", help="a preset: make its corpus, tokenizer and token shards, e.g. experiments/tiny.yaml")
+    experiment_file: Annotated[Optional[Path], typer.Argument(metavar="[EXPERIMENT]",
+        help="a preset: make its corpus, tokenizer and token shards, e.g. experiments/tiny.yaml")
     ] = None,
-    data_dir: Annotated[Optional[Path], typer.Option(help="default: $GATELAB_DATA_DIR, else ~/.cache/gatelab/data")] = None,
-    domain: Annotated[list[str], typer.Option(help="without EXPERIMENT: only these built-in domains (repeatable)")] = [],
+    data_dir: Annotated[Optional[Path], typer.Option(help="default: $GATELAB_DATA_DIR, else "
+                                                          "~/.cache/gatelab/data")] = None,
+    domain: Annotated[list[str], typer.Option(help="without EXPERIMENT: only these built-in domains "
+                                                   "(repeatable)")] = [],
     experiment: Annotated[Optional[Path], typer.Option(help="the same as EXPERIMENT", hidden=True)] = None,
     set_: Annotated[list[str], typer.Option("--set", help="override a key of EXPERIMENT: key.path=value")] = [],
 ) -> None:
@@ -233,7 +236,8 @@ def lm_eval_command(ctx: typer.Context) -> None:
 
 @app.command()
 def claims(
-    sweeps: Annotated[list[Path], typer.Argument(help="the sweep files whose runs test the claims, e.g. sweeps/repro-*.yaml")],
+    sweeps: Annotated[list[Path], typer.Argument(help="the sweep files whose runs test the claims, e.g. "
+                                                      "sweeps/repro-*.yaml")],
     format_: Formats = "md,csv,latex,html",
     out: Annotated[Path, typer.Option(help="output folder", callback=output_folder_option)] = Path("results/tiny"),
     tracking_uri: TrackingUri = None, storage: ClaimsLedger = None, runs_dir: RunsDir = Path("runs"),
@@ -303,8 +307,9 @@ def bench(
 
 
 def main() -> None:
-    """`gatelab` and `python -m gatelab`: whatever escapes a command ends as one redacted line, exit 2 for a user
-    error (a GatelabError, or a file or disk refusing: `exit_code`) and 1 for anything else; GATELAB_DEBUG=1 adds the (redacted) traceback."""
+    """`gatelab` and `python -m gatelab`: whatever escapes a command ends as one redacted line, exit 2 for a user error
+    (a GatelabError, or a file or disk refusing: `exit_code`) and 1 for anything else; GATELAB_DEBUG=1 adds the
+    (redacted) traceback."""
     install_redaction()
     # MLflow logs every SQLAlchemy error with its traceback (`_logger.exception`) before raising it; gatelab turns the
     # error itself into one message naming the store.

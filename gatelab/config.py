@@ -44,8 +44,8 @@ class StrictModel(BaseModel):
 class GateConfig(StrictModel):
     """One gate (or one parameter-free non-linearity) in every attention layer.
 
-    `kind: gate` is the paper's Eq. 5, Y' = Y * act(X W_theta) (or Y + act(X W_theta) when additive), with X the pre-norm
-    hidden state of the token Y belongs to: the query token for G1/G4/G5, the key/value token for G2/G3.
+    `kind: gate` is the paper's Eq. 5, Y' = Y * act(X W_theta) (or Y + act(X W_theta) when additive), with X the
+    pre-norm hidden state of the token Y belongs to: the query token for G1/G4/G5, the key/value token for G2/G3.
     `kind: rmsnorm` and `kind: silu` are Table 3's parameter-free ablations on the SDPA output (G1 only).
     `kind: scale` is a control, not a gate: Y' = c Y with a constant c (`scale`), or with c the root mean square of a
     multiplicative SiLU gate's scores at initialisation (`scale: silu_gate_init`, see gatelab.model.gates).
@@ -57,7 +57,8 @@ class GateConfig(StrictModel):
     granularity: Literal["elementwise", "headwise"] = "elementwise"
     heads: Literal["specific", "shared"] = "specific"
     # The paper's 201M/25M counts for the shared rows imply the full per-head projection is kept and the scores are
-    # averaged over heads (README, 'Decisions the paper leaves open'); `single_projection` is the cheaper reading of "W_theta ... shared".
+    # averaged over heads (README, 'Decisions the paper leaves open'); `single_projection` is the cheaper reading of
+    # "W_theta ... shared".
     shared_scores: Literal["mean_of_scores", "single_projection"] = "mean_of_scores"
     form: Literal["multiplicative", "additive"] = "multiplicative"
     # two_sigmoid is 2 sigmoid(z): 1 at z = 0, so with `init: zero` the gate starts as no gate (marin, parameter-golf);
@@ -76,7 +77,8 @@ class GateConfig(StrictModel):
     @model_validator(mode="after")
     def _check(self) -> GateConfig:
         if self.kind != "gate" and self.position != "g1":
-            raise ValueError(f"kind '{self.kind}' acts on the SDPA output and needs position 'g1', not '{self.position}'")
+            raise ValueError(f"kind '{self.kind}' acts on the SDPA output and needs position 'g1', not "
+                             f"'{self.position}'")
         if self.kind != "gate" and (self.compute_dtype != "model" or self.init != "normal"):
             raise ValueError(f"compute_dtype and init set a learned gate's scores and logit rows; kind '{self.kind}' "
                              "has neither: leave them out, or use kind 'gate'")
@@ -285,8 +287,8 @@ class DataConfig(StrictModel):
     files: FilesSourceConfig | None = None
     hf: HFSourceConfig | None = None
     # How the tokens are stored and read, not which: neither changes a run's batches, so neither is in its spec hash.
-    # MiB of text per token shard, the unit a killed prepare resumes from; applies when a split is made (a finished split
-    # is read as it is, whatever its shard size: its tokens are the same).
+    # MiB of text per token shard, the unit a killed prepare resumes from; applies when a split is made (a finished
+    # split is read as it is, whatever its shard size: its tokens are the same).
     shard_mb: PositiveFloat = 64.0
     loader_workers: NonNegativeInt = 0  # DataLoader worker processes assembling batches (a GPU run wants a few)
 
@@ -560,7 +562,8 @@ def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
         if isinstance(node, yaml.SequenceNode):
             sizes[id(node)] += sum(_expanded_size(child, sizes) for child in node.value)
         elif isinstance(node, yaml.MappingNode):
-            sizes[id(node)] += sum(_expanded_size(key, sizes) + _expanded_size(value, sizes) for key, value in node.value)
+            sizes[id(node)] += sum(_expanded_size(key, sizes) + _expanded_size(value, sizes)
+                                   for key, value in node.value)
     return sizes[id(node)]
 
 

@@ -178,7 +178,8 @@ class QueuedMLFlowLogger(MLFlowLogger):
         self.logged_through: dict[str, int] | None = None
         # Lightning saves a step's checkpoint before it logs that step's metrics, so the points of the last step a
         # checkpoint covers are queued just after it was written; they are kept on disk at once, since a process killed
-        # or paused (and taken over) before sending them would lose them: the resumed run does not train that step again.
+        # or paused (and taken over) before sending them would lose them: the resumed run does not train that step
+        # again.
         self._keep_next_put = False
         self._outbox: MetricOutbox | None = None
 

@@ -129,7 +129,8 @@ CATALOGUE: tuple[Metric, ...] = (
     Metric("probe/kurtosis_mean", "kurtosis", "lower", "probes", "block-output kurtosis, mean over blocks"),
     Metric("probe/kurtosis/block{block}", "kurtosis", "lower", "probes", "one block's output kurtosis"),
     Metric("probe/max_abs_activation", "activation", "lower", "probes", "largest |activation| over blocks"),
-    Metric("probe/max_abs_activation/block{block}", "activation", "lower", "probes", "one block's largest |activation|"),
+    Metric("probe/max_abs_activation/block{block}", "activation", "lower", "probes",
+           "one block's largest |activation|"),
     Metric("probe/sparsity_sdpa_output_below_{threshold}", "share", "none", "probes",
            "share of attention outputs (before the G1 gate) below the threshold"),
     Metric("probe/sparsity_gated_output_below_{threshold}", "share", "none", "probes",
@@ -194,8 +195,8 @@ def find(name: str) -> Metric | None:
 def names_for(domains: list[str], multipliers: list[int], n_layers: int) -> list[str]:
     """The catalogue's names with the placeholders a run's config decides filled in (its domains, long-context
     multipliers and layers); a family of other placeholders (lm-eval's tasks, a threshold) stays a pattern."""
-    values = {"domain": domains, "multiplier": [str(m) for m in multipliers], "layer": [str(i) for i in range(n_layers)],
-              "block": [str(i) for i in range(n_layers)]}
+    values = {"domain": domains, "multiplier": [str(m) for m in multipliers],
+              "layer": [str(i) for i in range(n_layers)], "block": [str(i) for i in range(n_layers)]}
     names = []
     for metric in CATALOGUE:
         placeholders = _PLACEHOLDER.findall(metric.name)

@@ -51,7 +51,8 @@ TABLES: dict[str, PaperTable] = {
     # Table 2 has several blocks (depth, tokens, learning rate); its 48-layer, 400B-token, max LR 4e-3 block, rows (5),
     # (8) and (9), is the one with baseline and both G1 gates at the same settings.
     "table2": PaperTable("paper_table2_dense.csv", "Table 2", "dense",
-                         "dense 1.7B, 48 layers, 400B tokens, max LR 4e-3", ppl="Avg PPL", benchmarks=("HumanEval", "MMLU", "GSM8k", "Hellaswag", "C-eval", "CMMLU"),
+                         "dense 1.7B, 48 layers, 400B tokens, max LR 4e-3", ppl="Avg PPL",
+                         benchmarks=("HumanEval", "MMLU", "GSM8k", "Hellaswag", "C-eval", "CMMLU"),
                          variant_rows=(("baseline", "dense48_400b_baseline_lr4e-3"),
                                        ("g1_elem_sig", "dense48_400b_g1_elem_sig_lr4e-3"),
                                        ("g1_head_sig", "dense48_400b_g1_head_sig_lr4e-3"))),
@@ -222,6 +223,6 @@ def rows_standing_for_variants(paper: str | None) -> list[str]:
 
 __all__ = [
     "BENCHMARK_TASKS", "CATALOGUE", "PAPER_DIR_ENV", "PROBE_METRICS", "SWEEP_TABLES", "TABLES", "PaperTable",
-    "added_params", "missing_files", "missing_note", "model_kinds", "paper_dir", "paper_file", "read_frame", "read_rows", "reference",
-    "rows_standing_for_variants", "title",
+    "added_params", "missing_files", "missing_note", "model_kinds", "paper_dir", "paper_file", "read_frame",
+    "read_rows", "reference", "rows_standing_for_variants", "title",
 ]

@@ -29,7 +29,8 @@ EVERY_ENV = "GATELAB_PROGRESS_EVERY"
 DEFAULT_EVERY_S = 30.0
 DONE = ("finished", "diverged", "failed")  # ledger states that no worker will train again
 HOST_TAG = "gatelab.host"  # on each MLflow run: the machine whose `time/step_s` it recorded, for `gatelab sweep plan`
-# ... and the device it trained on (`gatelab.devices.device_name`: "NVIDIA H200", "cpu"): one host may hold several kinds
+# ... and the device it trained on (`gatelab.devices.device_name`: "NVIDIA H200", "cpu"): one host may hold several
+# kinds
 DEVICE_TAG = "gatelab.device"
 
 

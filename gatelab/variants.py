@@ -122,12 +122,13 @@ def _t(table: int, *rows: int) -> tuple[PaperRow, ...]:
 
 _Y = "Y'_{t,i}"
 _VIRTUAL_SLOT = ("Fast path: SDPA's fused kernel (flash on a GPU), the {slot} a position prepended to K and V with a "
-                 "dummy query prepended to Q, so the call stays causal without a mask: T+1 positions, q, k and v copied "
-                 "once. Not Y * sigmoid(lse - b): torch's fused kernels return the log-sum-exp without a gradient "
-                 "(gatelab.model.attention_kinds).")
-_EXPLICIT = ("No fused kernel in torch: training writes the (B, H, T, T) weights out, as the probes' explicit path does "
-             "(fp32, a few such tensors kept per layer for the backward; 3.2 GB each at small.yaml's 64 x 1024 tokens "
-             "and 12 heads), so the micro-batch must shrink; it makes no SDPA call (Attention.uses_sdpa is false).")
+                 "dummy query prepended to Q, so the call stays causal without a mask: T+1 positions, q, k and v "
+                 "copied once. Not Y * sigmoid(lse - b): torch's fused kernels return the log-sum-exp without a "
+                 "gradient (gatelab.model.attention_kinds).")
+_EXPLICIT = ("No fused kernel in torch: training writes the (B, H, T, T) weights out, as the probes' explicit path "
+             "does (fp32, a few such tensors kept per layer for the backward; 3.2 GB each at small.yaml's 64 x 1024 "
+             "tokens and 12 heads), so the micro-batch must shrink; it makes no SDPA call (Attention.uses_sdpa is "
+             "false).")
 VARIANTS: dict[str, Variant] = {
     v.id: v
     for v in [
@@ -196,7 +197,8 @@ VARIANTS: dict[str, Variant] = {
                 note="c depends on the model: 0.115 for d_model 128 at init_std 0.02 (gatelab.model.gates)."),
         Variant("ctrl_oproj_init_0p5", "control: no gate; the output projection initialised at half the std",
                 "O = concat(Y) W_O, W_O ~ N(0, (0.5 init_std)^2)", (), model_changes={"o_proj_init_scale": 0.5},
-                note="The attention output starts as small as under a sigmoid gate; the forward pass is the baseline's."),
+                note="The attention output starts as small as under a sigmoid gate; the forward pass is the "
+                     "baseline's."),
     ]
     + [
         Variant(f"switch_{proj}_{e}top{k}", f"Switch-Head: {e} experts per KV head for {proj.upper()}, top-{k}",
@@ -249,7 +251,8 @@ VARIANTS: dict[str, Variant] = {
                 (_gate("g1", activation="softplus", compute_dtype="float32"),),
                 reference="Poolside 2025, Laguna (softplus attention-output gate in float32)",
                 note="Scores start near log 2 = 0.69 (softplus of small logits), not 0.5."),
-        Variant("g1_elem_2sig_zeroinit", "G1, elementwise, 2 sigmoid with zero-initialised gate rows: starts as no gate",
+        Variant("g1_elem_2sig_zeroinit",
+                "G1, elementwise, 2 sigmoid with zero-initialised gate rows: starts as no gate",
                 f"{_Y} = Y_{{t,i}} * 2 sigmoid(X_t W^i), W^i = 0 at init", (),
                 (_gate("g1", activation="two_sigmoid", init="zero"),),
                 reference="marin; parameter-golf (2 sigmoid gate, zero init)",
@@ -259,8 +262,8 @@ VARIANTS: dict[str, Variant] = {
                 f"{_Y} = Y_{{t,i}} * sigmoid(fp32(X_t W^i))", (), (_gate("g1", compute_dtype="float32"),),
                 reference="Megatron-LM attention output gate (float32 sigmoid); g1_elem_sig follows the paper's code "
                           "and Qwen3-Next (model dtype)",
-                note="Under 32-true identical to g1_elem_sig; differs under bf16-mixed, where the score and the product "
-                     "are rounded to bf16 in g1_elem_sig."),
+                note="Under 32-true identical to g1_elem_sig; differs under bf16-mixed, where the score and the "
+                     "product are rounded to bf16 in g1_elem_sig."),
     ]
 }
 

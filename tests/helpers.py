@@ -197,7 +197,8 @@ def postgres_reason() -> str | None:
 # --- a files source made by the tests -------------------------------------------------------------------------------
 
 _PROSE = ("the river ran past the old mill and the miller sang of wheat and rain while the long road wound home "
-          "through fields of barley where children counted crows and a letter waited on the table by the window").split()
+          "through fields of barley where children counted crows and a letter waited on the table by the "
+          "window").split()
 
 
 def write_files_corpus(folder: Path, n_docs: int = 60) -> dict:
@@ -267,7 +268,8 @@ class MlflowServer:
 
 def in_a_terminal(args: list[str], columns: int = 120, cwd: Path = REPO, timeout: float = 300) -> tuple[int, str]:
     """`args` run with stdout and stderr on a pseudo-terminal `columns` wide, as a user's terminal shows them: the exit
-    code and what was shown (CR LF as LF, colour codes left out). gatelab fits a terminal only where stdout is one, never by COLUMNS alone."""
+    code and what was shown (CR LF as LF, colour codes left out). gatelab fits a terminal only where stdout is one,
+    never by COLUMNS alone."""
     import fcntl
     import pty
     import select

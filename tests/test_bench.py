@@ -114,7 +114,8 @@ def test_acceptance_checks_say_which_targets_hold():
 
 
 def _drifting_rounds(rounds: int, ratio: float, seed: int = 1) -> tuple[list[float], list[float]]:
-    """Interleaved step times whose rounds drift by up to 40% together (a shared machine), with 2% noise of their own."""
+    """Interleaved step times whose rounds drift by up to 40% together (a shared machine), with 2% noise of their
+    own."""
     rng = np.random.default_rng(seed)
     drift = 1 + 0.4 * rng.random(rounds)
     base = 0.8 * drift * (1 + 0.02 * rng.standard_normal(rounds))
@@ -227,7 +228,8 @@ def test_profiling_drops_kineto_s_markers_and_passes_on_everything_else_on_stder
 
 
 def test_the_peer_step_trains_transformers_qwen3_at_the_preset_s_shapes(micro):
-    pytest.importorskip("transformers", reason="the peer step needs the compare extra: pip install -e '.[test,compare]'")
+    pytest.importorskip("transformers",
+                        reason="the peer step needs the compare extra: pip install -e '.[test,compare]'")
     experiment = load_experiment(micro)
     step = bench.transformers_step(experiment, "32-true")
     assert step is not None
@@ -387,7 +389,8 @@ def test_a_run_s_cost_reads_its_evaluation_and_peak_gpu_memory_from_its_metrics(
          "memory/peak_rss_gb": 6.0, "memory/peak_gpu_gb": 51.0}])
     cost = bench.run_cost("experiments/small.yaml", 20, 0.25, 20000, tmp_path)
     assert cost["phases"]["eval_s"] == 18.0 and cost["peak_gpu_gb"] == 51.0 and cost["fixed_s"] == 40.0
-    monkeypatch.setattr(runs, "run_timings", lambda runs_dir, seed=None: [{"time/train_s": 5.0, "memory/peak_rss_gb": 1.0}])
+    monkeypatch.setattr(runs, "run_timings",
+                        lambda runs_dir, seed=None: [{"time/train_s": 5.0, "memory/peak_rss_gb": 1.0}])
     assert bench.run_cost("experiments/tiny.yaml", 20, 0.25, 300, tmp_path)["peak_gpu_gb"] is None  # a CPU run
 
 
@@ -403,7 +406,8 @@ def test_on_a_gpu_the_second_compile_run_evaluates_in_full_and_is_the_one_real_r
         commands.append(command)
         loaded = 4 if len(commands) == 2 else 0
         return SimpleNamespace(returncode=0, stderr="",
-                               stdout=f"compiled in 3.0 s: {loaded} graph(s) loaded from the cache, {4 - loaded} compiled")
+                               stdout=f"compiled in 3.0 s: {loaded} graph(s) loaded from the cache, {4 - loaded} "
+                                      "compiled")
 
     monkeypatch.setattr(subprocess, "run", child)
     compiling = bench.compile_cost("experiments/small.yaml", 20, tmp_path, evaluate_second=True)

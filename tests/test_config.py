@@ -92,7 +92,8 @@ def test_heads_not_divisible_names_valid_kv_heads(tmp_path):
 
 def test_top_k_larger_than_experts(tmp_path):
     moe = BASE.replace("ffn_hidden: 8}", "ffn: moe, moe: {n_experts: 4, top_k: 6, expert_hidden: 8}}")
-    with pytest.raises(GatelabError, match=r"model.moe: top_k \(6\) is larger than n_experts \(4\): valid top_k is 1..4"):
+    with pytest.raises(GatelabError,
+                       match=r"model.moe: top_k \(6\) is larger than n_experts \(4\): valid top_k is 1..4"):
         load_experiment(_write(tmp_path, moe))
 
 

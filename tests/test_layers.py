@@ -53,7 +53,8 @@ def imported_modules(path: Path, modules: set[str]) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1]
+                                + ([base] if base else []))
             if not base.startswith("gatelab"):
                 continue
             for alias in node.names:
@@ -134,7 +135,8 @@ def test_the_check_sees_an_upward_import_and_a_circle(tmp_path):
     assert LAYER_OF[unit_of("gatelab.data.corpora")] > LAYER_OF[unit_of("gatelab.config")]
 
 
-MAX_FUNCTION_LINES = 60  # issue 32: a function a reader takes in at once; data tables are module constants, not functions
+# issue 32: a function a reader takes in at once; data tables are module constants, not functions
+MAX_FUNCTION_LINES = 60
 MAX_CLI_LINES = 300  # the command line stays a thin map from arguments to gatelab.app
 
 

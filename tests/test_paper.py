@@ -1,4 +1,5 @@
-"""The paper's numbers ship with the package, match results/paper/ byte for byte, and one registry names their columns."""
+"""The paper's numbers ship with the package, match results/paper/ byte for byte, and one registry names their
+columns."""
 
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ def test_registry_columns_exist_in_their_tables(monkeypatch):
 
 def test_sweep_paper_keys_name_registered_tables_and_others_are_refused(tmp_path):
     assert {t for tables in paper.SWEEP_TABLES.values() for t in tables} <= set(paper.TABLES)
-    with pytest.raises(GatelabError, match=r"s.yaml(.|\n)*paper: Input should be 'table1'.*'table1-3-4' \(got 'table9'\)"):
+    with pytest.raises(GatelabError,
+                       match=r"s.yaml(.|\n)*paper: Input should be 'table1'.*'table1-3-4' \(got 'table9'\)"):
         load_sweep(write_sweep(tmp_path, {"name": "s", "experiment": "../presets/micro.yaml",
                                           "grid": {"variant": ["baseline"]}, "paper": "table9"}))
 

@@ -29,8 +29,9 @@ def quiet_noise(verbose: bool) -> None:
 
 
 def stdout_console():
-    """A rich console for stdout, as wide as the terminal where stdout is one (gatelab.progress.terminal_columns). markup=False: a table cell (a path, a
-    run's error) holding `[red]` or `[/bold]` is printed as written; a pipe gets whole rows."""
+    """A rich console for stdout, as wide as the terminal where stdout is one (gatelab.progress.terminal_columns).
+    markup=False: a table cell (a path, a run's error) holding `[red]` or `[/bold]` is printed as written; a pipe gets
+    whole rows."""
     from rich.console import Console
 
     from gatelab.progress import terminal_columns

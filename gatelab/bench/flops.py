@@ -14,7 +14,8 @@ from gatelab.bench.timing import time_interleaved
 from gatelab.config import ExperimentConfig
 
 
-def gemm_shapes(step: Callable[[], None], dtype: torch.dtype) -> list[tuple[str, tuple[int, ...], tuple[int, ...], torch.dtype]]:
+def gemm_shapes(step: Callable[[], None],
+                dtype: torch.dtype) -> list[tuple[str, tuple[int, ...], tuple[int, ...], torch.dtype]]:
     """(op, shape A, shape B, dtype) of every matrix multiply one training step runs, forward and backward.
 
     The profiler records shapes, not dtypes: `dtype` is the step's matmul dtype (bf16 under bf16 autocast)."""

@@ -284,7 +284,8 @@ def kernel_profile_variants(variants: list[str]) -> list[str]:
     the steps whose CUDA kernels the bench profiles."""
     chosen, families = [], set()
     for variant in variants:
-        family = "baseline" if variant == "baseline" else variant.split("_")[0] + ("_head" if "_head" in variant else "")
+        family = ("baseline" if variant == "baseline"
+                  else variant.split("_")[0] + ("_head" if "_head" in variant else ""))
         if family not in families and (family == "baseline" or re.fullmatch(r"g[1-5](_head)?", family)):
             families.add(family)
             chosen.append(variant)

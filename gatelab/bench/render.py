@@ -34,8 +34,9 @@ def targets_markdown(report: BenchReport) -> list[str]:
     """The targets and whether each holds: near the top of bench.md, and again at the end of what the command prints
     (after the GPU figures, on a GPU), where a reader of the terminal looks."""
     lines = ["## Targets", "",
-             "A step-time ratio's 95% interval is a bootstrap over its timed steps (interleaved rounds resampled whole): "
-             "where it reaches across the limit, whether the target holds in one run is down to the run's noise."]
+             "A step-time ratio's 95% interval is a bootstrap over its timed steps (interleaved rounds resampled "
+             "whole): where it reaches across the limit, whether the target holds in one run is down to the run's "
+             "noise."]
     if report.machine.get("gpu"):
         lines[-1] += (" The rows named GPU come last: the targets of a GPU run (issues 30 and 31); the rows named "
                       "tiny are the CPU's.")
@@ -89,7 +90,8 @@ def summary_markdown(report: BenchReport) -> str:
 
 def to_markdown(report: BenchReport) -> str:
     m = report.machine
-    lines = ["# gatelab bench" + ("" if report.complete else " (partial: saved between parts, the bench had not ended)"),
+    lines = ["# gatelab bench" + ("" if report.complete
+                                  else " (partial: saved between parts, the bench had not ended)"),
              "", f"`{report.command}`", "",
              f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']} ({m['torch_threads']} threads), "
              f"fast bf16 on the CPU: {'yes' if m['fast_bf16_cpu'] else 'no'}, GPU: {m['gpu'] or 'none'}.", ""]

@@ -186,7 +186,8 @@ def lightning_steps(experiment: ExperimentConfig, precision: str, steps: int, fo
     train = experiment.train
     timer = step_timer()
     uri = tracking.default_tracking_uri(folder, create=False, as_written=True)
-    # made here, as `gatelab train` does: Lightning's logger would make it too, with a warning line in the bench's output
+    # made here, as `gatelab train` does: Lightning's logger would make it too, with a warning line in the bench's
+    # output
     tracking.RunStore(uri, folder).experiment_id("bench")
     logger = tracking.lightning_logger("bench", uri)
     trainer = L.Trainer(

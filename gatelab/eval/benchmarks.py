@@ -138,7 +138,8 @@ def score_blimp(
         raise ValueError("score_blimp: no pairs to score")
     prefix = [] if bos_id is None else [bos_id]
     sequences = [
-        prefix + tokenizer.encode(pair[field], add_special_tokens=False).ids for pair in pairs for field in ("sentence_good", "sentence_bad")
+        prefix + tokenizer.encode(pair[field], add_special_tokens=False).ids
+        for pair in pairs for field in ("sentence_good", "sentence_bad")
     ]
     logprobs_N2 = sentence_logprobs(model, sequences, batch_size).view(-1, 2)
     correct_N = (logprobs_N2[:, 0] > logprobs_N2[:, 1]).tolist()

@@ -261,8 +261,8 @@ def attention_output_rms(model: nn.Module, input_ids_BT: Tensor) -> float:
     """The RMS of each layer's attention-sublayer output on one batch, averaged over layers.
 
     Logged at step 0 of every run (`gatelab.eval.INIT_SCALE_METRIC`): a gate that scores 0.5 at init, a SiLU gate, a
-    smaller output projection all shrink what attention adds to the residual stream before anything is learned, and
-    at small scale that alone moves perplexity. The claims table reads it to tell a gating effect from an init-scale one.
+    smaller output projection all shrink what attention adds to the residual stream before anything is learned, and at
+    small scale that alone moves perplexity. The claims table reads it to tell a gating effect from an init-scale one.
     """
     was_training = model.training
     model.eval()

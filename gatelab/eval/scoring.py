@@ -3,9 +3,9 @@ finished (from their checkpoints), and `score_live` for a model at the end of it
 
 A run's scores for a task are metrics ``lm_eval/<task>/<metric>`` (and ``lm_eval/<task>/<metric>/stderr``), the
 harness's results JSON an artifact ``lm_eval/<task>.json``, and last a tag ``gatelab.lm_eval.<task>`` holding the
-settings they were made with (task version, few-shot count, limit). The tag is what makes scoring idempotent: a run whose
-tag matches is not scored again, and a scorer killed before the tag is written leaves the task to score again, never a
-tag over missing metrics.
+settings they were made with (task version, few-shot count, limit). The tag is what makes scoring idempotent: a run
+whose tag matches is not scored again, and a scorer killed before the tag is written leaves the task to score again,
+never a tag over missing metrics.
 
 Why plain processes for `--workers` rather than the sweep's Optuna ledger: scoring writes only to finished runs and is
 keyed by that tag, so two processes that happened to score the same run would log the same values twice, not corrupt

@@ -50,8 +50,9 @@ class _Explicit:
 
 
 def attention_module(preset: str, variant: str, device: str) -> tuple[nn.Module, Rotary]:
-    """Layer 0's attention module (and the model's RoPE) of `variant` at the preset's widths, initialised as training initialises it, the
-    zero-initialised sink logits, KV biases and input-independent gate logits drawn at random (zero would hide them)."""
+    """Layer 0's attention module (and the model's RoPE) of `variant` at the preset's widths, initialised as training
+    initialises it, the zero-initialised sink logits, KV biases and input-independent gate logits drawn at random (zero
+    would hide them)."""
     from gatelab.data.resolve import load_experiment
 
     base = load_experiment(host.repo_root() / "experiments" / f"{preset}.yaml").model

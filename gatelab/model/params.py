@@ -34,7 +34,8 @@ def count_parameters(config: ModelConfig) -> int:
 
 
 def resolve_model(experiment: ExperimentConfig, variant: str | None = None) -> ModelConfig:
-    """The experiment's model with its variant applied; with `match_params` a dense FFN is narrowed to the baseline's count.
+    """The experiment's model with its variant applied; with `match_params` a dense FFN is narrowed to the baseline's
+    count.
 
     The paper matches its dense rows by narrowing the FFN by an amount it does not state; gatelab narrows every
     layer's SwiGLU by the added parameters divided by 3 * d_model * n_layers (rounded), so the totals agree to within

@@ -846,7 +846,8 @@ def summary(table: pd.DataFrame, regimes: Sequence[tuple[str, float]] = ()) -> s
     return " ".join(lines) + "\n"
 
 
-SUMMARY_START = "<!-- summary: made by `gatelab claims` from the claims table (summary.md); edits here are overwritten -->"
+SUMMARY_START = ("<!-- summary: made by `gatelab claims` from the claims table (summary.md); edits here are "
+                 "overwritten -->")
 SUMMARY_END = "<!-- end of summary -->"
 
 

@@ -34,9 +34,9 @@ MAX_STEP_COLUMNS = 8
 CONFIDENCE = 0.95
 
 GAP_RULE = ("Trend rule, on each step's 95% t-interval of the paired gap over seeds: 'no gap' when the interval "
-            "contains 0 at every logged step; 'vanishes' when it excludes 0 at some step but contains 0 at the last, where "
-            "|last| < 0.5 |peak| ('unresolved' where the last step's gap is larger, yet its interval contains 0); "
-            "'reverses' when at the last step it excludes 0 on the other side from the peak (the step with the "
+            "contains 0 at every logged step; 'vanishes' when it excludes 0 at some step but contains 0 at the last, "
+            "where |last| < 0.5 |peak| ('unresolved' where the last step's gap is larger, yet its interval contains "
+            "0); 'reverses' when at the last step it excludes 0 on the other side from the peak (the step with the "
             "largest |mean gap|); 'shrinks' when |last| < 0.5 |peak|; 'grows' when the last step is the peak and "
             "|last| > 1.5 |first|; else 'holds'. One seed gives no interval: 'one seed, not judged'.")
 

@@ -187,7 +187,8 @@ def comparison_numbers(records: list[RunRecord], reference: pd.DataFrame, metric
     groups: dict[str, list[RunRecord]] = {}
     for record in records:
         groups.setdefault(record.group, []).append(record)
-    by_seed = {g: {r.spec.experiment.seed: r.metrics[metric] for r in rs if r.status == "finished" and metric in r.metrics}
+    by_seed = {g: {r.spec.experiment.seed: r.metrics[metric] for r in rs
+                   if r.status == "finished" and metric in r.metrics}
                for g, rs in groups.items()}
     paper_ppl = reference["ppl"] if "ppl" in reference else None
     paper_baseline = paper_ppl.get("baseline", math.nan) if paper_ppl is not None else math.nan
@@ -209,7 +210,8 @@ def comparison_numbers(records: list[RunRecord], reference: pd.DataFrame, metric
                 ours, base = _by_seed(members, name), _by_seed(groups.get(members[0].baseline_group, []), name)
                 if ours and base:
                     score_comparisons[name] = compare(ours, base)
-        # The paper's benchmark columns stand beside benchmark scores of ours: without any they would only widen the table.
+        # The paper's benchmark columns stand beside benchmark scores of ours: without any they would only widen the
+        # table.
         paper_benchmarks = {c: reference[c].get(variant, math.nan) for c in PAPER_BENCHMARKS
                             if c in reference.columns and len(scores) > 1}
         rows.append(GroupNumbers(group, variant, members, list(by_seed[group].values()), comparison, paper_value,
@@ -230,7 +232,8 @@ def _baseline_mean(comparison: Comparison | None, variant: dict[int, float], bas
 
 
 def _by_seed(members: list[RunRecord], metric: str) -> dict[int, float]:
-    return {r.spec.experiment.seed: r.metrics[metric] for r in members if r.status == "finished" and metric in r.metrics}
+    return {r.spec.experiment.seed: r.metrics[metric] for r in members
+            if r.status == "finished" and metric in r.metrics}
 
 
 def numbers_frame(rows: list[GroupNumbers]) -> pd.DataFrame:

@@ -293,7 +293,8 @@ def show_server_ui(tracking_uri: str, sweep_name: str | None = None, screenshot:
 
 @contextlib.contextmanager
 def _stopping_on_signals(stop: threading.Event) -> Iterator[None]:
-    """Within the block, SIGINT (Ctrl-C) and SIGTERM set `stop` (in the main thread; elsewhere they cannot be caught)."""
+    """Within the block, SIGINT (Ctrl-C) and SIGTERM set `stop` (in the main thread; elsewhere they cannot be
+    caught)."""
     previous = {}
     if threading.current_thread() is threading.main_thread():
         def _on_signal(signum, frame):  # noqa: ARG001

@@ -28,8 +28,9 @@ set-up, evaluation and import seconds, the machine it ran on (`gatelab.host`) an
   default set-up and an estimated evaluation.
 
 The estimated evaluation is its forward FLOPs (`evaluation_flops`) at the device's evaluation rate (fp32 weights: a
-CPU's fp32 rate, a GPU's TF32 one) plus `EVAL_FIXED_S`. A process imports torch, Lightning and MLflow once, however many runs it trains (a sweep worker
-trains many): those seconds (`import_s`) are added once to a sweep's total, not to each run.
+CPU's fp32 rate, a GPU's TF32 one) plus `EVAL_FIXED_S`. A process imports torch, Lightning and MLflow once, however many
+runs it trains (a sweep worker trains many): those seconds (`import_s`) are added once to a sweep's total, not to each
+run.
 
 A run of this device counts when its device tag names the device a run of the experiment would train on here
 (`plan_device`); a GPU's runs count from any machine (the GPU sets the pace), a CPU's from this machine only. A run
@@ -735,8 +736,8 @@ def sweep_run_estimate(sweep, specs: Sequence[RunSpec], storage: str, tracking_u
 
 
 __all__ = [
-    "CPU_EVAL_FLOPS", "CPU_FLOPS", "DEFAULT_MFU", "EVAL_FIXED_S", "EVAL_TF32_UTILISATION", "FP32_UTILISATION", "GPU_FLOPS",
-    "RATE_SETTINGS", "STEP_SHAPE", "DeviceDefaults", "MeasuredRate", "MeasuredRun", "MeasuredStep",
+    "CPU_EVAL_FLOPS", "CPU_FLOPS", "DEFAULT_MFU", "EVAL_FIXED_S", "EVAL_TF32_UTILISATION", "FP32_UTILISATION",
+    "GPU_FLOPS", "RATE_SETTINGS", "STEP_SHAPE", "DeviceDefaults", "MeasuredRate", "MeasuredRun", "MeasuredStep",
     "ParameterCounter", "active_parameters", "corpus_warnings", "device_defaults", "estimate_lines",
     "evaluation_flops", "measured_rate", "measured_runs", "measured_step", "on_device", "plan_device",
     "plan_json", "plan_rows", "plan_totals", "recorded_step_flops", "render_plan", "step_settings", "step_shape",

@@ -238,7 +238,8 @@ def _open_journal(path: Path, tracking_uris: Collection[str], read_only: bool) -
                            "or leave --storage out for the default runs/<sweep>/ledger.journal")
     tracked = {file.resolve() for file in map(sqlite_file, tracking_uris) if file is not None}
     if path.resolve() in tracked or _is_sqlite(path):
-        raise GatelabError(f"{_named(str(path))} is a SQLite database{' (the MLflow store)' * (path.resolve() in tracked)}"
+        raise GatelabError(f"{_named(str(path))} is a SQLite database"
+                           f"{' (the MLflow store)' * (path.resolve() in tracked)}"
                            ", not a ledger journal: Optuna would write into it. Give a file of its own, or leave "
                            "--storage out for the default runs/<sweep>/ledger.journal")
     try:
@@ -354,7 +355,8 @@ def _same_database(storage: str, tracking_uri: str) -> bool:
 
     ledger_file, tracking_file = sqlite_file(storage), sqlite_file(tracking_uri)
     if ledger_file is not None or tracking_file is not None:
-        return ledger_file is not None and tracking_file is not None and ledger_file.resolve() == tracking_file.resolve()
+        return (ledger_file is not None and tracking_file is not None
+                and ledger_file.resolve() == tracking_file.resolve())
     try:
         ledger, tracked = make_url(storage), make_url(tracking_uri)
     except (ArgumentError, ValueError):  # an MLflow file store, or a port that is not a number: not a database

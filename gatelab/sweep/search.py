@@ -76,8 +76,7 @@ def run_search(sweep, specs, *, workspace: Workspace, log=print) -> dict[str, di
         study = optuna.create_study(
             study_name=study_name(sweep.name, spec), storage=ledger, load_if_exists=True,
             direction=search.direction, pruner=PRUNERS[search.pruner](),
-            sampler=optuna.samplers.TPESampler(seed=spec.experiment.seed),
-        )
+            sampler=optuna.samplers.TPESampler(seed=spec.experiment.seed))
         for stale in study.get_trials(states=(TrialState.RUNNING,)):  # left by a killed search: start it again
             set_trial_state(study, stale, TrialState.FAIL)
         counted = (TrialState.COMPLETE, TrialState.PRUNED)
@@ -99,7 +98,8 @@ def run_search(sweep, specs, *, workspace: Workspace, log=print) -> dict[str, di
                 continue
             log(f"cell {spec.index} ({spec.label()}) trial {trial.number}: {trial.params}")
             pruning = pruning_callback(trial)
-            tags = {"optuna.study": study.study_name, "optuna.trial": str(trial.number), "gatelab.search_cell": spec.hash}
+            tags = {"optuna.study": study.study_name, "optuna.trial": str(trial.number),
+                    "gatelab.search_cell": spec.hash}
             try:
                 result = run(experiment, tracking_uri=tracking_uri, runs_dir=runs_dir, quiet=True, log=log,
                              extra_callbacks=(pruning,), extra_tags=tags)

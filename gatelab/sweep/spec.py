@@ -478,8 +478,8 @@ class _CellChecker:
         if found:
             return None, found
         if experiment.train.num_nodes > 1:
-            found.append(f"train.num_nodes: {experiment.train.num_nodes} cannot run inside a sweep worker, which trains "
-                         "on one machine; use 1, or start `gatelab train` on every node under srun or torchrun")
+            found.append(f"train.num_nodes: {experiment.train.num_nodes} cannot run inside a sweep worker, which "
+                         "trains on one machine; use 1, or start `gatelab train` on every node under srun or torchrun")
         if self.sweep_file.search is not None and experiment.train.devices not in (1, "auto"):
             found.append(f"train.devices: {experiment.train.devices} with a search: block is not supported (a pruned "
                          "trial cannot stop every DDP rank); use 1 device per trial and more workers")

@@ -1,5 +1,6 @@
 """Counting a run's training tokens without building anything: exact from the token cache, estimated from the manifest,
-unknown before `gatelab data prepare`, exact for the generated Bigram-Backcopy corpus; and the warning above one pass."""
+unknown before `gatelab data prepare`, exact for the generated Bigram-Backcopy corpus; and the warning above one
+pass."""
 
 from __future__ import annotations
 

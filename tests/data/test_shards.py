@@ -404,7 +404,8 @@ def test_a_shard_deleted_while_a_run_reads_its_data_is_one_error_naming_it(tmp_p
     paths[1].unlink()
     with pytest.raises(DataError) as raised:
         stream[12:14]
-    assert str(raised.value).startswith(f"{paths[1]}: token shard missing") and "same command again" in str(raised.value)
+    assert (str(raised.value).startswith(f"{paths[1]}: token shard missing")
+            and "same command again" in str(raised.value))
 
 
 def overwrite_in_place(path: Path, keep_mtime: bool) -> None:

@@ -24,7 +24,8 @@ def test_lm_eval_keys_become_metric_names():
     results = {"alias": "blimp", "acc,none": 0.75, "acc_stderr,none": 0.02, "exact_match,strict-match": 0.5,
                "exact_match_stderr,strict-match": "N/A", "samples": 12, "acc_norm,none": float("nan")}
     assert metrics_of("blimp", results) == {
-        f"{PREFIX}/blimp/acc": 0.75, f"{PREFIX}/blimp/acc/stderr": 0.02, f"{PREFIX}/blimp/exact_match_strict-match": 0.5}
+        f"{PREFIX}/blimp/acc": 0.75, f"{PREFIX}/blimp/acc/stderr": 0.02,
+        f"{PREFIX}/blimp/exact_match_strict-match": 0.5}
 
 
 class _InlinePool:
@@ -121,7 +122,8 @@ def test_eval_scores_each_finished_run_once_and_survives_a_kill(swept):
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert f"scored {3 - len(scored_before)} run(s); {len(scored_before)} already had these scores" in resumed.stdout
     said = resumed.stdout + resumed.stderr
-    assert "deprecated" not in said and "--metadata" not in said, said  # lm-eval's words about lm-eval, not to our users
+    # lm-eval's words about lm-eval, not to our users
+    assert "deprecated" not in said and "--metadata" not in said, said
     assert not re.search(r"(^|\r)\s*\d+%\|", said, re.M), said  # every progress bar says what it counts
     assert "not a git repository" not in resumed.stderr  # lm-eval's own `git describe`, outside a clone
     after = _scored(folder)

@@ -42,7 +42,8 @@ def test_forward_backward_reaches_every_gate_parameter(variant, ffn, token_ids):
                 gate_gradients += 1
             for name, parameter in module.named_parameters(recurse=False):  # sink logits, KV biases
                 assert parameter.grad.abs().sum() > 0, (variant, name)
-    has_gate_params = any(g.kind not in ("silu", "scale") for g in model.config.gates) or model.config.switch_head is not None
+    has_gate_params = (any(g.kind not in ("silu", "scale") for g in model.config.gates)
+                       or model.config.switch_head is not None)
     assert (gate_gradients > 0) == has_gate_params
 
 

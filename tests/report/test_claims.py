@@ -54,7 +54,8 @@ def test_the_shipped_claims_file_names_real_sweeps_groups_and_kinds(claims):
     assert len(claims) >= 50
     assert {c.kind for c in claims} == set(C.kinds()) == set(C.CHECKS)
     sweeps = {c.sweep for c in claims}
-    assert sweeps == {CORE, MOE, SINK, TRAINED, LR, "repro-sink-free", "repro-trained-long", None}  # None: not addressed
+    assert sweeps == {CORE, MOE, SINK, TRAINED, LR, "repro-sink-free", "repro-trained-long",
+                      None}  # None: not addressed
     assert all(c.why for c in claims if c.sweep is None) and {c.kind for c in claims if c.sweep is None} == {
         "not addressed"}
     by_text = {c.claim: c for c in claims}
@@ -303,7 +304,8 @@ def test_levels_ranks_and_rows_true_by_construction(claims):
     assert gated["verdict"] == C.HOLDS and gated["n"] == "11" and gated["comparison"] == "11 variants with a gate"
     assert _row(frame, "The G1 gate score is sparse (mean below 0.25)")["verdict"] == C.HOLDS
     nssig = _row(frame, "Gate score is higher for g1_elem_nssig")
-    assert nssig["verdict"] == C.TRUE_BY_CONSTRUCTION and nssig["p"] == nssig["q"] == "" and nssig["test"] == "paired t (not run: true by construction)"
+    assert (nssig["verdict"] == C.TRUE_BY_CONSTRUCTION and nssig["p"] == nssig["q"] == ""
+            and nssig["test"] == "paired t (not run: true by construction)")
     assert nssig["note"].startswith("NS-sigmoid (0.5 + 0.5 sigmoid) is bounded below by 0.5")
 
     def backwards(variant, settings, seed):

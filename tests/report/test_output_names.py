@@ -160,7 +160,8 @@ def test_the_readme_holds_the_command_tables_notes_closeness_and_plots(tmp_path,
     _make(QUICKSTART, tmp_path / "runs", tmp_path / "out", command=command)
     readme = (tmp_path / "out" / "README.md").read_text()
     assert f"by `{command}`" in readme
-    assert "## quickstart: ppl/avg by variant (dense model), beside the paper's Table 2 (dense 1.7B, 48 layers" in readme
+    assert ("## quickstart: ppl/avg by variant (dense model), beside the paper's Table 2 (dense 1.7B, 48 layers"
+            in readme)
     assert "| g1_head_sig" in readme and "- Paper columns: Qiu et al. 2025, Table 2" in readme
     assert "![delta vs paper](delta_vs_paper.png)" in readme
     closeness = readme.split("## How close your numbers should be")[1].split("## Plots")[0]

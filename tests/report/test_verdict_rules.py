@@ -218,7 +218,8 @@ def test_rows_true_by_construction_stay_out_of_the_count_and_the_correction(clai
     records = {MOE: _records(MOE, value)}
     frame = C.claims_table(records, rows)
     built = _row(frame, rows[0].claim)
-    assert built["verdict"] == C.TRUE_BY_CONSTRUCTION and built["p"] == built["q"] == "" and built["test"] == "paired t (not run: true by construction)"
+    assert (built["verdict"] == C.TRUE_BY_CONSTRUCTION and built["p"] == built["q"] == ""
+            and built["test"] == "paired t (not run: true by construction)")
     p_values = [C.evaluate_claim(claim, records[MOE])[1].p_value for claim in rows]
     assert p_values[0] is None and all(p is not None for p in p_values[1:])
     expected = benjamini_hochberg(p_values[1:])  # the family is the three tested rows
@@ -311,7 +312,8 @@ def test_loss_spikes_are_counted_against_the_baselines_own_noise():
     spiky = list(smooth)
     spiky[50] += 0.5  # one rise far beyond the baseline's noise
     histories = {"base": (steps, smooth), "gate": (steps, spiky)}
-    records = [C.RunRecord(specs["baseline"], "finished", "base"), C.RunRecord(specs["g1_elem_sig"], "finished", "gate")]
+    records = [C.RunRecord(specs["baseline"], "finished", "base"),
+               C.RunRecord(specs["g1_elem_sig"], "finished", "gate")]
     C.count_loss_spikes(records, histories.__getitem__)
     assert records[0].metrics[C.LOSS_SPIKES] == 0 and records[1].metrics[C.LOSS_SPIKES] == 1
     threshold = records[0].metrics[f"{C.LOSS_SPIKES}_threshold"]
@@ -327,7 +329,8 @@ def test_gatelab_claims_puts_the_summary_between_the_readmes_markers(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text(f"# title\n\n{C.SUMMARY_START}\nold words\n{C.SUMMARY_END}\n\nhand-written prose\n")
     assert C.replace_summary(readme, "The new paragraph.\n")
-    assert readme.read_text() == f"# title\n\n{C.SUMMARY_START}\nThe new paragraph.\n{C.SUMMARY_END}\n\nhand-written prose\n"
+    assert readme.read_text() == (f"# title\n\n{C.SUMMARY_START}\nThe new paragraph.\n{C.SUMMARY_END}\n\n"
+                                  "hand-written prose\n")
     plain = tmp_path / "PLAIN.md"
     plain.write_text("no markers\n")
     assert not C.replace_summary(plain, "x") and plain.read_text() == "no markers\n"

@@ -92,8 +92,8 @@ def test_plan_json_shape(tmp_path, capsys):
     assert set(plan["totals"]) == {"runs", "tokens", "flops", "seconds", "hours", "wall_s"}
     row = plan["runs"][3]
     assert {"index", "label", "hash", "variant", "seed", "overrides", "total_params", "added_params", "active_params",
-            "tokens", "flops", "flops_per_second", "seconds", "trials", "paper_added_m", "corpus_tokens", "corpus_count",
-            "passes", "basis", "device", "rate_source", "train_s", "setup_s", "eval_s", "eval_flops",
+            "tokens", "flops", "flops_per_second", "seconds", "trials", "paper_added_m", "corpus_tokens",
+            "corpus_count", "passes", "basis", "device", "rate_source", "train_s", "setup_s", "eval_s", "eval_flops",
             "eval_flops_per_second", "import_s"} <= set(row)
     assert isinstance(plan["warnings"], list)
     assert (row["index"], row["variant"], row["seed"], row["overrides"]) == (3, "g1_elem_sig", 0, "train.lr=0.002")
@@ -185,7 +185,8 @@ def test_plan_json_says_what_each_run_will_see(tmp_path, capsys):
     assert (row["tokens"], row["corpus_tokens"], row["corpus_count"]) == (17 * 16, 10 * 17, "exact")
     assert row["passes"] == pytest.approx(1.6)
     assert plan["warnings"] == [("warning: runs 0-1 would pass over their corpus 1.6x (272 training tokens from 170): "
-                                 "raise data.bigram_backcopy.train_sequences, or lower train.max_steps to 10 for one pass")]
+                                 "raise data.bigram_backcopy.train_sequences, or lower train.max_steps to 10 for one "
+                                 "pass")]
 
 
 def test_the_repeat_warning_appears_above_one_pass_only(tmp_path):

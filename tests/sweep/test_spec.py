@@ -394,7 +394,8 @@ def test_metrics_that_runs_log_are_accepted(tmp_path, metric):
 
 
 @pytest.mark.parametrize("fragment, hint", [("long_ppl/x", "did you mean 'long_ppl/x1' or 'long_ppl/x2' or"),
-                                            ("sink_rate/layer", "did you mean 'probe/sink_rate/layer0' or 'probe/sink_rate/layer1'?"),
+                                            ("sink_rate/layer",
+                                             "did you mean 'probe/sink_rate/layer0' or 'probe/sink_rate/layer1'?"),
                                             ("probe/{}", "")])
 def test_a_fragment_of_a_metric_name_is_refused_with_the_close_names(tmp_path, fragment, hint):
     """The catalogue (gatelab.metrics) holds whole names: a family's name needs its placeholder filled in."""

@@ -50,7 +50,8 @@ def test_sigkill_then_rerun_finishes_every_cell_exactly_once(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert "resuming" in result.stdout  # the interrupted cell continued from its checkpoint
     finished = _finished_runs(f"sqlite:///{runs / 'mlflow.db'}", "killed")
-    assert sorted(finished["tags.variant"]) == sorted(MICRO_SWEEP_VARIANTS)  # every cell once, no duplicate, none missing
+    # every cell once, no duplicate, none missing
+    assert sorted(finished["tags.variant"]) == sorted(MICRO_SWEEP_VARIANTS)
     assert finished["tags.gatelab.spec_hash"].is_unique
     assert len(interrupted) == 2
     status = gatelab_cli("sweep", "status", str(sweep), "--runs-dir", str(runs), "--json", cwd=tmp_path)
@@ -110,7 +111,8 @@ def test_two_workers_on_postgres_share_the_sweep_and_take_over_a_killed_run(tmp_
     assert second.returncode == 0, output
     assert "re-queued" in output and "hunter2" not in output
     finished = _finished_runs(tracking_database, name)
-    assert sorted(finished["tags.variant"]) == sorted(MICRO_SWEEP_VARIANTS) and finished["tags.gatelab.spec_hash"].is_unique
+    assert (sorted(finished["tags.variant"]) == sorted(MICRO_SWEEP_VARIANTS)
+            and finished["tags.gatelab.spec_hash"].is_unique)
     assert not any("hunter2" in str(value) for value in finished.to_numpy().ravel())
     status = gatelab_cli("sweep", "status", str(sweep), "--storage", secret_storage, cwd=tmp_path)
     assert status.returncode == 0 and "hunter2" not in status.stdout + status.stderr and "3 finished" in status.stdout
@@ -253,7 +255,8 @@ def test_a_paused_worker_whose_run_was_taken_over_stops_without_writing(tmp_path
     first.send_signal(signal.SIGSTOP)
     second = gatelab_cli("sweep", "worker", str(sweep), *options, cwd=tmp_path, wait=False)
     try:
-        _wait_for(lambda: str(second.pid) in str(_status(sweep, *storage, "--runs-dir", str(runs))["runs"][0]["worker"]),
+        _wait_for(lambda: str(second.pid) in str(_status(sweep, *storage, "--runs-dir",
+                                                         str(runs))["runs"][0]["worker"]),
                   second)
     finally:
         first.send_signal(signal.SIGCONT)

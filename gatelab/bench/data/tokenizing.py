@@ -22,7 +22,8 @@ from gatelab.bench.data.system import atomic_write
 Log = Callable[[str], None]
 
 _BATCH_DOCS = 256  # documents per encode_batch call, as `shards._ENCODE_BATCH_DOCS`
-_TOKENIZE_LINE = re.compile(r"([\d,]+) documents, ([\d,]+) tokens in (\d+) shard\(s\), ([\d.]+) s \(([\d,]+) tokens/s\)")
+_TOKENIZE_LINE = re.compile(r"([\d,]+) documents, ([\d,]+) tokens in (\d+) shard\(s\), "
+                            r"([\d.]+) s \(([\d,]+) tokens/s\)")
 TOKENIZER_SAMPLE_BYTES = 4_000_000
 
 
