@@ -1,9 +1,9 @@
 """What a run and a sweep say while they work, and what they keep to themselves.
 
 A run shows Lightning's bar where stdout is a terminal; anywhere else (a file, CI, nohup) a bar is one line rewritten
-in place that a log never shows, so `gatelab.train.run.StepProgress` prints a plain line every `GATELAB_PROGRESS_EVERY`
-seconds (30) instead. A sweep adds a line after each run: runs done, and the time left from this worker's measured
-step time.
+in place that a log never shows, so `gatelab.train.step_progress.StepProgress` prints a plain line every
+`GATELAB_PROGRESS_EVERY` seconds (30) instead. A sweep adds a line after each run: runs done, and the time left from
+this worker's measured step time.
 
 Noise is what a user cannot act on: Lightning's accelerator banners and tips, and deprecation warnings that third-party
 code raises about other third-party code. `silence_noise` drops them; `--verbose` (GATELAB_VERBOSE=1, inherited by

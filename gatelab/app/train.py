@@ -12,8 +12,8 @@ from gatelab.workspace import Workspace
 
 
 def checked_config(experiment: Path, *, overrides: list[str]):
-    """The run's config, its file, keys and variant checked before Lightning is imported (5 s): a typo is answered at
-    once. Shape errors of the variant surface here too, before any data or training work."""
+    """The run's config and its resolved model, its file, keys and variant checked before Lightning is imported (5 s):
+    a typo is answered at once. Shape errors of the variant surface here too, before any data or training work."""
     from gatelab.data.resolve import load_experiment
     from gatelab.variants import variant_ids
 
@@ -21,8 +21,7 @@ def checked_config(experiment: Path, *, overrides: list[str]):
     variant_ids(config.variant)
     from gatelab.model import resolve_model
 
-    resolve_model(config)
-    return config
+    return config, resolve_model(config)
 
 
 def train(experiment: Path, *, variant: str | None, seed: int | None, set_: list[str], workspace: Workspace,
@@ -33,7 +32,7 @@ def train(experiment: Path, *, variant: str | None, seed: int | None, set_: list
     from gatelab.tracking import default_tracking_uri
 
     overrides = [*set_, *([f"variant={variant}"] if variant else []), *([f"seed={seed}"] if seed is not None else [])]
-    config = checked_config(experiment, overrides=overrides)
+    config, model_config = checked_config(experiment, overrides=overrides)
     from gatelab.config import setting_warnings
 
     for warning in setting_warnings(config):
@@ -43,7 +42,8 @@ def train(experiment: Path, *, variant: str | None, seed: int | None, set_: list
     from gatelab.train.run import run
 
     try:
-        result = run(config, tracking_uri=workspace.tracking_uri, runs_dir=workspace.runs_dir, quiet=quiet)
+        result = run(config, tracking_uri=workspace.tracking_uri, runs_dir=workspace.runs_dir, quiet=quiet,
+                     model_config=model_config)
     except RunInProgress as busy:  # not a failure: the run is being made, by another process
         echo(str(busy))
         return 0

@@ -97,7 +97,7 @@ def run_cost_of(preset: str, steps: int, wall: float, step_s: float, preset_step
     fixed_s = wall - train_s if train_s is not None else None
     full_train_s = preset_steps * step_s
     return {"preset": preset, "steps": steps, "wall_s": wall, "peak_rss_bytes": peak, "compiled": compiled,
-            "peak_gpu_gb": phases.get("memory/peak_gpu_gb"),  # gatelab.train.run.peak_memory; none on a CPU
+            "peak_gpu_gb": phases.get("memory/peak_gpu_gb"),  # gatelab.train.phases.peak_memory; none on a CPU
             "peak_gpu_train_gb": phases.get("memory/peak_gpu_train_gb"),  # training's alone, before evaluation
             "phases": {k.removeprefix("time/"): v for k, v in phases.items() if k.startswith("time/")},
             "fixed_s": fixed_s, "preset_steps": preset_steps, "preset_train_s_at_measured_step": full_train_s,

@@ -1,4 +1,5 @@
-"""`train.compile`: inductor's on-disk caches shared by every run of a runs folder, and a line saying what compiling cost.
+"""`train.compile`: inductor's on-disk caches shared by every run of a runs folder, and a line saying what compiling
+cost.
 
 A compiled graph is cached by inductor under a key of the graph, its input shapes and dtypes, the torch version and
 the inductor settings (its FX graph and AOT autograd caches, both on by default). Pointing the cache at the runs

@@ -16,14 +16,20 @@ from gatelab.data.datasets import (
     long_context_windows,
     unigram_perplexity,
 )
-from gatelab.data.synthetic import DOMAIN as BIGRAM_BACKCOPY, BigramBackcopy
+from gatelab.data.synthetic import DOMAIN as BIGRAM_BACKCOPY
+from gatelab.data.synthetic import BigramBackcopy
 from gatelab.devices import evaluation_batch_size, evaluation_precision, rows_for_length
 from gatelab.eval.benchmarks import PACKAGED_BLIMP, load_blimp, run_in_context_suite, score_blimp
-from gatelab.eval.metrics import (domain_window_nlls, evaluation_mode, long_context_perplexity, model_device,
-                                  perplexities_by_domain)
+from gatelab.eval.metrics import (
+    domain_window_nlls,
+    evaluation_mode,
+    long_context_perplexity,
+    model_device,
+    perplexities_by_domain,
+)
+from gatelab.eval.plots import run_plot_writers
 from gatelab.eval.probes import FirstTokenShareByQuery, probe_model
 from gatelab.eval.quantization import w8a8_perplexities
-from gatelab.eval.plots import run_plot_writers
 from gatelab.metrics import BLIMP_ACCURACY, UNIGRAM_PPL_AVG
 
 # The W8A8 perplexity runs on this many of each domain's held-out windows, evenly strided (all where a domain has no

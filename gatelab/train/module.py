@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import math
-import re
 import time
 from collections.abc import Iterator
 
@@ -144,9 +143,10 @@ class GatedLM(L.LightningModule):
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """Clips by the global norm and logs that norm, one norm for both (Lightning's clipping and a logged norm took
-        two; torch takes its foreach kernels where the device has them). Clipping here rather than in Lightning's mixed-precision plugin lets bf16-mixed train with
-        torch's fused AdamW, which the plugin refuses to clip for (it unscales 16-mixed's gradients itself). Under FSDP
-        Lightning's own clipping (a shard's norm is not the model's)."""
+        two; torch takes its foreach kernels where the device has them). Clipping here rather than in Lightning's
+        mixed-precision plugin lets bf16-mixed train with torch's fused AdamW, which the plugin refuses to clip for (it
+        unscales 16-mixed's gradients itself). Under FSDP Lightning's own clipping (a shard's norm is not the
+        model's)."""
         lightning_clips = self.experiment.train.strategy == "fsdp" or (gradient_clip_algorithm or "norm") != "norm"
         if gradient_clip_val and not lightning_clips:
             norm = torch.nn.utils.clip_grad_norm_(self.parameters(), gradient_clip_val)
@@ -242,7 +242,8 @@ class TextData(L.LightningDataModule):
                           pin_memory=torch.cuda.is_available())
 
     def val_dataloader(self) -> DataLoader:
-        windows = self.validation_windows if self.validation_windows is not None else torch.zeros(0, 2, dtype=torch.long)
+        windows = (self.validation_windows if self.validation_windows is not None
+                   else torch.zeros(0, 2, dtype=torch.long))
         pairs = torch.utils.data.TensorDataset(windows[:, :-1], windows[:, 1:])
         return DataLoader(pairs, batch_size=self.batch_size)
 
@@ -354,5 +355,5 @@ class StabilityMonitor(L.Callback):
         self._restored_losses, self._pending_losses = list(state.get("pending_losses", [])), []
 
 
-__all__ = ["GatedLM", "SpikeRule", "StabilityMonitor", "StepBatches", "TextData", "head_loss", "lr_at", "next_token_loss",
-           "whole_logits_loss"]
+__all__ = ["GatedLM", "SpikeRule", "StabilityMonitor", "StepBatches", "TextData", "head_loss", "lr_at",
+           "next_token_loss", "whole_logits_loss"]

@@ -25,7 +25,6 @@ from typing import Protocol
 import lightning as L
 
 
-
 class Lease(Protocol):
     """A sweep worker's claim on one run, from the ledger."""
 

@@ -99,11 +99,11 @@ def test_a_full_disk_while_writing_a_checkpoint_is_an_error_naming_the_checkpoin
 @pytest.fixture(scope="module")
 def micro_run():
     """The micro experiment's ThisRun and a checkpoint state that resumes it (its weights as the model has them)."""
+    import tempfile
+
     from gatelab.data.identity import spec_hash
     from gatelab.data.resolve import load_experiment
     from gatelab.model import build_model, resolve_model
-
-    import tempfile
 
     with tempfile.TemporaryDirectory() as folder:
         experiment = load_experiment(write_micro_experiment(Path(folder)), [])
@@ -298,8 +298,8 @@ def _mlflow_runs(runs):
 
 @pytest.mark.slow
 def test_a_foreign_checkpoint_and_a_killed_write_are_set_aside_and_the_run_trains_from_step_0(tmp_path):
-    """A last.ckpt torch loads that is no Lightning checkpoint ended every re-run in KeyError 'pytorch-lightning_version';
-    the temporary file of a checkpoint write cut by SIGKILL stayed for ever."""
+    """A last.ckpt torch loads that is no Lightning checkpoint ended every re-run in KeyError
+    'pytorch-lightning_version'; the temporary file of a checkpoint write cut by SIGKILL stayed for ever."""
     experiment = write_micro_experiment(tmp_path, max_steps=8, checkpoint_every=4)
     runs = tmp_path / "runs"
     first = train_cli(experiment, runs, "--seed", "5", "--set", "train.max_steps=6")  # makes runs/, another run

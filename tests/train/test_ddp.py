@@ -61,7 +61,8 @@ def test_a_strategy_that_cannot_run_here_is_refused_before_any_work(tmp_path, st
     from gatelab.errors import GatelabError
     from gatelab.train.run import run
 
-    experiment = load_experiment(write_micro_experiment(tmp_path, **TRAIN), [f"train.strategy={strategy}", "train.devices=2"])
+    experiment = load_experiment(write_micro_experiment(tmp_path, **TRAIN),
+                                 [f"train.strategy={strategy}", "train.devices=2"])
     with pytest.raises(GatelabError, match=f"train.strategy: '{strategy}'"):
         run(experiment, runs_dir=tmp_path / "runs", quiet=True)
     assert not (tmp_path / "runs").exists()
@@ -138,7 +139,8 @@ def test_a_diverging_run_stops_every_rank_at_the_same_step(tmp_path):
     """The stability monitor of each rank reads the loss synced over ranks, so all of them stop at the same step; a
     rank that went on training would wait for the others in its next all-reduce, and the command would never end."""
     runs = tmp_path / "runs"
-    experiment = write_micro_experiment(tmp_path, **{**TRAIN, "lr": 10.0, "max_steps": 200, "warmup_steps": 0, "grad_clip": 0.0})
+    experiment = write_micro_experiment(tmp_path, **{**TRAIN, "lr": 10.0, "max_steps": 200, "warmup_steps": 0,
+                                                     "grad_clip": 0.0})
     result = train_cli(experiment, runs, *DDP)
     assert result.returncode == 0, result.stdout + result.stderr
     _, run = _only_run(runs)

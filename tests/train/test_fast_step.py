@@ -13,7 +13,8 @@ import yaml
 from gatelab.data.identity import spec_hash
 from gatelab.data.resolve import load_experiment
 from gatelab.model import build_model, resolve_model
-from gatelab.train import compiling, head_loss as head_loss_module, module
+from gatelab.train import compiling, module
+from gatelab.train import head_loss as head_loss_module
 from gatelab.train.module import GatedLM, head_loss, lr_at, next_token_loss
 from tests.helpers import MICRO, assert_head_loss_matches_whole_logits, write_micro_experiment
 
@@ -39,7 +40,8 @@ def _loss_curve(experiment, batches, loss_of, fused: bool = True) -> list[float]
     assert optimizer.defaults["fused"]
     if not fused:
         train = experiment.train
-        groups = [{"params": group["params"], "weight_decay": group["weight_decay"]} for group in optimizer.param_groups]
+        groups = [{"params": group["params"], "weight_decay": group["weight_decay"]}
+                  for group in optimizer.param_groups]
         optimizer = torch.optim.AdamW(groups, lr=train.lr, betas=train.betas, foreach=False)
         schedule = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: lr_at(step, train.lr, train.min_lr, train.warmup_steps, train.max_steps) / train.lr)
@@ -210,7 +212,8 @@ def test_lightning_trains_with_gradient_clipping_at_each_precision(tmp_path, pre
 def test_a_compiled_run_takes_the_compiled_whole_logits_loss_under_autocast_and_the_chunked_one_in_fp32(
         tmp_path, small_chunks, autocast):
     """With `train.compile`, under autocast (where eager training makes whole logits too) the head loss is inductor's
-    whole-logits loss; in fp32 it stays the chunked loss (faster there, and its memory does not grow with the logits)."""
+    whole-logits loss; in fp32 it stays the chunked loss (faster there, and its memory does not grow with the
+    logits)."""
     experiment = _micro(tmp_path, compile=True)
     lm = GatedLM(experiment, resolve_model(experiment))
     lm.train_hidden_states = lm.model.hidden_states  # the blocks eager: only the head loss's choice is under test
@@ -234,7 +237,8 @@ def test_an_eager_run_never_compiles_the_head_loss(tmp_path):
 def test_under_bf16_autocast_the_compiled_head_loss_has_the_eager_loss_and_gradients(tmp_path):
     """The compiled region (inductor's fused cross-entropy of bf16 logits) against eager whole logits, same weights."""
     experiment = _micro(tmp_path)
-    eager, compiled = (GatedLM(experiment.with_train(compile=flag), resolve_model(experiment)) for flag in (False, True))
+    eager, compiled = (GatedLM(experiment.with_train(compile=flag), resolve_model(experiment))
+                       for flag in (False, True))
     assert compiled.compiled_head_loss is not None
     input_ids_BT, targets_BT = _batches(experiment, 1)[0]
     losses, grads = [], []
@@ -322,8 +326,9 @@ def test_a_run_that_timed_its_compiling_says_it_once(tmp_path):
     assert compiling.COMPILED_LINE.search(lines[1]) and report.compile_s is not None
 
 
-@pytest.mark.parametrize(("precision", "strategy", "fused"), [("32-true", "auto", True), ("bf16-mixed", "auto", True),
-                                                             ("16-mixed", "auto", False), ("bf16-mixed", "fsdp", False)])
+@pytest.mark.parametrize(("precision", "strategy", "fused"), [
+    ("32-true", "auto", True), ("bf16-mixed", "auto", True), ("16-mixed", "auto", False), ("bf16-mixed", "fsdp", False),
+])
 def test_adamw_is_fused_unless_a_grad_scaler_or_fsdp_clips(tmp_path, precision, strategy, fused):
     """(Lightning turns 16-mixed into bf16-mixed on a CPU, so the rule is read off the module, not a CPU Trainer.)"""
     experiment = _micro(tmp_path).with_train(precision=precision, strategy=strategy)

@@ -87,9 +87,9 @@ def test_a_run_cut_off_on_the_gpu_resumes_there_to_the_same_result(tmp_path):
 
 
 def test_bf16_training_and_tf32_evaluation_agree_with_fp32(tmp_path):
-    from gatelab.data.resolve import load_experiment
     from gatelab.data.datasets import heldout_windows
     from gatelab.data.prepare import load_data
+    from gatelab.data.resolve import load_experiment
     from gatelab.devices import evaluation_precision
     from gatelab.eval.metrics import perplexity
 
@@ -149,9 +149,9 @@ class _NoSyncInSteps(L.Callback):
 def test_a_training_step_on_the_gpu_never_waits_for_the_gpu_between_logging_steps(tmp_path, compile_mode):
     """Issue 31: no host synchronisation in the step (Lightning's loop, gatelab's module, clipping, fused AdamW, the
     stability monitor), eager, compiled, and compiled with CUDA graphs."""
+    from gatelab.bench import random_windows
     from gatelab.data.resolve import load_experiment
     from gatelab.model import resolve_model
-    from gatelab.bench import random_windows
     from gatelab.train.module import GatedLM, StabilityMonitor, TextData
 
     experiment = load_experiment(write_micro_experiment(tmp_path, precision="bf16-mixed", accelerator="gpu",

@@ -203,7 +203,8 @@ def test_input_independent_gate_logits_get_weight_decay_only_when_asked(decay_ga
 
 
 def _cpuinfo(vendor: str, flags: str) -> str:
-    core = f"processor\t: {{n}}\nvendor_id\t: {vendor}\nmodel name\t: a CPU with avx512_bf16 in its name\nflags\t\t: {flags}\n"
+    core = (f"processor\t: {{n}}\nvendor_id\t: {vendor}\nmodel name\t: a CPU with avx512_bf16 in its name\n"
+            f"flags\t\t: {flags}\n")
     return "\n".join(core.format(n=n) for n in range(2))
 
 
@@ -227,7 +228,8 @@ def test_bf16_counts_as_fast_on_a_cpu_only_where_its_matmuls_beat_fp32(monkeypat
 
 def test_a_checkpoint_holds_no_secret_of_the_experiment(tmp_path):
     """Issue 35: a tracking URI's password was in plain text in last.ckpt (the MLflow params were redacted). Every
-    string of the experiment a checkpoint describes itself with is redacted, and it still reads back as an experiment."""
+    string of the experiment a checkpoint describes itself with is redacted, and it still reads back as an
+    experiment."""
     import pickle
 
     from gatelab.data.resolve import experiment_from_dict, load_experiment

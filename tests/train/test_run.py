@@ -12,8 +12,15 @@ import time
 import mlflow
 import pytest
 
-from tests.helpers import (BLIMP, MlflowServer, sqlite_uri, train_cli, train_in_process, write_files_corpus,
-                           write_micro_experiment)
+from tests.helpers import (
+    BLIMP,
+    MlflowServer,
+    sqlite_uri,
+    train_cli,
+    train_in_process,
+    write_files_corpus,
+    write_micro_experiment,
+)
 
 IMPORTED = time.monotonic()
 # The probes of issue 33 on the micro model's two layers: sink rate, kurtosis, largest |activation|, W8A8 perplexity.
@@ -133,7 +140,8 @@ def test_a_finished_run_evaluates_on_the_device_it_trained_on(tmp_path, monkeypa
 
     from gatelab.devices import evaluation_device
     from gatelab.eval.metrics import model_device
-    from gatelab.train import evaluate as evaluate_module, run as run_module
+    from gatelab.train import evaluate as evaluate_module
+    from gatelab.train import recording
 
     asked, evaluated_on = [], []
 
@@ -147,7 +155,7 @@ def test_a_finished_run_evaluates_on_the_device_it_trained_on(tmp_path, monkeypa
         evaluated_on.append(model_device(model))
         return real_evaluate(model, *args, **kwargs)
 
-    monkeypatch.setattr(run_module, "evaluation_device", chooser)
+    monkeypatch.setattr(recording, "evaluation_device", chooser)
     monkeypatch.setattr(evaluate_module, "evaluate", spy)
     experiment = write_micro_experiment(tmp_path, max_steps=4, checkpoint_every=4)
     assert train_in_process(experiment, tmp_path / "runs", "eval.every_n_steps=null").status == "finished"
@@ -164,8 +172,8 @@ def test_a_run_records_the_outlier_probes_and_gatelab_table_shows_them(tmp_path)
     import yaml
 
     from gatelab.app.report import make_report
-    from gatelab.workspace import Workspace
     from gatelab.report.tables import OUTLIER_PROBES
+    from gatelab.workspace import Workspace
 
     runs = tmp_path / "runs"
     experiment = write_micro_experiment(tmp_path, max_steps=4, checkpoint_every=4)
@@ -218,11 +226,72 @@ def test_the_w8a8_perplexity_reads_a_strided_subset_against_its_own_full_precisi
         metrics["eval/w8a8_ppl"] / domain_perplexities(model, windows)["avg"], rel=1e-6)
 
 
-def test_imports_are_timed_for_the_first_run_of_a_process_only(monkeypatch):
-    from gatelab.train import run as run_module
+def test_a_run_is_built_whole_and_fit_replaces_none_of_its_parts(tmp_path):
+    """Issue 42: everything a `Run` holds exists once `__init__` returns; `fit` trains, evaluates and records without
+    setting or rebinding an attribute (a subclass refuses any), here for a trained run and for one already recorded."""
+    from gatelab.data.resolve import load_experiment
+    from gatelab.train.run import Run
 
-    monkeypatch.setattr(run_module, "_first_run_of_process", True)
-    first, later = run_module._PhaseClock().seconds, run_module._PhaseClock().seconds
+    class Frozen(Run):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            object.__setattr__(self, "_built", True)
+
+        def __setattr__(self, name, value) -> None:
+            if vars(self).get("_built"):
+                raise AttributeError(f"Run.{name} set after __init__")
+            super().__setattr__(name, value)
+
+    experiment = load_experiment(write_micro_experiment(tmp_path, max_steps=4, checkpoint_every=4),
+                                 ["eval.every_n_steps=null", "eval.blimp=false"])
+    outcomes = []
+    for _ in range(2):  # the second is found finished in MLflow and returns its result without training
+        run = Frozen(experiment, runs_dir=tmp_path / "runs", quiet=True)
+        built = dict(vars(run))
+        try:
+            outcomes.append(run.fit())
+        finally:
+            run.release()
+        assert vars(run).keys() == built.keys()
+        assert all(vars(run)[name] is part for name, part in built.items())
+    trained, recorded = outcomes
+    assert trained.status == recorded.status == "finished" and trained.run_id == recorded.run_id
+    assert (trained.trained_steps, recorded.trained_steps) == (4, 0)
+    assert "ppl/avg" in trained.metrics and "ppl/avg" in recorded.metrics
+
+
+def test_gatelab_train_resolves_the_model_config_once(tmp_path, monkeypatch):
+    """`gatelab train` resolves the variant's model before Lightning is imported (a bad variant is answered at once)
+    and hands it to the run, which does not resolve it again."""
+    import sys
+
+    from typer.testing import CliRunner
+
+    from gatelab import variants
+    from gatelab.cli import app
+
+    original, calls = variants.apply_variant, []
+
+    def counted(*args, **kwargs):
+        calls.append(args[1:])
+        return original(*args, **kwargs)
+
+    for module in [m for m in list(sys.modules.values()) if m is not None and m.__name__.startswith("gatelab")]:
+        if getattr(module, "apply_variant", None) is original:  # every module that bound the name itself
+            monkeypatch.setattr(module, "apply_variant", counted)
+    experiment = write_micro_experiment(tmp_path, max_steps=4, checkpoint_every=4)
+    result = CliRunner().invoke(app, ["train", str(experiment), "--quiet", "--runs-dir", str(tmp_path / "runs"),
+                                      "--set", "eval.every_n_steps=null", "--set", "eval.blimp=false"])
+    assert result.exit_code == 0, result.output
+    assert "finished: MLflow run" in result.output, result.output
+    assert calls == [("g1_elem_sig",)]
+
+
+def test_imports_are_timed_for_the_first_run_of_a_process_only(monkeypatch):
+    from gatelab.train import phases
+
+    monkeypatch.setattr(phases, "_first_run_of_process", True)
+    first, later = phases.PhaseClock().seconds, phases.PhaseClock().seconds
     assert first["time/import_s"] >= time.monotonic() - IMPORTED  # the process started before this file was imported
     assert later["time/import_s"] == 0  # a sweep worker's later runs import nothing
 
@@ -254,7 +323,8 @@ def test_sigkill_then_rerun_resumes_into_the_same_run_with_the_same_result(tmp_p
     frame, reference_frame = _runs(sqlite_uri(runs)), _runs(sqlite_uri(tmp_path / "reference"))
     assert len(frame) == 1 and frame.iloc[0]["status"] == "FINISHED"
     for metric in ("metrics.ppl/avg", "metrics.probe/f_attn", "metrics.long_ppl/x2"):  # files: on its longest domain
-        assert abs(frame.iloc[0][metric] - reference_frame.iloc[0][metric]) <= 1e-4 * abs(reference_frame.iloc[0][metric])
+        reference = reference_frame.iloc[0][metric]
+        assert abs(frame.iloc[0][metric] - reference) <= 1e-4 * abs(reference)
     history = mlflow.MlflowClient(sqlite_uri(runs)).get_metric_history(frame.iloc[0]["run_id"], "train/loss")
     assert sorted(m.step for m in history) == list(range(200))  # the re-trained steps after the checkpoint once each
     # The times are those of the session that finished the run: the killed one never recorded its own.
@@ -283,7 +353,8 @@ def mlflow_server(tmp_path):
 
 @pytest.mark.slow
 def test_the_same_command_logs_to_a_real_mlflow_server(tmp_path, mlflow_server):
-    result = train_cli(write_micro_experiment(tmp_path, max_steps=6), tmp_path / "runs", "--tracking-uri", mlflow_server)
+    result = train_cli(write_micro_experiment(tmp_path, max_steps=6), tmp_path / "runs", "--tracking-uri",
+                       mlflow_server)
     assert result.returncode == 0, result.stdout + result.stderr
     frame = _runs(mlflow_server)
     assert len(frame) == 1 and frame.iloc[0]["status"] == "FINISHED"
