@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import typing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -32,7 +33,39 @@ from pydantic import (
 from gatelab.errors import GatelabError
 
 GatePosition = Literal["g1", "g2", "g3", "g4", "g5"]
-AttentionKind = Literal["softmax", "off_by_one", "learnable_sink", "sigmoid", "softpick"]
+
+
+@dataclass(frozen=True)
+class AttentionKindTraits:
+    """What one `model.attention` kind is, for the config (its name and doc), the model (its flags) and the docs."""
+
+    fused: bool  # the training path is one SDPA call that the flash kernel takes; else the explicit path in blocks
+    sink: bool  # a softmax with a sink logit: mass the real tokens do not get
+    doc: str  # how a query's scaled causal scores s_j become the weights of the values
+
+
+# The attention kinds, declared once (gatelab.model.attention_kinds computes them): the config's allowed values and
+# their order in its error message, the model's flags, the docs' list.
+ATTENTION_KINDS: dict[str, AttentionKindTraits] = {
+    "softmax": AttentionKindTraits(fused=True, sink=False, doc="exp(s_j) / sum_j exp(s_j)"),
+    "off_by_one": AttentionKindTraits(
+        fused=True, sink=True,
+        doc="exp(s_j) / (1 + sum_j exp(s_j)): a sink logit fixed at 0 takes mass from every token (Miller 2023; "
+            "Megatron-LM softmax_type off-by-one)"),
+    "learnable_sink": AttentionKindTraits(
+        fused=True, sink=True,
+        doc="exp(s_j) / (exp(b_h) + sum_j exp(s_j)), one learned b_h per query head from 0 (gpt-oss; Megatron-LM "
+            "softmax_type learnable)"),
+    "sigmoid": AttentionKindTraits(
+        fused=False, sink=False,
+        doc="sigmoid(s_j - log n), n the keys the query attends to, no normalisation (Gu et al. 2025, section 7.4; "
+            "b = -log n after Ramapuram et al. 2024): explicit (B, H, T, T) path"),
+    "softpick": AttentionKindTraits(
+        fused=False, sink=False,
+        doc="relu(exp(s_j) - 1) / sum_j |exp(s_j) - 1| (Zuhri et al. 2025): explicit (B, H, T, T) path"),
+}
+# pydantic checks a Literal; `ModelConfig._known_attention` words the error before it, with the same names in order
+AttentionKind = Literal[tuple(ATTENTION_KINDS)]
 
 
 class StrictModel(BaseModel):
@@ -152,15 +185,8 @@ class ModelConfig(StrictModel):
     switch_head: SwitchHeadConfig | None = None
     # Dense rows of the paper keep the parameter count by narrowing the FFN; off by default (MoE rows are not matched).
     match_params: bool = False
-    # How a query's scaled causal scores s_j become the weights of the values (gatelab.model.attention_kinds):
-    #   softmax         exp(s_j) / sum_j exp(s_j)
-    #   off_by_one      exp(s_j) / (1 + sum_j exp(s_j)): a sink logit fixed at 0 takes mass from every token (Miller
-    #                   2023; Megatron-LM softmax_type off-by-one)
-    #   learnable_sink  exp(s_j) / (exp(b_h) + sum_j exp(s_j)), one learned b_h per query head from 0 (gpt-oss;
-    #                   Megatron-LM softmax_type learnable)
-    #   sigmoid         sigmoid(s_j - log n), n the keys the query attends to, no normalisation (Gu et al. 2025,
-    #                   section 7.4; b = -log n after Ramapuram et al. 2024): explicit (B, H, T, T) path
-    #   softpick        relu(exp(s_j) - 1) / sum_j |exp(s_j) - 1| (Zuhri et al. 2025): explicit (B, H, T, T) path
+    # How a query's scaled causal scores s_j become the weights of the values: one of ATTENTION_KINDS, whose docs say
+    # how (gatelab.model.attention_kinds computes them).
     attention: AttentionKind = "softmax"
     # A learned key and value per KV head (zero at init), without position, that every query attends to beside the
     # tokens: a sink slot that is not a token (Gu et al. 2025, section 7.3, "K and V biases"). Composes with any kind.
@@ -169,7 +195,7 @@ class ModelConfig(StrictModel):
     @field_validator("attention", mode="before")
     @classmethod
     def _known_attention(cls, value: Any) -> Any:
-        valid = typing.get_args(AttentionKind)
+        valid = list(ATTENTION_KINDS)
         if isinstance(value, str) and value not in valid:
             close = difflib.get_close_matches(value.replace("-", "_"), valid, n=1)
             hint = f"; did you mean '{close[0]}'?" if close else ""
@@ -648,10 +674,11 @@ def flatten(config: BaseModel | dict[str, Any], prefix: str = "") -> dict[str, A
 
 
 __all__ = [
-    "AttentionKind", "BigramBackcopyConfig", "CorpusFields", "DataConfig", "EvalConfig", "ExperimentConfig",
-    "FilesSourceConfig", "GateConfig", "GatePosition", "HFSourceConfig", "ModelConfig",
-    "MoEConfig", "SwitchHeadConfig", "TrackingConfig", "TrainConfig", "flatten", "format_validation_error",
-    "parse_assignment", "read_experiment_tree", "read_yaml", "set_dotted", "to_yaml", "validate_experiment",
+    "ATTENTION_KINDS", "AttentionKind", "AttentionKindTraits", "BigramBackcopyConfig", "CorpusFields", "DataConfig",
+    "EvalConfig", "ExperimentConfig", "FilesSourceConfig", "GateConfig", "GatePosition", "HFSourceConfig",
+    "ModelConfig", "MoEConfig", "SwitchHeadConfig", "TrackingConfig", "TrainConfig", "flatten",
+    "format_validation_error", "parse_assignment", "read_experiment_tree", "read_yaml", "set_dotted", "to_yaml",
+    "validate_experiment",
 ]
 
 

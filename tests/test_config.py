@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
-from gatelab.config import ExperimentConfig, flatten, read_yaml, to_yaml
+from gatelab.config import ATTENTION_KINDS, ExperimentConfig, flatten, read_yaml, to_yaml
 from gatelab.data.identity import spec_hash
 from gatelab.data.resolve import load_experiment
 from gatelab.errors import GatelabError
@@ -187,6 +188,14 @@ def test_an_unknown_attention_kind_names_the_kinds_and_the_closest(tmp_path):
     for kind in ("softmax", "off_by_one", "learnable_sink", "sigmoid", "softpick"):
         path = _write(tmp_path, BASE.replace("ffn_hidden: 8}", f"ffn_hidden: 8, attention: {kind}, kv_bias: true}}"))
         assert load_experiment(path).model.attention == kind
+
+
+def test_the_readme_lists_the_attention_kinds_of_the_config_s_table():
+    """The docs name the kinds `model.attention` takes, in the table's order, and each kind has its line of doc."""
+    listed = re.search(r"They are `model.attention` \(([^)]*)\)", (REPO / "README.md").read_text())
+    assert listed is not None
+    assert listed.group(1) == ", ".join(f"`{kind}`" for kind in ATTENTION_KINDS)
+    assert all(traits.doc for traits in ATTENTION_KINDS.values())
 
 
 @pytest.mark.parametrize("gate,message", [

@@ -20,30 +20,20 @@ Shapes: B batch, H query heads, K KV heads, T tokens, N virtual positions, D hea
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from gatelab.config import ATTENTION_KINDS, AttentionKindTraits
+
 SINK_COLUMNS = 8  # flash takes head dims in multiples of 8: the learnable sink's one column, padded
 SOFTPICK_EPS = 1e-8  # Zuhri et al.'s reference implementation
 
 
-@dataclass(frozen=True)
-class AttentionKind:
-    fused: bool  # the training path is one SDPA call that the flash kernel takes
-    sink: bool  # a softmax with a sink logit: mass the real tokens do not get
-
-
-KINDS: dict[str, AttentionKind] = {
-    "softmax": AttentionKind(fused=True, sink=False),
-    "off_by_one": AttentionKind(fused=True, sink=True),
-    "learnable_sink": AttentionKind(fused=True, sink=True),
-    "sigmoid": AttentionKind(fused=False, sink=False),
-    "softpick": AttentionKind(fused=False, sink=False),
-}
+# Each kind's flags, from the one table of kinds the config validates against and the docs list
+KINDS: dict[str, AttentionKindTraits] = ATTENTION_KINDS
 
 
 def _sigmoid_weights(scores_BHQS: Tensor, n_virtual: int) -> Tensor:
@@ -66,6 +56,7 @@ def _softpick_weights(scores_BHQS: Tensor, n_virtual: int) -> Tensor:
     return F.relu(shifted_BHQS) / (total_BHQ1 + SOFTPICK_EPS)
 
 
+# Keyed by KINDS' names (tests/model/test_attention_kinds.py checks it); torch functions, so here, not in the table
 WEIGHTS = {
     "softmax": lambda scores_BHQS, n_virtual: scores_BHQS.softmax(dim=-1),
     "off_by_one": lambda scores_BHQS, n_virtual: scores_BHQS.softmax(dim=-1),

@@ -8,8 +8,16 @@ import math
 import pytest
 import torch
 
+from gatelab.config import ATTENTION_KINDS
 from gatelab.model import build_model
-from gatelab.model.attention_kinds import attend, explicit_attention, explicit_output, sdpa_layout
+from gatelab.model.attention_kinds import (
+    KINDS,
+    WEIGHTS,
+    attend,
+    explicit_attention,
+    explicit_output,
+    sdpa_layout,
+)
 from gatelab.variants import VARIANTS, apply_variant
 from tests.helpers import micro_config
 
@@ -152,6 +160,12 @@ def test_explicit_scores_under_bf16_autocast_are_as_accurate_as_sdpa_s(kind):
     fused = relative_error(attend, "softmax", None)
     assert relative_error(lambda *args: explicit_attention(*args)[0], kind, sink) < 1.5 * fused
     assert relative_error(explicit_output, kind, sink) < 1.5 * fused
+
+
+def test_the_model_computes_the_kinds_of_the_config_s_table():
+    """One table of kinds: the model's flags are the config's, and the weights are written for every kind in it."""
+    assert KINDS is ATTENTION_KINDS
+    assert set(WEIGHTS) == set(ATTENTION_KINDS)
 
 
 def test_the_reference_s_weights_are_not_trivial():
