@@ -14,7 +14,7 @@ from gatelab.tracking import default_tracking_uri
 class Workspace:
     runs_dir: Path = Path("runs")  # checkpoints, the default ledger and the default MLflow store
     tracking_uri: str | None = None  # None: the experiment's `tracking.uri`, else the embedded store under runs_dir
-    storage: str | None = None  # the sweep's ledger; None: the journal under runs_dir (gatelab.sweep.queue)
+    storage: str | None = None  # the sweep's ledger; None: the journal under runs_dir (gatelab.sweep.ledger_storage)
 
     def store(self, create: bool = True) -> str:
         """The MLflow store a command reads: --tracking-uri, else the embedded one under runs_dir (made only where

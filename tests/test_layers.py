@@ -18,7 +18,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("__init__", "errors"),  # the package's __init__ runs before any of its modules: it imports none
     ("host", "paper", "output_folders", "interrupts", "devices", "metrics"),
     ("config",),
-    ("tracking", "metric_outbox", "progress", "workspace"),
+    ("store_uris", "store_checks", "tracking", "tracked_run", "metric_outbox", "progress", "workspace"),
     ("data",),
     ("variants", "model"),
     ("eval",),

@@ -16,15 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from gatelab import tracking
+from gatelab import store_checks, tracked_run, tracking
 from gatelab.errors import GatelabError
 from gatelab.report.ui import find_free_port
 from tests.helpers import sqlite_uri
 
 
-def _open(runs, resuming: bool = False) -> tracking.TrackedRun:
+def _open(runs, resuming: bool = False) -> tracked_run.TrackedRun:
     runs.mkdir(exist_ok=True)
-    tracked = tracking.TrackedRun(sqlite_uri(runs), runs, "micro", "hash-1")
+    tracked = tracked_run.TrackedRun(sqlite_uri(runs), runs, "micro", "hash-1")
     tracked.open(resuming, {tracking.VARIANT_TAG: "baseline"}, run_name="baseline-s0")
     return tracked
 
@@ -34,7 +34,7 @@ def test_a_run_cut_off_during_evaluation_is_superseded_not_left_finished(tmp_pat
     first = _open(runs)
     first.logger.finalize("success")  # what Lightning does at the end of `fit`, before gatelab's evaluation
     # ... and the process is killed during evaluation: the run is FINISHED in MLflow but its outcome was never tagged.
-    assert tracking.TrackedRun(sqlite_uri(runs), runs, "micro", "hash-1").recorded_outcome() is None
+    assert tracked_run.TrackedRun(sqlite_uri(runs), runs, "micro", "hash-1").recorded_outcome() is None
 
     second = _open(runs)  # another machine, no checkpoint: trains again from step 0 in a new MLflow run
     second.end("finished")
@@ -43,14 +43,14 @@ def test_a_run_cut_off_during_evaluation_is_superseded_not_left_finished(tmp_pat
     assert old.info.status == "KILLED" and old.data.tags[tracking.STATUS_TAG] == "superseded"
     frame = tracking.RunStore(sqlite_uri(runs), runs).sweep_runs("micro")
     assert list(frame.loc[frame["status"] == "FINISHED", "run_id"]) == [second.run_id]
-    assert tracking.TrackedRun(sqlite_uri(runs), runs, "micro", "hash-1").recorded_outcome()[0] == "finished"
+    assert tracked_run.TrackedRun(sqlite_uri(runs), runs, "micro", "hash-1").recorded_outcome()[0] == "finished"
 
 
 def test_an_ended_run_is_never_superseded(tmp_path):
     runs = tmp_path / "runs"
     first = _open(runs)
     first.end("diverged")
-    again = tracking.TrackedRun(sqlite_uri(runs), runs, "micro", "hash-1")
+    again = tracked_run.TrackedRun(sqlite_uri(runs), runs, "micro", "hash-1")
     assert again.run_id == first.run_id and again.recorded_outcome()[0] == "diverged"
 
 
@@ -165,7 +165,7 @@ def test_a_file_that_is_no_sqlite_database_is_named(tmp_path):
 
 
 def test_a_sqlite_store_locked_by_another_process_names_the_file(tmp_path, monkeypatch):
-    monkeypatch.setattr(tracking, "SQLITE_LOCK_WAIT_S", 1.0)
+    monkeypatch.setattr(store_checks, "SQLITE_LOCK_WAIT_S", 1.0)
     database = tmp_path / "mlflow.db"
     sqlite3.connect(database).execute("CREATE TABLE experiments (x)").connection.close()
     holder = _hold_exclusive_lock(database)
@@ -220,7 +220,7 @@ def test_a_sqlite_file_of_another_program_is_named(tmp_path):
 
 
 def test_a_store_that_fails_after_the_check_is_one_message_naming_it(tmp_path):
-    tracked = tracking.TrackedRun(sqlite_uri(tmp_path), tmp_path, "micro", "hash-1")
+    tracked = tracked_run.TrackedRun(sqlite_uri(tmp_path), tmp_path, "micro", "hash-1")
     (tmp_path / "mlflow.db").write_bytes(os.urandom(8192))  # the file is damaged after the pre-flight check
     with pytest.raises(GatelabError, match=re.escape(f"MLflow tracking store {sqlite_uri(tmp_path)} failed: ") +
                        ".*" + re.escape(f"; check {tmp_path / 'mlflow.db'}")):
@@ -313,7 +313,7 @@ def test_finished_run_metrics_can_be_read_for_one_seed(tmp_path):
     """`gatelab bench` reads the second of two runs in one folder (seed 1) as its one real run."""
     uri = tracking.default_tracking_uri(tmp_path)
     for seed, eval_s in ((0, 1.0), (1, 17.0)):
-        tracked = tracking.TrackedRun(uri, tmp_path, "bench", f"hash{seed}")
+        tracked = tracked_run.TrackedRun(uri, tmp_path, "bench", f"hash{seed}")
         tracked.open(resuming=False, tags={tracking.SEED_TAG: str(seed)}, run_name=f"s{seed}")
         tracked.log_metrics({"time/eval_s": eval_s, "ppl/avg": 3.0}, step=1)
         tracked.end("finished")
@@ -327,7 +327,7 @@ def test_finished_run_metrics_can_be_read_for_one_seed(tmp_path):
 
 def test_a_sqlite_store_deleted_mid_run_is_named_in_plain_words(tmp_path):
     unsent = tmp_path / "unsent-metrics.jsonl"
-    tracked = tracking.TrackedRun(sqlite_uri(tmp_path), tmp_path, "micro", "hash-1", unsent_path=unsent)
+    tracked = tracked_run.TrackedRun(sqlite_uri(tmp_path), tmp_path, "micro", "hash-1", unsent_path=unsent)
     tracked.open(False, {}, run_name="baseline-s0")
     tracked.log_metrics({"train/loss": 1.0}, 1)
     tracked.flush(timeout_s=30)

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from gatelab import tracking
+from gatelab import tracked_run, tracking
 from gatelab.errors import GatelabError
 from tests.helpers import MlflowServer
 
@@ -40,12 +40,12 @@ def _log(logger, steps: range, pause_s: float = 0.0) -> float:
     return slowest
 
 
-def _history(tracked: tracking.TrackedRun) -> list[int]:
+def _history(tracked: tracked_run.TrackedRun) -> list[int]:
     return [metric.step for metric in tracked.client.get_metric_history(tracked.run_id, "train/loss")]
 
 
 def test_metrics_logged_through_a_server_restart_arrive_once_in_order_without_blocking(tmp_path, server):
-    tracked = tracking.TrackedRun(server.url, tmp_path, "outage", "hash-1", unsent_path=tmp_path / "unsent.jsonl")
+    tracked = tracked_run.TrackedRun(server.url, tmp_path, "outage", "hash-1", unsent_path=tmp_path / "unsent.jsonl")
     logger = tracked.open(False, {}, run_name="outage")
     _log(logger, range(0, 20), pause_s=0.02)
     server.kill()
@@ -63,7 +63,7 @@ def test_metrics_logged_through_a_server_restart_arrive_once_in_order_without_bl
 def test_an_outage_at_the_end_keeps_the_metrics_for_the_next_run_which_sends_them_once(tmp_path, server):
     unsent = tmp_path / "run" / "unsent-metrics.jsonl"
     unsent.parent.mkdir()
-    tracked = tracking.TrackedRun(server.url, tmp_path, "outage", "hash-1", unsent_path=unsent)
+    tracked = tracked_run.TrackedRun(server.url, tmp_path, "outage", "hash-1", unsent_path=unsent)
     logger = tracked.open(False, {}, run_name="outage")
     _log(logger, range(0, 10))
     tracked.flush(timeout_s=60)
@@ -82,10 +82,10 @@ def test_an_outage_at_the_end_keeps_the_metrics_for_the_next_run_which_sends_the
 
     started = time.monotonic()
     tracked.close_failed()  # the server is still down: gives up in bounded time, and raises nothing
-    assert time.monotonic() - started < tracking.CLOSE_TIMEOUT_S + 2
+    assert time.monotonic() - started < tracked_run.CLOSE_TIMEOUT_S + 2
 
     server.start()
-    resumed = tracking.TrackedRun(server.url, tmp_path, "outage", "hash-1", unsent_path=unsent)
+    resumed = tracked_run.TrackedRun(server.url, tmp_path, "outage", "hash-1", unsent_path=unsent)
     resumed.open(True, {}, run_name="outage")
     assert resumed.run_id == tracked.run_id and not unsent.exists()
     assert _history(resumed) == list(range(30))
@@ -97,10 +97,10 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-from gatelab import tracking
+from gatelab import tracked_run
 
 url, folder = sys.argv[1], Path(sys.argv[2])
-tracked = tracking.TrackedRun(url, folder, "outage", "hash-1", unsent_path=folder / "unsent.jsonl")
+tracked = tracked_run.TrackedRun(url, folder, "outage", "hash-1", unsent_path=folder / "unsent.jsonl")
 logger = tracked.open(False, {}, run_name="outage")
 for step in range(30):
     if step == 10:
@@ -131,7 +131,7 @@ def test_a_process_killed_during_an_outage_loses_no_point_of_the_steps_its_check
     assert len(unsent.read_text().splitlines()) == 21
 
     server.start()
-    resumed = tracking.TrackedRun(server.url, tmp_path, "outage", "hash-1", unsent_path=unsent)
+    resumed = tracked_run.TrackedRun(server.url, tmp_path, "outage", "hash-1", unsent_path=unsent)
     resumed.open(True, {}, run_name="outage")
     assert _history(resumed) == list(range(31)) and not unsent.exists()
 

@@ -15,7 +15,7 @@ from gatelab.workspace import Workspace
 
 def interrupted_exit(interrupted) -> int:
     """A sweep command stopped by Ctrl-C or SIGTERM: what to run to resume, and the shell's exit code (130, 143)."""
-    from gatelab.sweep.queue import interrupted_line
+    from gatelab.sweep.next_commands import interrupted_line
 
     line = interrupted_line(interrupted)
     if line:  # none in a worker whose launcher prints it
@@ -38,7 +38,7 @@ def worker(sweep: Path, *, experiment: Path | None, workspace: Workspace, thread
     """Work through the sweep's shared ledger until no run is left; the exit code."""
     quiet_noise(verbose)
     from gatelab.interrupts import Interrupted, raise_on_signals
-    from gatelab.sweep.queue import failed_cells_line
+    from gatelab.sweep.next_commands import failed_cells_line
 
     try:
         with raise_on_signals():  # from the start: Ctrl-C during the imports of torch is no traceback either
@@ -56,7 +56,8 @@ def worker(sweep: Path, *, experiment: Path | None, workspace: Workspace, thread
 
 def reset(sweep: Path, *, cells: list[int], failed: bool, experiment: Path | None, workspace: Workspace) -> None:
     """Put the failed cells named (or every failed cell) back in the queue, and say which."""
-    from gatelab.sweep.queue import SweepLedger, default_storage, ledger_exists, shown_storage, tracking_stores
+    from gatelab.sweep.ledger_storage import default_storage, ledger_exists, shown_storage, tracking_stores
+    from gatelab.sweep.queue import SweepLedger
     from gatelab.sweep.spec import expand, load_sweep
 
     if not cells and not failed:
@@ -83,7 +84,8 @@ def print_status(sweep: Path, *, experiment: Path | None, workspace: Workspace, 
 
     from rich.table import Table
 
-    from gatelab.sweep.queue import default_storage, ledger_states, torn_tail_note
+    from gatelab.sweep.ledger_storage import default_storage, torn_tail_note
+    from gatelab.sweep.queue import ledger_states
     from gatelab.sweep.spec import expand, load_sweep
 
     plan = load_sweep(sweep, experiment)

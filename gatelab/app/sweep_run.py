@@ -38,7 +38,8 @@ def run_sweep(sweep: Path, *, experiment: Path | None, workspace: Workspace, ver
     where one stopped it)."""
     quiet_noise(verbose)
     from gatelab.interrupts import Interrupted, raise_on_signals
-    from gatelab.sweep.queue import default_storage, failed_cells_line, tracking_stores
+    from gatelab.sweep.ledger_storage import default_storage, tracking_stores
+    from gatelab.sweep.next_commands import failed_cells_line
 
     try:
         with raise_on_signals():  # from the start: Ctrl-C during the imports of torch is no traceback either
@@ -62,7 +63,7 @@ def run_sweep(sweep: Path, *, experiment: Path | None, workspace: Workspace, ver
 def _open(sweep: Path, *, experiment: Path | None, workspace: Workspace, workers: int):
     """The sweep, its runs (every cell validated before any ledger, MLflow or training work) and the workspace with
     its ledger named; prints the runs and their estimated time."""
-    from gatelab.sweep.queue import default_storage, shown_storage
+    from gatelab.sweep.ledger_storage import default_storage, shown_storage
     from gatelab.sweep.spec import expand, load_sweep
 
     plan = load_sweep(sweep, experiment)

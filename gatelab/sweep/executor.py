@@ -25,7 +25,8 @@ from gatelab import host
 from gatelab.errors import GatelabError
 from gatelab.interrupts import Interrupted, raise_on_signals
 from gatelab.progress import is_verbose
-from gatelab.sweep.queue import CELLS_FAILED, LAUNCHER_SAYS_ENV, USER_COMMAND_ENV, user_command
+from gatelab.sweep.next_commands import LAUNCHER_SAYS_ENV, USER_COMMAND_ENV, user_command
+from gatelab.sweep.queue import CELLS_FAILED
 from gatelab.workspace import Workspace
 
 REGISTRY_ENV = "GATELAB_LOCAL_WORKERS"  # the folder in which this launch's local workers list themselves

@@ -15,7 +15,8 @@ import optuna
 from optuna.trial import TrialState
 
 from gatelab.errors import GatelabError, redact
-from gatelab.sweep.queue import open_storage, set_trial_state, tracking_stores
+from gatelab.sweep.ledger_storage import open_storage, tracking_stores
+from gatelab.sweep.queue import set_trial_state
 from gatelab.sweep.spec import with_values
 from gatelab.tracking import STATUS_TAG
 from gatelab.workspace import Workspace

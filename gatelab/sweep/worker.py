@@ -28,7 +28,8 @@ from gatelab.errors import GatelabError, redact
 from gatelab.interrupts import Interrupted, ignore_signals, raise_on_signals
 from gatelab.progress import RunCosts, is_verbose, sweep_progress_line, sweep_time_left
 from gatelab.sweep.executor import LocalShare
-from gatelab.sweep.queue import Claim, SweepLedger, open_ledger, tracking_stores
+from gatelab.sweep.ledger_storage import tracking_stores
+from gatelab.sweep.queue import Claim, SweepLedger, open_ledger
 from gatelab.sweep.spec import RunSpec, Sweep, expand, load_sweep
 from gatelab.train.ownership import RunInProgress, RunTakenOver
 from gatelab.workspace import Workspace

@@ -8,7 +8,7 @@ import lightning as L
 import torch
 
 from gatelab import host
-from gatelab.tracking import TrackedRun
+from gatelab.tracked_run import TrackedRun
 from gatelab.train.compiling import CompileReport
 from gatelab.train.step_progress import StepProgress
 

@@ -22,7 +22,7 @@ from gatelab.errors import redact
 from gatelab.metrics import TRAIN_LOSS
 from gatelab.model import count_parameters
 from gatelab.progress import DEVICE_TAG, HOST_TAG, format_duration
-from gatelab.tracking import TrackedRun
+from gatelab.tracked_run import TrackedRun
 from gatelab.train.module import GatedLM, SpikeRule, StabilityMonitor
 from gatelab.train.phases import PhaseClock
 from gatelab.train.result import RunResult

@@ -29,7 +29,7 @@ from gatelab.host import resolve_precision
 from gatelab.interrupts import Interrupted, raise_on_signals
 from gatelab.model import resolve_model
 from gatelab.progress import progress_every_s, silence_noise
-from gatelab.tracking import TrackedRun
+from gatelab.tracked_run import TrackedRun
 from gatelab.train.checkpoints import (
     DurableCheckpointIO,
     PublishAfterStepMetrics,

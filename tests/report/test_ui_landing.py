@@ -19,7 +19,7 @@ import pytest
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
-from gatelab import tracking
+from gatelab import tracked_run, tracking
 from gatelab.errors import GatelabError, redact
 from gatelab.report import ui
 from tests.helpers import REPO, sqlite_uri
@@ -73,7 +73,7 @@ def test_an_old_experiment_gets_the_tags_when_gatelab_next_opens_it_and_keeps_a_
     assert tracking.EXPERIMENT_KIND_TAG not in _tags(uri, "before-the-tags")
 
     # The training path opens the experiment: TrackedRun looks up its run by spec hash.
-    tracking.TrackedRun(uri, tmp_path / "runs", "before-the-tags", "hash-1")
+    tracked_run.TrackedRun(uri, tmp_path / "runs", "before-the-tags", "hash-1")
     tags = _tags(uri, "before-the-tags")
     assert tags[tracking.EXPERIMENT_KIND_TAG] == "custom_model_development" and VIEW_TAG in tags
     assert client.get_experiment_by_name("before-the-tags").experiment_id == old

@@ -215,7 +215,7 @@ def test_a_signal_to_the_launcher_reaches_every_worker_and_ends_it_as_interrupte
 def test_a_launched_worker_names_the_users_command_or_leaves_the_resume_line_to_its_launcher(monkeypatch,
                                                                                              launcher_waits):
     """SIGTERM to `sweep run --workers 2` printed three resume lines, two naming the internal `sweep worker`."""
-    from gatelab.sweep.queue import interrupted_line
+    from gatelab.sweep.next_commands import interrupted_line
 
     monkeypatch.setattr(sys, "argv", ["gatelab", "sweep", "run", "s.yaml", "--workers", "2", "--storage",
                                       "postgresql://u:hunter2x@db/ledger"])

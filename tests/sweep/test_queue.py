@@ -269,15 +269,15 @@ def test_a_database_that_accepts_and_never_answers_is_given_up_on_saying_what_it
     import socket
     import threading
 
-    from gatelab.sweep import queue
+    from gatelab.sweep import ledger_storage
 
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(8)
     accepted = []
     threading.Thread(target=lambda: accepted.extend(server.accept() for _ in range(8)), daemon=True).start()
-    monkeypatch.setattr(queue, "LEDGER_CONNECT_TIMEOUT_S", 2)  # libpq's smallest
-    monkeypatch.setattr(queue, "WAIT_NOTE_AFTER_S", 0.2)
+    monkeypatch.setattr(ledger_storage, "LEDGER_CONNECT_TIMEOUT_S", 2)  # libpq's smallest
+    monkeypatch.setattr(ledger_storage, "WAIT_NOTE_AFTER_S", 0.2)
     storage = f"postgresql://postgres:hunter2x@127.0.0.1:{server.getsockname()[1]}/test"
     try:
         with pytest.raises(GatelabError) as raised:
@@ -336,7 +336,7 @@ def test_reading_a_sqlite_ledger_writes_nothing_to_it(tmp_path):
 
 
 def test_a_torn_last_line_is_named_as_such_and_set_aside_by_the_next_write(tmp_path, capsys):
-    from gatelab.sweep.queue import torn_tail_note
+    from gatelab.sweep.ledger_storage import torn_tail_note
 
     path, specs = _journal_ledger(tmp_path, "torn")
     whole = path.read_bytes().rsplit(b"\n", 1)[0] + b"\n"

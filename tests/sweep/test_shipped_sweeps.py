@@ -7,7 +7,7 @@ import optuna
 import pytest
 import yaml
 
-from gatelab.sweep.queue import open_storage
+from gatelab.sweep.ledger_storage import open_storage
 from gatelab.variants import VARIANTS
 from tests.helpers import MICRO, REPO, gatelab_cli
 

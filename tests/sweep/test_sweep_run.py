@@ -221,7 +221,8 @@ def test_a_signal_puts_the_run_back_in_the_queue_at_once_and_says_how_to_resume(
 
 def test_a_failed_cell_fails_the_command_and_reset_puts_it_back(tmp_path):
     sweep, runs = _one_cell_sweep(tmp_path, "failing", max_steps=20)
-    from gatelab.sweep.queue import SweepLedger, default_storage
+    from gatelab.sweep.ledger_storage import default_storage
+    from gatelab.sweep.queue import SweepLedger
     from gatelab.sweep.spec import expand, load_sweep
 
     specs = expand(load_sweep(sweep))

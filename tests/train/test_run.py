@@ -90,7 +90,8 @@ def test_a_spike_between_logging_steps_is_logged_at_its_own_step_once(tmp_path):
 
     import torch
 
-    from gatelab.tracking import RunStore, TrackedRun, default_tracking_uri
+    from gatelab.tracked_run import TrackedRun
+    from gatelab.tracking import RunStore, default_tracking_uri
     from gatelab.train.module import StabilityMonitor
     from gatelab.train.run import log_spikes
 
