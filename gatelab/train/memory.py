@@ -172,14 +172,14 @@ def check_fits(experiment: ExperimentConfig, model: ModelConfig) -> MemoryBound:
     limit = available_bytes(experiment)
     if limit is None or bound.total <= limit[0]:
         return bound
-    training_keys = "train.batch_size, data.seq_len, model.vocab_size"
-    if not KINDS[model.attention].fused:
-        training_keys = "train.batch_size, data.seq_len"
+    if KINDS[model.attention].fused:
+        training = ("training activations", "train.batch_size, data.seq_len, model.vocab_size")
+    else:
+        training = (f"training activations with {model.attention}'s explicit attention",
+                    "train.batch_size, data.seq_len")
     part, keys = {"weights, gradients and AdamW state": ("weights, gradients and AdamW state",
                                                          "model.vocab_size, model.d_model, model.n_layers"),
-                  "training activations": ("training activations" + (
-                      f" with {model.attention}'s explicit attention" if not KINDS[model.attention].fused else ""),
-                      training_keys),
+                  "training activations": training,
                   "evaluation": (bound.evaluation_pass, bound.evaluation_keys)}[bound.largest()]
     raise GatelabError(
         f"{experiment.name} ({experiment.variant}) needs at least {bound.total / GB:,.1f} GB per device "

@@ -373,9 +373,12 @@ def test_a_valid_int_range_loads(tmp_path):
     assert len(sweep.runs) == 2
 
 
-@pytest.mark.parametrize("metric, hint", [("ppl/avgg", "did you mean 'ppl/avg'?"),
-                                          ("blimp/acc", "did you mean 'blimp/accuracy'?"),
-                                          ("ppl/nowhere", "")])
+@pytest.mark.parametrize("metric, hint", [
+    ("ppl/avgg", "did you mean 'ppl/avg'?"), ("blimp/acc", "did you mean 'blimp/accuracy'?"), ("ppl/nowhere", ""),
+    # the catalogue (gatelab.metrics) holds whole names: a family's name needs its placeholder filled in
+    ("long_ppl/x", "did you mean 'long_ppl/x1' or 'long_ppl/x2' or"),
+    ("sink_rate/layer", "did you mean 'probe/sink_rate/layer0' or 'probe/sink_rate/layer1'?"), ("probe/{}", ""),
+])
 def test_a_search_metric_no_run_logs_is_refused_before_anything_runs(tmp_path, metric, hint):
     message = error_of(write_sweep(tmp_path, {
         "search": {"params": {"train.lr": {"type": "float", "low": 1e-4, "high": 1e-2}}, "n_trials": 2,
@@ -391,19 +394,6 @@ def test_metrics_that_runs_log_are_accepted(tmp_path, metric):
         "search": {"params": {"train.lr": {"type": "float", "low": 1e-4, "high": 1e-2}}, "n_trials": 2,
                    "metric": metric}}))
     assert sweep.search.metric == metric
-
-
-@pytest.mark.parametrize("fragment, hint", [("long_ppl/x", "did you mean 'long_ppl/x1' or 'long_ppl/x2' or"),
-                                            ("sink_rate/layer",
-                                             "did you mean 'probe/sink_rate/layer0' or 'probe/sink_rate/layer1'?"),
-                                            ("probe/{}", "")])
-def test_a_fragment_of_a_metric_name_is_refused_with_the_close_names(tmp_path, fragment, hint):
-    """The catalogue (gatelab.metrics) holds whole names: a family's name needs its placeholder filled in."""
-    message = error_of(write_sweep(tmp_path, {
-        "search": {"params": {"train.lr": {"type": "float", "low": 1e-4, "high": 1e-2}}, "n_trials": 2,
-                   "metric": fragment}}))
-    assert f"search.metric: '{fragment}' is not a metric a run logs" in message and hint in message
-    assert "nothing was run" in message
 
 
 def test_the_held_out_domains_of_the_experiment_name_ppl_metrics(tmp_path):
