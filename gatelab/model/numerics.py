@@ -244,6 +244,12 @@ def main(argv: list[str] | None = None) -> int:
                              "CPU's own kernel reads them right, and its positive control cannot fail")
     parser.add_argument("--control-only", action="store_true", help=argparse.SUPPRESS)  # the child of _control_in_child
     options = parser.parse_args(argv)
+    if options.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {options.device}: torch {torch.__version__} sees no CUDA GPU; on a CPU give "
+                     "--device cpu (with --emulate-misaligned-kernel, for a positive control that can fail there)")
+    unknown = [p for p in options.presets.split(",") if not (host.repo_root() / "experiments" / f"{p}.yaml").exists()]
+    if unknown:
+        parser.error(f"--presets: {', '.join(unknown)} is not a preset in experiments/ (e.g. {', '.join(PRESETS)})")
     warnings.filterwarnings("ignore", "Mismatch dtype between input and weight")  # autocast's RMSNorm, as in training
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[options.dtype]
     if options.control_only:

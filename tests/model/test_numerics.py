@@ -70,3 +70,14 @@ def test_the_control_runs_in_a_child_process_and_a_child_that_faults_has_caught_
     assert rows[-1]["control"] and not rows[-1]["passed"] and "misaligned address" in rows[-1]["fault"]
     assert "the kernel faulted: torch.AcceleratorError: CUDA error: misaligned address" in numerics.describe(rows[-1])
     assert numerics.verdict(rows) is None
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--presets", "tiny,nosuch"], "--presets: nosuch is not a preset in experiments/"),
+    pytest.param(["--device", "cuda"], "--device cuda: torch", marks=pytest.mark.skipif(
+        torch.cuda.is_available(), reason="checks the message where torch sees no CUDA GPU")),
+])
+def test_bad_options_end_in_one_message_before_any_check(argv, says, capsys):
+    with pytest.raises(SystemExit) as exited:
+        numerics.main(argv)
+    assert exited.value.code == 2 and says in capsys.readouterr().err
