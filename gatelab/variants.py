@@ -1,8 +1,9 @@
 """The variant registry: every gating variant of the paper, by stable id, as data.
 
-A variant is the baseline plus named changes: gates to add to every attention layer, and model fields to change
-(`Scale`/`Add` are relative to the experiment's base model, so `ref_kv8` doubles the KV heads of any preset, as 4 -> 8
-does at the paper's scale). Nothing else in gatelab branches on a variant id; everything reads this table.
+A variant is the baseline plus named changes: gates to add to every attention layer, and model fields to change, each
+a `Change` or a value to set (`Scale`/`Add` are relative to the experiment's base model, so `ref_kv8` doubles the KV
+heads of any preset, as 4 -> 8 does at the paper's scale). Nothing else in gatelab branches on a variant id;
+everything reads this table.
 """
 
 from __future__ import annotations
@@ -11,54 +12,62 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from gatelab.config import GateConfig, ModelConfig, SwitchHeadConfig, format_validation_error
 from gatelab.errors import GatelabError
 from gatelab.paper import TABLES
 
 
+class Change:
+    """What a variant does to a model field: changes `parent[leaf]`, the field at its path, in the model's tree."""
+
+    def apply_to(self, model: dict[str, Any], parent: dict[str, Any], leaf: str) -> None:
+        raise NotImplementedError
+
+
 @dataclass(frozen=True)
-class Scale:
+class SetTo(Change):
+    """Set a model field to `value` (a sub-config: to its fields); `Variant` wraps a value the registry writes alone."""
+
+    value: Any
+
+    def apply_to(self, model: dict[str, Any], parent: dict[str, Any], leaf: str) -> None:
+        parent[leaf] = self.value.model_dump() if isinstance(self.value, BaseModel) else self.value
+
+
+@dataclass(frozen=True)
+class Scale(Change):
     """Multiply a model field by `factor` (rounded to an integer)."""
 
     factor: float
 
-    def apply(self, value: int) -> int:
-        return max(1, round(value * self.factor))
-
-    def __str__(self) -> str:
-        return f"x{self.factor:g}"
+    def apply_to(self, model: dict[str, Any], parent: dict[str, Any], leaf: str) -> None:
+        parent[leaf] = max(1, round(parent[leaf] * self.factor))
 
 
 @dataclass(frozen=True)
-class Add:
+class Add(Change):
     """Add `amount` to a model field."""
 
     amount: int
 
-    def apply(self, value: int) -> int:
-        return value + self.amount
-
-    def __str__(self) -> str:
-        return f"+{self.amount}"
+    def apply_to(self, model: dict[str, Any], parent: dict[str, Any], leaf: str) -> None:
+        parent[leaf] += self.amount
 
 
 @dataclass(frozen=True)
-class WidenByG1Gate:
+class WidenByG1Gate(Change):
     """Widen the FFN by the parameters of an elementwise G1 gate: the gate adds d_model x (n_heads head_dim) weights a
     layer and a SwiGLU column 3 d_model, so a dense SwiGLU gets n_heads head_dim / 3 columns a layer and, in an MoE
     model, each of the E routed experts a 1/E share of them (rounded, at least one)."""
 
-    def widen(self, model: dict[str, Any]) -> None:
+    def apply_to(self, model: dict[str, Any], parent: dict[str, Any], leaf: str) -> None:
         columns = model["n_heads"] * model["head_dim"] / 3
         if model.get("ffn") == "moe":
             model["moe"]["expert_hidden"] += max(1, round(columns / model["moe"]["n_experts"]))
         else:
             model["ffn_hidden"] += round(columns)
-
-    def __str__(self) -> str:
-        return "+ n_heads head_dim / 3 FFN columns"
 
 
 @dataclass(frozen=True)
@@ -78,9 +87,13 @@ class Variant:
     formula: str
     paper_rows: tuple[PaperRow, ...] = ()
     gates: tuple[GateConfig, ...] = ()
-    model_changes: dict[str, Any] = field(default_factory=dict)  # dotted ModelConfig path -> value, Scale or Add
+    model_changes: dict[str, Any] = field(default_factory=dict)  # dotted ModelConfig path -> a Change, or a value
     note: str = ""
     reference: str = ""  # where the variant comes from; empty: the paper (Qiu et al. 2025), or a control of gatelab's
+
+    def __post_init__(self) -> None:
+        changes = {path: c if isinstance(c, Change) else SetTo(c) for path, c in self.model_changes.items()}
+        object.__setattr__(self, "model_changes", changes)
 
     def citation(self) -> str:
         if self.reference:
@@ -89,8 +102,8 @@ class Variant:
 
     def axes(self) -> dict[str, str]:
         """The paper's design axes and the attention kind, for listings and tables."""
-        attention = str(self.model_changes.get("attention", "softmax"))
-        if self.model_changes.get("kv_bias"):
+        attention = str(self.model_changes.get("attention", SetTo("softmax")).value)
+        if self.model_changes.get("kv_bias", SetTo(False)).value:
             attention += "+kv_bias"
         if not self.gates:
             return {"position": "-", "granularity": "-", "heads": "-", "form": "-", "activation": "-", "input": "-",
@@ -306,14 +319,7 @@ def apply_variant(base: ModelConfig, spec: str) -> ModelConfig:
                         f"'{part}' block (it needs an MoE preset such as experiments/tiny-moe.yaml)"
                     )
                 node = node[part]
-            if isinstance(change, Scale | Add):
-                node[leaf] = change.apply(node[leaf])
-            elif isinstance(change, WidenByG1Gate):
-                change.widen(tree)
-            elif hasattr(change, "model_dump"):
-                node[leaf] = change.model_dump()
-            else:
-                node[leaf] = change
+            change.apply_to(tree, node, leaf)
     try:
         return ModelConfig.model_validate(tree)
     except ValidationError as exc:
