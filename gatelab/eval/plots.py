@@ -1,6 +1,6 @@
 """One run's figures, shaped like the paper's, and the drawing kit every gatelab figure uses: the end-of-run
-evaluation (`gatelab.train.evaluate`) logs `run_plot_writers`'s PNGs as that run's MLflow artifacts, and
-`gatelab.report.plots` draws the same figures over a sweep's groups with the same kit.
+evaluation (`gatelab.train.evaluate`) logs `run_plot_writers`'s PNGs as that run's MLflow artifacts, and a sweep's
+report draws the same figures over its groups, and its own (`gatelab.report.plots`) with the same kit.
 
 Figures are drawn on `matplotlib.figure.Figure` objects with the Agg canvas, never through pyplot: no global figure
 state, no display needed, safe beside other code that uses pyplot. Empty inputs give a figure saying "no data".
@@ -36,11 +36,11 @@ class VariantColours(dict):
         return self[name]
 
 
-def _colour(colours: Mapping[str, str] | None, name: str) -> str | None:
+def colour_of(colours: Mapping[str, str] | None, name: str) -> str | None:
     return colours[name] if colours is not None else None
 
 
-def _figure(title: str) -> tuple[Figure, object]:
+def new_figure(title: str) -> tuple[Figure, object]:
     figure = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
@@ -48,28 +48,28 @@ def _figure(title: str) -> tuple[Figure, object]:
     return figure, axes
 
 
-def _save(figure: Figure, path: str | Path) -> Path:
+def save_png(figure: Figure, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, format="png", dpi=DPI)
     return path
 
 
-def _no_data(figure: Figure, axes, path: str | Path, why: str = "no data") -> Path:
+def save_no_data(figure: Figure, axes, path: str | Path, why: str = "no data") -> Path:
     axes.set_xticks([])
     axes.set_yticks([])
     axes.text(0.5, 0.5, why, ha="center", va="center", fontsize=16, color="0.4", transform=axes.transAxes)
-    return _save(figure, path)
+    return save_png(figure, path)
 
 
-def _finite(values: Sequence[float]) -> np.ndarray:
+def finite_or_nan(values: Sequence[float]) -> np.ndarray:
     """Floats with inf/-inf as NaN, so matplotlib leaves a gap instead of stretching an axis to infinity."""
     array = np.asarray(list(values), dtype=float)
     array[~np.isfinite(array)] = np.nan
     return array
 
 
-def _legend(axes, count: int) -> None:
+def add_legend(axes, count: int) -> None:
     if count:
         axes.legend(fontsize="small", ncols=1 if count <= 8 else 2, frameon=False)
 
@@ -78,75 +78,75 @@ def plot_first_token_attention(per_variant: Mapping[str, Sequence[float]], path:
                                colours: Mapping[str, str] | None = None) -> Path:
     """Per layer, the share of attention that goes to the first token (the attention sink), one line per variant:
     the paper's Figure 2."""
-    figure, axes = _figure("Attention to the first token per layer")
+    figure, axes = new_figure("Attention to the first token per layer")
     axes.set_xlabel("layer")
     axes.set_ylabel("share of attention on the first token")
-    lines = {name: _finite(values) for name, values in per_variant.items() if len(values)}
+    lines = {name: finite_or_nan(values) for name, values in per_variant.items() if len(values)}
     if not lines:
-        return _no_data(figure, axes, path)
+        return save_no_data(figure, axes, path)
     for name, shares in lines.items():
-        axes.plot(np.arange(len(shares)), shares, marker="o", markersize=3, label=name, color=_colour(colours, name))
+        axes.plot(np.arange(len(shares)), shares, marker="o", markersize=3, label=name, color=colour_of(colours, name))
     layers = max(len(s) for s in lines.values())
     axes.set_xticks(range(layers) if layers <= 32 else range(0, layers, math.ceil(layers / 16)))
     axes.set_ylim(bottom=0.0)
     axes.yaxis.set_major_formatter(PercentFormatter(1.0))
     axes.grid(alpha=0.3)
-    _legend(axes, len(lines))
-    return _save(figure, path)
+    add_legend(axes, len(lines))
+    return save_png(figure, path)
 
 
 def plot_gate_histograms(per_variant: Mapping[str, Sequence[float]], path: str | Path,
                          colours: Mapping[str, str] | None = None) -> Path:
     """Gate scores' distribution per variant: bin counts over [0, 1] (20 bins), shown as shares of all scores in
     step plots: the paper's Figure 3."""
-    figure, axes = _figure("Gate score distribution")
+    figure, axes = new_figure("Gate score distribution")
     axes.set_xlabel("gate score")
     axes.set_ylabel("share of gate scores")
     steps = {}
     for name, counts in per_variant.items():
-        counts = np.nan_to_num(_finite(counts))
+        counts = np.nan_to_num(finite_or_nan(counts))
         if counts.size and counts.sum() > 0:
             steps[name] = counts / counts.sum()
     if not steps:
-        return _no_data(figure, axes, path)
+        return save_no_data(figure, axes, path)
     for name, shares in steps.items():
         axes.stairs(shares, np.linspace(0.0, 1.0, len(shares) + 1), label=name, linewidth=1.5,
-                    color=_colour(colours, name))
+                    color=colour_of(colours, name))
     axes.set_xlim(0.0, 1.0)
     axes.set_ylim(bottom=0.0)
     axes.yaxis.set_major_formatter(PercentFormatter(1.0))
     axes.grid(alpha=0.3)
-    _legend(axes, len(steps))
-    return _save(figure, path)
+    add_legend(axes, len(steps))
+    return save_png(figure, path)
 
 
 def plot_loss_curves(curves: Mapping[str, tuple[Sequence[int], Sequence[float], Sequence[int]]],
                      path: str | Path, colours: Mapping[str, str] | None = None) -> Path:
     """Training loss per variant, (steps, losses, spike steps) each, loss spikes marked as dots: the paper's
     Figure 1 (right)."""
-    figure, axes = _figure("Training loss (dots: loss spikes)")
+    figure, axes = new_figure("Training loss (dots: loss spikes)")
     axes.set_xlabel("step")
     axes.set_ylabel("training loss")
     drawn = 0
     for name, (steps, losses, spikes) in curves.items():
-        steps, losses = np.asarray(list(steps), dtype=float), _finite(losses)
+        steps, losses = np.asarray(list(steps), dtype=float), finite_or_nan(losses)
         if not steps.size or steps.size != losses.size:
             continue
         order = np.argsort(steps, kind="stable")
         steps, losses = steps[order], losses[order]
         spikes = np.asarray(sorted(spikes), dtype=float)
         (line,) = axes.plot(steps, losses, linewidth=1.2, label=f"{name} ({len(spikes)} spikes)",
-                            color=_colour(colours, name))
+                            color=colour_of(colours, name))
         if spikes.size:
             known = ~np.isnan(losses)
             at = np.interp(spikes, steps[known], losses[known]) if known.any() else np.full(spikes.size, np.nan)
             axes.scatter(spikes, at, s=28, color=line.get_color(), edgecolors="black", linewidths=0.5, zorder=3)
         drawn += 1
     if not drawn:
-        return _no_data(figure, axes, path)
+        return save_no_data(figure, axes, path)
     axes.grid(alpha=0.3)
-    _legend(axes, drawn)
-    return _save(figure, path)
+    add_legend(axes, drawn)
+    return save_png(figure, path)
 
 
 def run_plot_writers(label: str, loss_history: tuple[Sequence[int], Sequence[float]], spikes: Sequence[int],

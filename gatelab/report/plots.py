@@ -1,11 +1,6 @@
 """The figures of a sweep's report, shaped like the paper's: each function writes one PNG and returns its path.
-`gatelab table` draws them over a sweep's groups. One run's figures (`run_plot_writers`: its loss curve, first-token
-attention and gate scores, as that run's MLflow artifacts) and the drawing kit live one layer down, in
-`gatelab.eval.plots`, where the end-of-run evaluation reaches them; they are imported here for the report's use.
-
-Figures are drawn on `matplotlib.figure.Figure` objects with the Agg canvas, never through pyplot: no global figure
-state, no display needed, safe beside other code that uses pyplot. Empty inputs give a figure saying "no data".
-"""
+`gatelab table` draws them over a sweep's groups, beside one run's figures, drawn with the same kit (Agg canvas, no
+pyplot): both live in `gatelab.eval.plots`, one layer down, where the end-of-run evaluation reaches them."""
 
 from __future__ import annotations
 
@@ -16,21 +11,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullLocator
 
-from gatelab.eval.plots import (  # noqa: F401  report.py and older callers import them from here
-    DPI,
-    FIGSIZE,
-    VariantColours,
-    _colour,
-    _figure,
-    _finite,
-    _legend,
-    _no_data,
-    _save,
-    plot_first_token_attention,
-    plot_gate_histograms,
-    plot_loss_curves,
-    run_plot_writers,
-)
+from gatelab.eval.plots import add_legend, colour_of, finite_or_nan, new_figure, save_no_data, save_png
 
 DELTA_LABEL = "Δ vs baseline"
 
@@ -41,13 +22,13 @@ def plot_delta_vs_paper(our_delta: Mapping[str, float], paper_delta: Mapping[str
     the two agree, in the lower-left and upper-right quadrants they agree in direction. `unit` (e.g. "%") is the
     changes' unit, named on the axes."""
     label = f"{DELTA_LABEL} ({unit})" if unit else DELTA_LABEL
-    figure, axes = _figure(f"{metric}: {label}, ours against the paper's")
+    figure, axes = new_figure(f"{metric}: {label}, ours against the paper's")
     axes.set_xlabel(f"paper: {label}")
     axes.set_ylabel(f"ours: {label}")
     pairs = {k: (float(paper_delta[k]), float(our_delta[k])) for k in our_delta if k in paper_delta
              and math.isfinite(float(paper_delta[k])) and math.isfinite(float(our_delta[k]))}
     if not pairs:
-        return _no_data(figure, axes, path, "no data: no variant has both our and the paper's Δ")
+        return save_no_data(figure, axes, path, "no data: no variant has both our and the paper's Δ")
     xs, ys = np.array([p[0] for p in pairs.values()]), np.array([p[1] for p in pairs.values()])
     low, high = float(min(xs.min(), ys.min(), 0.0)), float(max(xs.max(), ys.max(), 0.0))
     pad = 0.08 * (high - low) or 1.0
@@ -62,26 +43,25 @@ def plot_delta_vs_paper(our_delta: Mapping[str, float], paper_delta: Mapping[str
     axes.set_ylim(low, high)
     axes.set_aspect("equal", adjustable="box")
     axes.legend(fontsize="small", loc="upper left", frameon=False)
-    return _save(figure, path)
-
+    return save_png(figure, path)
 
 
 def plot_context_length(per_variant: Mapping[str, Mapping[int, float]], train_len: int, path: str | Path,
                         colours: Mapping[str, str] | None = None) -> Path:
     """Perplexity against evaluation context length (multiplier x train_len, log2 axis), one line per variant:
     how each variant extrapolates beyond its training length (the paper's Table 5)."""
-    figure, axes = _figure(f"Perplexity by context length (trained on {train_len} tokens)")
+    figure, axes = new_figure(f"Perplexity by context length (trained on {train_len} tokens)")
     axes.set_xlabel("context length (tokens, log2 scale)")
     axes.set_ylabel("perplexity")
     lines = {}
     for name, by_multiplier in per_variant.items():
         points = sorted((float(m) * train_len, float(v)) for m, v in by_multiplier.items())
         if points:
-            lines[name] = (np.array([p[0] for p in points]), _finite([p[1] for p in points]))
+            lines[name] = (np.array([p[0] for p in points]), finite_or_nan([p[1] for p in points]))
     if not lines or train_len <= 0:
-        return _no_data(figure, axes, path)
+        return save_no_data(figure, axes, path)
     for name, (lengths, ppl) in lines.items():
-        axes.plot(lengths, ppl, marker="o", markersize=4, label=name, color=_colour(colours, name))
+        axes.plot(lengths, ppl, marker="o", markersize=4, label=name, color=colour_of(colours, name))
     axes.axvline(train_len, color="0.5", linestyle=":", linewidth=1, label="training length")
     axes.set_xscale("log", base=2)
     ticks = sorted({float(x) for lengths, _ in lines.values() for x in lengths})
@@ -96,9 +76,8 @@ def plot_context_length(per_variant: Mapping[str, Mapping[int, float]], train_le
         axes.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
         axes.set_ylabel("perplexity (log scale)")
     axes.grid(alpha=0.3, which="both")
-    _legend(axes, len(lines) + 1)
-    return _save(figure, path)
-
+    add_legend(axes, len(lines) + 1)
+    return save_png(figure, path)
 
 
 def plot_gap_to_baseline(curves: Mapping[str, tuple[Sequence[int], Sequence[float], Sequence[float], Sequence[float]]],
@@ -106,24 +85,25 @@ def plot_gap_to_baseline(curves: Mapping[str, tuple[Sequence[int], Sequence[floa
     """Each variant's val/loss minus the baseline's against the training step, (steps, mean gaps, interval lows,
     interval highs) each: a line with its seed spread shaded (a NaN bound, one seed, leaves no band). Below the zero
     line the variant is ahead; whether the gap grows, holds or closes as the models train is the question (issue 17)."""
-    figure, axes = _figure("Gap to baseline during training (band: 95% t-interval over seeds)")
+    figure, axes = new_figure("Gap to baseline during training (band: 95% t-interval over seeds)")
     axes.set_xlabel("step")
     axes.set_ylabel("val/loss minus baseline (nats)")
     drawn = 0
     for name, (steps, means, lows, highs) in curves.items():
-        steps, means = np.asarray(list(steps), dtype=float), _finite(means)
+        steps, means = np.asarray(list(steps), dtype=float), finite_or_nan(means)
         if not steps.size or steps.size != means.size:
             continue
         (line,) = axes.plot(steps, means, marker="o", markersize=3, linewidth=1.4, label=name,
-                            color=_colour(colours, name))
-        axes.fill_between(steps, _finite(lows), _finite(highs), color=line.get_color(), alpha=0.18, linewidth=0)
+                            color=colour_of(colours, name))
+        axes.fill_between(steps, finite_or_nan(lows), finite_or_nan(highs), color=line.get_color(), alpha=0.18,
+                          linewidth=0)
         drawn += 1
     if not drawn:
-        return _no_data(figure, axes, path)
+        return save_no_data(figure, axes, path)
     axes.axhline(0.0, color="0.3", linewidth=0.9, linestyle="--", label="baseline")
     axes.grid(alpha=0.3)
-    _legend(axes, drawn + 1)
-    return _save(figure, path)
+    add_legend(axes, drawn + 1)
+    return save_png(figure, path)
 
 
 def plot_loss_vs_lr(curves: Mapping[str, tuple[Sequence[float], Sequence[float], Sequence[float]]],
@@ -132,17 +112,17 @@ def plot_loss_vs_lr(curves: Mapping[str, tuple[Sequence[float], Sequence[float],
     """Final loss against learning rate (log axis), one line per variant, (rates, mean final losses, sds) each with
     the sd as error bars; each diverged run an 'x' at its variant's loss at init (dotted): Wortsman et al. 2023's
     loss-against-rate curves, a flatter and wider basin being the more stable variant."""
-    figure, axes = _figure("Final loss against learning rate (x: a diverged run, at the loss at init)")
+    figure, axes = new_figure("Final loss against learning rate (x: a diverged run, at the loss at init)")
     axes.set_xlabel("learning rate (log scale)")
     axes.set_ylabel("final val/loss (nats)")
     rates_seen: set[float] = set()
     drawn = 0
     for name, (rates, means, sds) in curves.items():
-        rates, means = np.asarray(list(rates), dtype=float), _finite(means)
+        rates, means = np.asarray(list(rates), dtype=float), finite_or_nan(means)
         if not rates.size or rates.size != means.size or (np.isnan(means).all() and not diverged_rates.get(name)):
             continue
-        container = axes.errorbar(rates, means, yerr=np.nan_to_num(_finite(sds)), marker="o", markersize=4,
-                                  capsize=3, linewidth=1.4, label=name, color=_colour(colours, name))
+        container = axes.errorbar(rates, means, yerr=np.nan_to_num(finite_or_nan(sds)), marker="o", markersize=4,
+                                  capsize=3, linewidth=1.4, label=name, color=colour_of(colours, name))
         color = container.lines[0].get_color()
         crashed = np.asarray(list(diverged_rates.get(name, [])), dtype=float)
         if crashed.size:  # nudged sideways per variant (3% of a rate), else every variant's x at a rate coincides
@@ -152,7 +132,7 @@ def plot_loss_vs_lr(curves: Mapping[str, tuple[Sequence[float], Sequence[float],
         rates_seen.update(float(r) for r in rates)
         drawn += 1
     if not drawn:
-        return _no_data(figure, axes, path)
+        return save_no_data(figure, axes, path)
     for level in sorted({float(v) for v in init_loss.values() if math.isfinite(float(v))}):
         axes.axhline(level, color="0.5", linewidth=0.9, linestyle=":")
     axes.set_xscale("log")
@@ -161,5 +141,5 @@ def plot_loss_vs_lr(curves: Mapping[str, tuple[Sequence[float], Sequence[float],
     axes.xaxis.set_minor_locator(NullLocator())
     axes.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
     axes.grid(alpha=0.3)
-    _legend(axes, drawn)
-    return _save(figure, path)
+    add_legend(axes, drawn)
+    return save_png(figure, path)

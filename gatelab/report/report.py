@@ -9,16 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
+from gatelab.eval.plots import VariantColours, plot_first_token_attention, plot_gate_histograms, plot_loss_curves
 from gatelab.progress import fit_columns, fit_line, terminal_columns
 from gatelab.report.export import ReportSection, ReportTable, export_report
-from gatelab.report.plots import (
-    VariantColours,
-    plot_context_length,
-    plot_delta_vs_paper,
-    plot_first_token_attention,
-    plot_gate_histograms,
-    plot_loss_curves,
-)
+from gatelab.report.plots import plot_context_length, plot_delta_vs_paper
 from gatelab.report.regimes import regime_reports
 from gatelab.report.stats import mean_std
 from gatelab.report.tables import PPL, RunRecord, build_comparison, comparison_title, data_stamp, probe_payloads

@@ -348,13 +348,13 @@ def test_the_html_page_fits_a_1400_pixel_screen(tmp_path, fake_store, chromium):
 def test_the_delta_plot_says_its_axes_are_in_percent(tmp_path, fake_store, monkeypatch):
     from gatelab.report import plots
 
-    drawn, save = {}, plots._save
+    drawn, save = {}, plots.save_png
 
     def keep(figure, path):
         drawn[Path(path).name] = figure
         return save(figure, path)
 
-    monkeypatch.setattr(plots, "_save", keep)
+    monkeypatch.setattr(plots, "save_png", keep)
     fake_store(_records(QUICKSTART))
     _make(QUICKSTART, tmp_path / "runs", formats=["csv"])
     (axes,) = drawn["delta_vs_paper.png"].axes

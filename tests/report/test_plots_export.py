@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import struct
 import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
@@ -15,33 +14,10 @@ import pandas as pd
 import pytest
 
 from gatelab.report.export import ReportTable, export_report
-from gatelab.report.plots import (
-    DPI,
-    FIGSIZE,
-    plot_context_length,
-    plot_delta_vs_paper,
-    plot_first_token_attention,
-    plot_gate_histograms,
-    plot_loss_curves,
-)
+from gatelab.report.plots import plot_context_length, plot_delta_vs_paper
+from tests.eval.test_plots import SIZE, distinct_colours, png_size
 
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-SIZE = (round(FIGSIZE[0] * DPI), round(FIGSIZE[1] * DPI))  # width, height in pixels
 CHROMIUM = Path("/usr/bin/chromium")
-
-
-def png_size(path: Path) -> tuple[int, int]:
-    data = path.read_bytes()
-    assert data[:8] == PNG_SIGNATURE, f"{path} is not a PNG"
-    assert data[12:16] == b"IHDR"
-    return struct.unpack(">II", data[16:24])
-
-
-def distinct_colours(path: Path) -> int:
-    from matplotlib.image import imread
-
-    pixels = (imread(path)[..., :3] * 255).round().astype(np.uint8).reshape(-1, 3)
-    return len(np.unique(pixels, axis=0))
 
 
 class TableRows(HTMLParser):
@@ -90,28 +66,14 @@ def parse(html_text: str) -> TableRows:
 
 # -- plots ---------------------------------------------------------------------------------------------------------
 
-def _loss():
-    steps = list(range(0, 500, 5))
-    losses = list(6 * np.exp(-np.arange(100) / 25) + 2)
-    losses[40] += 1.5
-    return steps, losses
-
-
 PLOTS = {
     "delta_vs_paper": lambda p: plot_delta_vs_paper({"baseline": 0.0, "g1_sdpa_elem_sig": -0.21, "g2": 0.05},
                                                     {"baseline": 0.0, "g1_sdpa_elem_sig": -0.27, "g3": 0.1}, p),
-    "first_token": lambda p: plot_first_token_attention({"baseline": [0.1, 0.5, 0.6, 0.4],
-                                                         "g1": [0.05, 0.04, 0.0, 0.03]}, p),
-    "gate_histograms": lambda p: plot_gate_histograms({"g1": list(np.exp(-np.arange(20) / 3)), "g2": [5] * 20}, p),
-    "loss_curves": lambda p: plot_loss_curves({"baseline": (*_loss(), [200]), "g1": (_loss()[0], _loss()[1], [])}, p),
     "context_length": lambda p: plot_context_length({"baseline": {1: 12.0, 2: 30.0, 4: 400.0},
                                                      "g1": {1: 11.5, 2: 13.0, 4: 20.0}}, 256, p),
 }
 EMPTY = {
     "delta_vs_paper": lambda p: plot_delta_vs_paper({}, {"g1": 0.2}, p),
-    "first_token": lambda p: plot_first_token_attention({}, p),
-    "gate_histograms": lambda p: plot_gate_histograms({"g1": [0] * 20}, p),
-    "loss_curves": lambda p: plot_loss_curves({}, p),
     "context_length": lambda p: plot_context_length({"g1": {}}, 256, p),
 }
 
@@ -292,30 +254,16 @@ def test_html_report_renders_in_headless_chromium(report, chromium, tmp_path):
         shutil.copy(screenshot, keep)
 
 
-def test_run_plot_writers_draw_one_runs_figures(tmp_path):
-    from gatelab.report.plots import run_plot_writers
-
-    steps, losses = _loss()
-    writers = run_plot_writers("g1_elem_sig", (steps, losses), [200], [0.1, 0.05, 0.02], 0.057,
-                               {"g1": [[1.0] * 20, list(np.exp(-np.arange(20) / 3))]})
-    assert sorted(writers) == ["first_token_attention.png", "gate_score_histogram.png", "loss_curve.png"]
-    for name, write in writers.items():
-        write(tmp_path / name)
-        assert png_size(tmp_path / name) == SIZE and distinct_colours(tmp_path / name) > 50
-    assert "gate_score_histogram.png" not in run_plot_writers("baseline", (steps, losses), [], [0.4], 0.4, {})
-
-
 def test_a_variant_has_one_colour_in_every_figure_of_a_report(tmp_path, monkeypatch):
     """The gate-score histogram has no baseline: drawn with matplotlib's own cycle, its first variant took the colour
     the baseline has in every other figure."""
     import gatelab.eval.plots as kit
     import gatelab.report.plots as report_plots
-    from gatelab.eval.plots import VariantColours
-    from gatelab.report.plots import plot_context_length, plot_first_token_attention, plot_gate_histograms
+    from gatelab.eval.plots import VariantColours, plot_first_token_attention, plot_gate_histograms
 
     drawn = []
     for module in (kit, report_plots):
-        monkeypatch.setattr(module, "_save", lambda figure, path: drawn.append(figure.axes[0]) or Path(path))
+        monkeypatch.setattr(module, "save_png", lambda figure, path: drawn.append(figure.axes[0]) or Path(path))
     colours = VariantColours()
     for group in ("baseline", "g1_elem_sig", "g2_elem_sig"):
         colours[group]
