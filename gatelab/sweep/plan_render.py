@@ -227,6 +227,3 @@ def sweep_run_estimate(sweep, specs: Sequence[RunSpec], storage: str, tracking_u
     measured, notes = sweep_measurements(left, tracking_uri, runs_dir)
     rows = plan_rows(left, trials=trials, measured=measured)
     return estimate_lines(rows, workers, what="" if len(left) == len(specs) else "remaining ") + notes
-
-
-__all__ = ["corpus_warnings", "estimate_lines", "plan_json", "render_plan", "sweep_run_estimate"]
