@@ -12,7 +12,8 @@ def show_plan(sweep_path: Path, *, experiment: Path | None = None, as_json: bool
     """Load and validate the sweep (GatelabError on any bad cell), then print its plan. With a `workspace` and no
     `flops_per_second`, times are measured where its store holds earlier runs of the same shape from this machine."""
     from gatelab import paper as paper_tables
-    from gatelab.sweep.plan import corpus_warnings, plan_rows, render_plan, sweep_measurements
+    from gatelab.sweep.plan import plan_rows, sweep_measurements
+    from gatelab.sweep.plan_render import corpus_warnings, render_plan
     from gatelab.sweep.spec import load_sweep
 
     sweep = load_sweep(sweep_path, experiment)

@@ -70,7 +70,7 @@ def _open(sweep: Path, *, experiment: Path | None, workspace: Workspace, workers
     specs = expand(plan)
     workspace = workspace.with_storage(workspace.storage or default_storage(workspace.runs_dir, plan.name))
     echo(f"sweep {plan.name}: {len(specs)} runs; ledger {shown_storage(workspace.storage)}")
-    from gatelab.sweep.plan import sweep_run_estimate
+    from gatelab.sweep.plan_render import sweep_run_estimate
 
     for line in sweep_run_estimate(plan, specs, storage=workspace.storage, tracking_uri=workspace.tracking_uri,
                                    runs_dir=workspace.runs_dir, workers=workers):

@@ -20,129 +20,25 @@ import itertools
 import json
 import math
 import os
-import re
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import Field, PositiveInt, ValidationError, field_validator, model_validator
+from pydantic import ValidationError
 
-from gatelab.config import DataConfig, ExperimentConfig, StrictModel, format_validation_error, read_yaml, set_dotted
+from gatelab.config import DataConfig, ExperimentConfig, format_validation_error, read_yaml, set_dotted
 from gatelab.data.identity import spec_hash
 from gatelab.data.resolve import VocabularyTooSmall, experiment_from_dict, resolve_experiment
 from gatelab.errors import GatelabError
 from gatelab.metrics import KEY_METRICS, find, names_for
-from gatelab.paper import SWEEP_TABLES
+from gatelab.sweep.sweep_file import SearchParam, SearchSpace, SweepFile
 
-PaperTable = Literal[tuple(SWEEP_TABLES)]  # the paper registry's keys, so a sweep can name only what a report can read
 MAX_LISTED_LINES = 20  # an error listing longer than this ends in "and N more"
 MAX_COMBINATIONS = 4096  # searched values checked together; beyond, the corners of the space (each range's ends)
-MAX_CHECKED_INTS = 1024  # an int search range wider than this is checked at this many values, its ends included
 PROGRESS_AFTER_S = 5.0  # loading or planning a sweep that takes longer says how far it is, every PROGRESS_AFTER_S
 _RESERVED = {"name": "the run's name is the sweep's name; rename the sweep instead"}
-
-
-# --- the file's schema ----------------------------------------------------------------------------------------------
-
-
-class SearchParam(StrictModel):
-    """One searched key: a float or int range (log-uniform with `log: true`) or a list of `choices`."""
-
-    type: Literal["float", "int", "categorical"]
-    low: float | None = None
-    high: float | None = None
-    log: bool = False
-    choices: list[Any] | None = None
-
-    @model_validator(mode="after")
-    def _check(self) -> SearchParam:
-        if self.type == "categorical":
-            if not self.choices:
-                raise ValueError("a categorical parameter needs a non-empty 'choices' list")
-            if self.low is not None or self.high is not None or self.log:
-                raise ValueError("'low', 'high' and 'log' are for float and int ranges; categorical takes 'choices'")
-            odd = [c for c in self.choices if not (c is None or isinstance(c, bool | int | float | str))]
-            if odd:
-                raise ValueError(f"choices must be null, booleans, numbers or strings (Optuna's rule), not {odd[0]!r}")
-            return self
-        if self.choices is not None:
-            raise ValueError(f"'choices' is for categorical parameters; a {self.type} parameter takes 'low' and 'high'")
-        if self.low is None or self.high is None:
-            raise ValueError(f"a {self.type} parameter needs 'low' and 'high'")
-        if not self.low < self.high:
-            raise ValueError(f"low ({self.low:g}) must be below high ({self.high:g})")
-        if self.log and self.low <= 0:
-            raise ValueError(f"a log-scale range needs low > 0, got {self.low:g}")
-        if self.type == "int" and not (float(self.low).is_integer() and float(self.high).is_integer()):
-            raise ValueError(f"an int parameter needs whole low and high, got {self.low:g} and {self.high:g}")
-        return self
-
-    def checked_values(self) -> list[Any]:
-        """The values checked against every cell before a search starts: every choice, every value of an int range
-        (a cross-field rule such as n_heads divisible by n_kv_heads fails inside a range, not only at its ends; up to
-        MAX_CHECKED_INTS, beyond which its ends and MAX_CHECKED_INTS values spread over it), a float range's ends. A
-        trial whose suggestion is still invalid is failed without training (gatelab.sweep.search)."""
-        if self.type == "categorical":
-            return list(self.choices or [])
-        low, high = int(self.low), int(self.high)
-        if self.type == "float":
-            return [self.low, self.high]
-        if high - low < MAX_CHECKED_INTS:
-            return list(range(low, high + 1))
-        step = (high - low) / (MAX_CHECKED_INTS - 1)
-        return sorted({low + round(step * i) for i in range(MAX_CHECKED_INTS)} | {high})
-
-    def suggest(self, trial: Any, name: str) -> Any:
-        """Ask an Optuna trial for a value of this parameter."""
-        if self.type == "float":
-            return trial.suggest_float(name, self.low, self.high, log=self.log)
-        if self.type == "int":
-            return trial.suggest_int(name, int(self.low), int(self.high), log=self.log)
-        return trial.suggest_categorical(name, self.choices)
-
-
-class SearchSpace(StrictModel):
-    """An Optuna search run once per cell: `n_trials` trials over `params`, scored by a final metric."""
-
-    params: dict[str, SearchParam]  # dotted ExperimentConfig path -> range
-    n_trials: PositiveInt
-    metric: str = "ppl/avg"  # a whole metric name of the catalogue, gatelab.metrics (ppl/avg, long_ppl/x4)
-    direction: Literal["minimize", "maximize"] = "minimize"
-    pruner: Literal["none", "median", "hyperband"] = "median"
-
-    @model_validator(mode="after")
-    def _check(self) -> SearchSpace:
-        if not self.params:
-            raise ValueError("params is empty: name at least one dotted key to search, e.g. train.lr")
-        return self
-
-    def suggest(self, trial: Any) -> dict[str, Any]:
-        return {key: param.suggest(trial, key) for key, param in self.params.items()}
-
-
-class SweepFile(StrictModel):
-    """The keys of a sweep YAML file."""
-
-    name: str  # names folders (runs/<name>/...) and every run's experiment.name
-    experiment: str | None = None  # a preset, relative to the sweep file's folder; --experiment overrides it
-    description: str | None = None
-    grid: dict[str, list[Any]] = {}  # axis -> values; the runs are the product of the axes
-    zip: dict[str, list[Any]] = {}  # axis -> values, all the same length, moving together; multiplied with grid
-    include: list[dict[str, Any]] = []  # extra cells, run as given
-    exclude: list[dict[str, Any]] = []  # partial cells: a product cell matching every key given is dropped
-    overrides: dict[str, Any] = {}  # dotted path -> value, applied to every run before the cell's own values
-    paper: PaperTable | None = None  # the paper table a report compares against
-    search: SearchSpace | None = None
-    retries: int = Field(2, ge=0)  # how many times a failed run is retried
-
-    @field_validator("name")
-    @classmethod
-    def _folder_name(cls, name: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or set(name) == {"."}:
-            raise ValueError(f"'{name}' names folders: use letters, digits, '_', '.' and '-' only")
-        return name
 
 
 # --- what a sweep expands to ----------------------------------------------------------------------------------------
@@ -637,6 +533,6 @@ def _cell_report(source: str, problems: list[tuple[int, dict[str, Any], str]], n
 
 
 __all__ = [
-    "Duplicate", "RunSpec", "SearchParam", "SearchSpace", "Sweep", "SweepFile", "expand", "format_cell",
-    "format_value", "load_sweep", "search_space", "with_values",
+    "Duplicate", "RunSpec", "Sweep", "expand", "format_cell", "format_value", "load_sweep", "search_space",
+    "with_values",
 ]

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import csv
-import io
 import json
 import time
 
 import pytest
 import torch
-from rich.console import Console
 
 from gatelab.app.plan import show_plan
 from gatelab.config import flatten
@@ -29,15 +27,13 @@ from gatelab.sweep.plan import (
     GPU_IMPORT_S,
     GPU_SETUP_S,
     MeasuredRun,
-    corpus_warnings,
-    estimate_lines,
     evaluation_flops,
     plan_rows,
     plan_totals,
-    render_plan,
     step_settings,
     step_shape,
 )
+from gatelab.sweep.plan_render import estimate_lines
 from gatelab.sweep.spec import expand, load_sweep
 from tests.helpers import MOE, REPO, SHIPPED_SWEEPS, write_sweep
 
@@ -158,19 +154,6 @@ def test_a_missing_paper_file_drops_the_column(tmp_path, monkeypatch, capsys):
     assert "no paper column:" in out and "paper_table1_moe.csv is missing" in out
 
 
-def test_table_rendering(tmp_path):
-    path = write_sweep(tmp_path, {"grid": {"variant": ["baseline", "g1_head_sig"]}, "include": [{"seed": 0}],
-                                  "paper": "table1"}, preset=MOE)
-    sweep = load_sweep(path)
-    out = io.StringIO()
-    render_plan(plan_rows(expand(sweep), paper="table1"), title="t", notes=[str(d) for d in sweep.duplicates],
-                console=Console(file=out, width=200))
-    text = out.getvalue()
-    assert "g1_head_sig" in text and "paper added" in text and "+1.6M" in text
-    assert "2 runs" in text and "FLOP/s" in text
-    assert "cell 2 {seed: 0} is the same run as cell 0" in text
-
-
 def _bigram_sweep(tmp_path, train_sequences: int, max_steps: int, batch_size: int = 1):
     """Two runs on a generated corpus of train_sequences x 17 tokens, each training max_steps x batch_size x 16."""
     return write_sweep(tmp_path, {"grid": {"variant": ["baseline", "g1_elem_sig"]}, "overrides": {
@@ -187,21 +170,6 @@ def test_plan_json_says_what_each_run_will_see(tmp_path, capsys):
     assert plan["warnings"] == [("warning: runs 0-1 would pass over their corpus 1.6x (272 training tokens from 170): "
                                  "raise data.bigram_backcopy.train_sequences, or lower train.max_steps to 10 for one "
                                  "pass")]
-
-
-def test_the_repeat_warning_appears_above_one_pass_only(tmp_path):
-    def plan_text(train_sequences: int, max_steps: int) -> str:
-        sweep = load_sweep(_bigram_sweep(tmp_path, train_sequences, max_steps))
-        out = io.StringIO()
-        rows = plan_rows(expand(sweep))
-        render_plan(rows, notes=corpus_warnings(rows, expand(sweep)), console=Console(file=out, width=300))
-        return out.getvalue()
-
-    above = plan_text(train_sequences=16, max_steps=34)  # 34 x 16 tokens against 16 x 17: two passes
-    assert "corpus" in above and "passes" in above
-    assert "runs 0-1 would pass over their corpus 2x" in above and "lower train.max_steps to 17" in above
-    at_one = plan_text(train_sequences=16, max_steps=17)  # 17 x 16 = 16 x 17: exactly one pass
-    assert "would pass over" not in at_one and "warning" not in at_one
 
 
 def test_unprepared_corpora_show_a_question_mark_and_how_to_count(tmp_path, monkeypatch, capsys):
@@ -369,31 +337,6 @@ def test_the_store_gives_this_machines_runs_and_its_gpus_runs_from_any_machine(t
     for run in found:
         assert run.flops_per_step == pytest.approx(row["flops"] / experiment.train.max_steps)  # rebuilt from params
         assert (run.settings, run.setup_s, run.import_s) == (step_settings(flatten(experiment)), 4.0, 7.0)
-
-
-def test_the_json_total_is_the_wall_time_the_estimate_prints(tmp_path):
-    """`gatelab sweep plan --json` gives what one worker takes, imports once included, as the printed estimate does."""
-    rows = plan_rows(expand(load_sweep(write_sweep(tmp_path, {"grid": {"variant": ["baseline", "g1_elem_sig"]}}))))
-    totals = plan_totals(rows)
-    assert totals["wall_s"] == pytest.approx(rows[0]["seconds"] + rows[1]["seconds"] + rows[0]["import_s"])
-    assert estimate_lines(rows)[0].startswith(f"estimate: roughly {format_duration(totals['wall_s'])} for 2 run(s)")
-
-
-def test_a_long_plan_prints_every_run_as_aligned_text(tmp_path, monkeypatch):
-    """Above RICH_TABLE_ROWS rows the table is plain text (rich took 2 ms a row): the same columns and cells."""
-    from gatelab.sweep import plan
-
-    sweep = load_sweep(write_sweep(tmp_path, {"grid": {"variant": ["baseline", "g1_head_sig"], "seed": [0, 1, 2]}}))
-    rows = plan_rows(expand(sweep))
-    monkeypatch.setattr(plan, "RICH_TABLE_ROWS", 2)
-    out = io.StringIO()
-    render_plan(rows, title="t", console=Console(file=out, width=200))
-    lines = out.getvalue().splitlines()
-    assert lines[0] == "t" and lines[1].split()[:3] == ["#", "variant", "seed"]
-    assert [line.split()[1] for line in lines[2:8]] == ["baseline"] * 3 + ["g1_head_sig"] * 3
-    assert len({line.index("variant") for line in lines[1:2]}) == 1 and "6 runs" in out.getvalue()
-    widths = {len(line) for line in lines[1:8]}
-    assert len(widths) == 1, "every row as wide as the header: the columns line up"
 
 
 def test_pricing_many_runs_says_how_far_it_is(tmp_path, monkeypatch, capsys):

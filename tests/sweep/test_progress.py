@@ -243,7 +243,8 @@ def _measured(experiment, variant: str, step_s: float, overhead_s: float):
 
 
 def test_a_run_of_the_same_shape_measured_here_prices_the_plan(tmp_path):
-    from gatelab.sweep.plan import estimate_lines, plan_rows
+    from gatelab.sweep.plan import plan_rows
+    from gatelab.sweep.plan_render import estimate_lines
     from gatelab.sweep.spec import expand, load_sweep
 
     specs = expand(load_sweep(write_sweep(tmp_path, {"grid": {"variant": ["baseline", "g1_elem_sig"]}})))
@@ -264,7 +265,8 @@ def test_a_run_of_the_same_shape_measured_here_prices_the_plan(tmp_path):
 
 
 def test_without_measurements_the_estimate_says_it_is_a_rough_guess_from_flops(tmp_path, monkeypatch):
-    from gatelab.sweep.plan import CPU_FLOPS, estimate_lines, plan_rows
+    from gatelab.sweep.plan import CPU_FLOPS, plan_rows
+    from gatelab.sweep.plan_render import estimate_lines
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the CPU's default, also on a GPU machine
     from gatelab.sweep.spec import expand, load_sweep
