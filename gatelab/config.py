@@ -1,12 +1,12 @@
-"""The typed config tree of one experiment, read from YAML and validated before anything runs.
+"""The typed config tree of one experiment, validated before anything runs.
 
 Every component choice is a `Literal` string so a config stays YAML-serialisable and a typo is answered with the valid
 values. Unknown keys are errors with a "did you mean". Errors name the file and the dotted key path.
 
-Validation here checks values and types only and reads no file but the YAML itself. What only the data's files can
-tell (a `data.tokenizer` file that loads, `model.vocab_size: auto`) is settled by `gatelab.data.resolve`, whose
-`load_experiment` and `experiment_from_dict` give the resolved config every run starts from, and a run's identity
-(`spec_hash`) is in `gatelab.data.identity`: it hashes the data's files.
+Validation here checks values and types only and reads no file: the YAML and `--set` are read by `gatelab.config_files`.
+What only the data's files can tell (a `data.tokenizer` file that loads, `model.vocab_size: auto`) is settled by
+`gatelab.data.resolve`, whose `load_experiment` and `experiment_from_dict` give the resolved config every run starts
+from, and a run's identity (`spec_hash`) is in `gatelab.data.identity`: it hashes the data's files.
 """
 
 from __future__ import annotations
@@ -14,10 +14,8 @@ from __future__ import annotations
 import difflib
 import typing
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -467,7 +465,7 @@ class ExperimentConfig(StrictModel):
                              "data.tokenizer; with 'bpe' documents are framed by <|bos|> and <|eos|>: unset them")
 
 
-# --- loading, overriding and error messages -------------------------------------------------------------------------
+# --- validation error messages --------------------------------------------------------------------------------------
 
 
 def _submodel(annotation: Any) -> type[BaseModel] | None:
@@ -519,145 +517,12 @@ def format_validation_error(error: ValidationError, source: str, root: type[Base
     return "\n".join(lines)
 
 
-def parse_assignment(assignment: str) -> tuple[str, Any]:
-    """`train.lr=1e-3` -> ("train.lr", 0.001); the value is read as YAML so types come out right."""
-    key, sep, raw = assignment.partition("=")
-    if not sep or not key.strip():
-        raise GatelabError(f"--set {assignment!r}: expected KEY.PATH=VALUE, for example train.lr=1e-3")
-    return key.strip(), _load_yaml(raw, f"--set {assignment!r}")
-
-
-def set_dotted(tree: dict[str, Any], dotted: str, value: Any, root: type[BaseModel] = ExperimentConfig) -> None:
-    """Set `a.b.c` in a nested dict, refusing paths the config tree does not have (with a hint)."""
-    parts = dotted.split(".")
-    model: type[BaseModel] | None = root
-    node = tree
-    for depth, part in enumerate(parts):
-        if model is not None and part not in model.model_fields:
-            valid = sorted(model.model_fields)
-            close = difflib.get_close_matches(part, valid, n=1)
-            hint = f"; did you mean '{'.'.join(parts[:depth] + [close[0]])}'?" if close else ""
-            raise GatelabError(f"{dotted}: unknown key '{part}'{hint} (valid keys here: {', '.join(valid)})")
-        if depth == len(parts) - 1:
-            node[part] = value
-            return
-        model = _submodel(model.model_fields[part].annotation) if model is not None else None
-        child = node.get(part)
-        if not isinstance(child, dict):
-            child = {}
-            node[part] = child
-        node = child
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key repeated in one mapping: PyYAML keeps the last one silently, so a second `train:`
-    block would replace the first without a word."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        first_line: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` keys may be overridden: that is their use
-                continue
-            key = self.construct_object(key_node, deep=True)
-            line = key_node.start_mark.line + 1
-            if isinstance(key, typing.Hashable) and key in first_line:
-                raise _DuplicateKey(f"key '{key}' appears twice in the same mapping, at lines {first_line[key]} and "
-                                    f"{line}; keep one of them (YAML would silently use the last)")
-            first_line.setdefault(key, line)
-        return super().construct_mapping(node, deep=deep)
-
-
-    def get_single_node(self):
-        # An alias is a reference, not a copy, yet a value built of nested aliases (`&a [*a, *a, ...]` a few levels
-        # deep) expands to billions of elements wherever it is walked or printed (a 52 MB error message): refuse a
-        # document whose expanded size is beyond any config's, before anything reads it.
-        node = super().get_single_node()
-        if node is not None and _expanded_size(node, {}) > MAX_YAML_NODES:
-            raise _DuplicateKey(f"the document expands to more than {MAX_YAML_NODES:,} values through its aliases "
-                                "(*name); a gatelab file needs far fewer: write the values out")
-        return node
-
-
-MAX_YAML_NODES = 1_000_000
-
-
-def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
-    """Nodes in `node` with every alias expanded, counted once per node object (so nested aliases cost no time)."""
-    if id(node) not in sizes:
-        sizes[id(node)] = 1  # a node reached again while counting it (a recursive alias) counts once
-        if isinstance(node, yaml.SequenceNode):
-            sizes[id(node)] += sum(_expanded_size(child, sizes) for child in node.value)
-        elif isinstance(node, yaml.MappingNode):
-            sizes[id(node)] += sum(_expanded_size(key, sizes) + _expanded_size(value, sizes)
-                                   for key, value in node.value)
-    return sizes[id(node)]
-
-
-class _DuplicateKey(yaml.YAMLError):
-    """A YAML file gatelab refuses though PyYAML would load it (a repeated key, too many aliases)."""
-
-
-def _load_yaml(text: str, source: str) -> Any:
-    """`text` parsed with duplicate keys refused; YAML errors become a GatelabError naming `source` and the line."""
-    try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)
-    except _DuplicateKey as exc:
-        raise GatelabError(f"{source}: {exc}") from None
-    except yaml.YAMLError as exc:
-        for mark in (getattr(exc, "context_mark", None), getattr(exc, "problem_mark", None)):
-            if mark is not None:
-                mark.name = source  # PyYAML would say "<unicode string>"
-        raise GatelabError(f"{source}: not valid YAML: {exc}") from None
-
-
-def _read_text(path: Path) -> str:
-    if path.is_dir():
-        raise GatelabError(f"{path}: is a folder, not a YAML file; name a file inside it")
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise GatelabError(f"{path}: no such file") from None
-    except OSError as exc:
-        raise GatelabError(f"{path}: cannot be read ({exc.strerror}); check that it is a file this user may read") \
-            from None
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw.count(b"\n", 0, exc.start) + 1
-        raise GatelabError(f"{path}: byte 0x{raw[exc.start]:02x} at offset {exc.start} (line {line}) is not UTF-8; "
-                           "save the file as UTF-8") from None
-
-
-def read_yaml(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
-    data = _load_yaml(_read_text(path), str(path))
-    if not isinstance(data, dict):
-        raise GatelabError(f"{path}: expected a mapping of keys at the top level, got {type(data).__name__}")
-    return data
-
-
 def validate_experiment(data: dict[str, Any], source: str) -> ExperimentConfig:
     """The experiment `data` describes, its values and types checked; not yet resolved (gatelab.data.resolve)."""
     try:
         return ExperimentConfig.model_validate(data)
     except ValidationError as exc:
         raise GatelabError(format_validation_error(exc, source)) from None
-
-
-def read_experiment_tree(path: str | Path, overrides: typing.Sequence[str] = ()) -> dict[str, Any]:
-    """An experiment preset's keys with `key.path=value` overrides applied; errors name the file and key."""
-    data = read_yaml(path)
-    for assignment in overrides:
-        key, value = parse_assignment(assignment)
-        try:
-            set_dotted(data, key, value)
-        except GatelabError as exc:
-            raise GatelabError(f"{path}: --set {exc}") from None
-    return data
-
-
-def to_yaml(config: BaseModel) -> str:
-    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
 
 
 def flatten(config: BaseModel | dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -677,8 +542,7 @@ __all__ = [
     "ATTENTION_KINDS", "AttentionKind", "AttentionKindTraits", "BigramBackcopyConfig", "CorpusFields", "DataConfig",
     "EvalConfig", "ExperimentConfig", "FilesSourceConfig", "GateConfig", "GatePosition", "HFSourceConfig",
     "ModelConfig", "MoEConfig", "SwitchHeadConfig", "TrackingConfig", "TrainConfig", "flatten",
-    "format_validation_error", "parse_assignment", "read_experiment_tree", "read_yaml", "set_dotted", "to_yaml",
-    "validate_experiment",
+    "format_validation_error", "validate_experiment",
 ]
 
 

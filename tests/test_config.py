@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gatelab.config import ATTENTION_KINDS, ExperimentConfig, flatten, read_yaml, to_yaml
+from gatelab.config import ATTENTION_KINDS, ExperimentConfig, flatten
+from gatelab.config_files import to_yaml
 from gatelab.data.identity import spec_hash
 from gatelab.data.resolve import load_experiment
 from gatelab.errors import GatelabError
@@ -98,66 +99,6 @@ def test_top_k_larger_than_experts(tmp_path):
         load_experiment(_write(tmp_path, moe))
 
 
-def test_set_overrides_are_typed_and_checked(tmp_path):
-    path = _write(tmp_path, BASE)
-    experiment = load_experiment(path, ["train.lr=1e-3", "model.sandwich_norm=true", "variant=g1_head_sig"])
-    assert experiment.train.lr == 1e-3 and experiment.model.sandwich_norm and experiment.variant == "g1_head_sig"
-    with pytest.raises(GatelabError, match=r"did you mean 'train.lr'"):
-        load_experiment(path, ["train.lrr=1"])
-    with pytest.raises(GatelabError, match=r"train.max_steps: Input should be a valid integer"):
-        load_experiment(path, ["train.max_steps=many"])
-    with pytest.raises(GatelabError, match="expected KEY.PATH=VALUE"):
-        load_experiment(path, ["train.lr"])
-
-
-def test_missing_and_malformed_files(tmp_path):
-    with pytest.raises(GatelabError, match="no such file"):
-        load_experiment(tmp_path / "absent.yaml")
-    with pytest.raises(GatelabError, match="not valid YAML"):
-        load_experiment(_write(tmp_path, "name: [unclosed\n"))
-    with pytest.raises(GatelabError, match="expected a mapping"):
-        load_experiment(_write(tmp_path, "- a list\n"))
-
-
-def test_a_key_repeated_at_one_level_names_the_file_the_key_and_both_lines(tmp_path):
-    path = _write(tmp_path, "name: x\ntrain:\n  lr: 1.0e-3\nseed: 1\ntrain:\n  max_steps: 3\n")
-    with pytest.raises(GatelabError, match=rf"{path}: key 'train' appears twice .* lines 2 and 5"):
-        load_experiment(path)
-    nested = _write(tmp_path, "name: x\ntrain:\n  lr: 1.0e-3\n  max_steps: 3\n  lr: 2.0e-3\n")
-    with pytest.raises(GatelabError, match=r"key 'lr' appears twice .* lines 3 and 5"):
-        load_experiment(nested)
-
-
-def test_a_yaml_merge_key_may_still_be_overridden(tmp_path):
-    merged = read_yaml(_write(tmp_path, "base: &base {lr: 1, max_steps: 2}\ntrain:\n  <<: *base\n  lr: 3\n"))
-    assert merged["train"] == {"lr": 3, "max_steps": 2}
-
-
-def test_a_byte_that_is_not_utf8_names_the_file_offset_and_line(tmp_path):
-    path = tmp_path / "latin1.yaml"
-    path.write_bytes("name: x\n# caf\u00e9\n".encode("latin-1"))
-    with pytest.raises(GatelabError, match=rf"{path}: byte 0xe9 at offset 13 \(line 2\) is not UTF-8"):
-        load_experiment(path)
-
-
-def test_a_file_that_cannot_be_read_is_one_message_naming_it(tmp_path, monkeypatch):
-    with pytest.raises(GatelabError, match=rf"{tmp_path}: is a folder"):
-        load_experiment(tmp_path)
-    path = _write(tmp_path, "name: x\n")
-
-    def denied(self, *args, **kwargs):
-        raise PermissionError(13, "Permission denied", str(self))
-
-    monkeypatch.setattr(Path, "open", denied)  # as root, chmod 000 would still read
-    with pytest.raises(GatelabError, match=rf"{path}: cannot be read \(Permission denied\)"):
-        load_experiment(path)
-
-
-def test_a_set_value_that_is_not_yaml_names_the_assignment(tmp_path):
-    with pytest.raises(GatelabError, match=r"--set 'train.lr=\[1': not valid YAML"):
-        load_experiment(_write(tmp_path, "name: x\n"), ["train.lr=[1"])
-
-
 def test_flatten_gives_dotted_params():
     flat = flatten(load_experiment(REPO / "experiments" / "tiny.yaml"))
     assert flat["model.n_layers"] == 4 and flat["train.lr"] == 2e-3
@@ -245,24 +186,6 @@ def test_every_config_model_refuses_infinite_and_nan_floats():
         cls.__name__ for cls in models if cls.model_config.get("allow_inf_nan") is not False]
 
 
-def test_a_yaml_alias_bomb_is_refused_at_once_in_one_short_line(tmp_path):
-    levels = ["a0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1]"] + [
-        f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 9)]  # 9^9 values expanded
-    path = tmp_path / "bomb.yaml"
-    path.write_text("name: bomb\n" + "\n".join(levels) + "\nmodel: {n_layers: *a8}\n")
-    with pytest.raises(GatelabError) as caught:
-        read_yaml(path)
-    assert str(caught.value).startswith(f"{path}: ") and "aliases" in str(caught.value) and len(str(caught.value)) < 300
-
-
-def test_a_few_anchors_and_aliases_still_load(tmp_path):
-    path = tmp_path / "anchors.yaml"
-    path.write_text("base: &base {lr: 0.001, warmup_steps: 10}\ntrain:\n  <<: *base\n  lr: 0.002\nlist: &l [1, 2]\n"
-                    "again: [*l, *l]\n")
-    data = read_yaml(path)
-    assert data["train"] == {"lr": 0.002, "warmup_steps": 10} and data["again"] == [[1, 2], [1, 2]]
-
-
 def test_a_quoted_value_is_shortened_in_the_message():
     from gatelab.config import _shortened
 
@@ -292,7 +215,7 @@ def test_settings_that_make_a_run_meaningless_are_warned_about_with_their_fix():
 def test_a_dumped_experiment_reads_back_as_itself(preset, files, tmp_path):
     """What a checkpoint records of its run (and gatelab eval rebuilds the model from): a files source with a
     domain_field dumped its default domain beside it and was refused on reading, so no such run could resume."""
-    from gatelab.config import read_experiment_tree
+    from gatelab.config_files import read_experiment_tree
 
     tree = read_experiment_tree(preset)
     if files:

@@ -1,9 +1,9 @@
 """gatelab's layers, declared once: a module imports only from its own layer or those below it, and no two modules
 import each other, directly or round a circle. Imports inside functions count: a lazy import is still a dependency.
 
-From the bottom: the errors; the host and other leaves (the metric catalogue among them); the config; tracking,
-progress and the workspace (where runs live); data; the variant registry and the model; evaluation; training; sweeps;
-reports; benchmarks; what commands do (app); the command line.
+From the bottom: the errors; the host and other leaves (the metric catalogue among them); the config; its files
+(YAML, --set); tracking, progress and the workspace (where runs live); data; the variant registry and the model;
+evaluation; training; sweeps; reports; benchmarks; what commands do (app); the command line.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("__init__", "errors"),  # the package's __init__ runs before any of its modules: it imports none
     ("host", "paper", "output_folders", "interrupts", "devices", "metrics"),
     ("config",),
+    ("config_files",),  # above the config, so the schema never reads a file
     ("store_uris", "store_checks", "tracking", "tracked_run", "metric_outbox", "progress", "workspace"),
     ("data",),
     ("variants", "model"),

@@ -16,7 +16,8 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from gatelab.config import ExperimentConfig, read_experiment_tree, validate_experiment
+from gatelab.config import ExperimentConfig, validate_experiment
+from gatelab.config_files import read_experiment_tree
 from gatelab.data.tokenizer import TRAINED_BPE, load_foreign_tokenizer
 from gatelab.errors import GatelabError
 

@@ -20,7 +20,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import PositiveFloat, ValidationError, model_validator
 
-from gatelab.config import StrictModel, format_validation_error, read_yaml
+from gatelab.config import StrictModel, format_validation_error
+from gatelab.config_files import read_yaml
 from gatelab.errors import GatelabError
 
 Kind = Literal["direction", "closeness", "level", "change", "rank", "lr sensitivity", "stable rate", "not addressed"]

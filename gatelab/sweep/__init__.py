@@ -2,6 +2,6 @@
 ledger.
 
 `sweep_file` is the file's schema, `spec` reads and expands it, `plan` prices it (parameters, tokens, FLOPs, time)
-before anything runs and `plan_render` prints that price, `queue` is the Optuna-backed ledger, `worker` and `executor` run what the ledger
-hands out.
+before anything runs and `plan_render` prints that price, `queue` is the Optuna-backed ledger, `worker` and
+`executor` run what the ledger hands out.
 """

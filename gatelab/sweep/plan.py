@@ -48,7 +48,8 @@ from pathlib import Path
 from typing import Any
 
 from gatelab import paper as paper_tables
-from gatelab.config import DataConfig, ExperimentConfig, ModelConfig, flatten, set_dotted
+from gatelab.config import DataConfig, ExperimentConfig, ModelConfig, flatten
+from gatelab.config_files import set_dotted
 from gatelab.data.budget import CorpusCounter
 from gatelab.data.corpora import HELDOUT_FRACTION
 from gatelab.devices import gpu_peak

@@ -28,7 +28,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gatelab.config import DataConfig, ExperimentConfig, format_validation_error, read_yaml, set_dotted
+from gatelab.config import DataConfig, ExperimentConfig, format_validation_error
+from gatelab.config_files import read_yaml, set_dotted
 from gatelab.data.identity import spec_hash
 from gatelab.data.resolve import VocabularyTooSmall, experiment_from_dict, resolve_experiment
 from gatelab.errors import GatelabError

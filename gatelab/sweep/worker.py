@@ -22,7 +22,7 @@ import lightning as L
 import torch
 
 from gatelab import host, tracking
-from gatelab.config import to_yaml
+from gatelab.config_files import to_yaml
 from gatelab.data.identity import spec_hash
 from gatelab.errors import GatelabError, redact
 from gatelab.interrupts import Interrupted, ignore_signals, raise_on_signals

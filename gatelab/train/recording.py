@@ -14,7 +14,8 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from gatelab import tracking
-from gatelab.config import ExperimentConfig, ModelConfig, flatten, to_yaml
+from gatelab.config import ExperimentConfig, ModelConfig, flatten
+from gatelab.config_files import to_yaml
 from gatelab.data.datasets import TokenCorpus
 from gatelab.data.identity import spec_hash
 from gatelab.devices import device_name, evaluation_device

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gatelab.config import ExperimentConfig, set_dotted
+from gatelab.config import ExperimentConfig
+from gatelab.config_files import set_dotted
 from gatelab.data.identity import HASH_RULES, LeftOutAt, hashed_payload, spec_hash
 from gatelab.data.resolve import load_experiment
 from tests.helpers import REPO

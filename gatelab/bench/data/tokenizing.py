@@ -167,7 +167,7 @@ class TimedLog:
 
 def files_experiment(parquet_glob: str, tokenizer: Path, data_dir: Path, vocab: int):
     """tiny.yaml reading the parquet shards through `data.source: files`, tokenized with `tokenizer`."""
-    from gatelab.config import read_yaml
+    from gatelab.config_files import read_yaml
     from gatelab.data.resolve import experiment_from_dict
     from gatelab.host import repo_root
 
