@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gatelab.errors import GatelabError
+from gatelab.metrics import F_ATTN, GATE_SCORE_MEAN, M_ACT
 
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
@@ -81,7 +82,7 @@ SWEEP_TABLES: dict[str, tuple[str, ...]] = {
 BENCHMARK_TASKS = {"Hellaswag": "hellaswag", "MMLU": "mmlu", "GSM8k": "gsm8k", "C-eval": "ceval-valid",
                    "CMMLU": "cmmlu", "HumanEval": "humaneval"}
 # Table 4's mechanistic columns, and the probe metrics of ours that measure the same thing.
-PROBE_METRICS = {"Gate Score": "probe/gate_score_mean", "M-Act": "probe/m_act", "F-Attn": "probe/f_attn"}
+PROBE_METRICS = {"Gate Score": GATE_SCORE_MEAN, "M-Act": M_ACT, "F-Attn": F_ATTN}
 
 
 def paper_dir() -> Traversable:

@@ -85,6 +85,18 @@ def test_a_name_finds_its_entry(name, entry):
     assert find(name).name == entry
 
 
+@pytest.mark.parametrize("name, entry", [
+    (metrics.DOMAIN_PPL.format(domain="speeches"), "ppl/{domain}"),
+    (metrics.LONG_PPL_BEYOND_TRAIN.format(multiplier=4), "long_ppl_beyond_train/x{multiplier}"),
+    (metrics.KURTOSIS_OF_BLOCK.format(block=3), "probe/kurtosis/block{block}"),
+    (metrics.SPARSITY.format(measure="control_output_below_0.001"), "probe/sparsity_control_output_below_{threshold}"),
+    (metrics.SPARSITY.format(measure="mean_abs_sdpa_output"), "probe/sparsity_mean_abs_sdpa_output"),
+    (metrics.ICL.format(task="needle_len16"), "icl/needle_len{length}"),
+    (metrics.LM_EVAL_STDERR.format(task="blimp", measure="acc"), "lm_eval/{task}/{measure}/stderr")])
+def test_a_formatter_fills_in_a_name_of_its_entry(name, entry):
+    assert find(name).name == entry
+
+
 @pytest.mark.parametrize("fragment", ["long_ppl/x", "sink_rate/layer", "probe/sink_rate/layer", "probe/", "ppl/",
                                       "probe/{}", "lm_eval/hellaswag"])
 def test_a_fragment_finds_nothing(fragment):

@@ -10,6 +10,7 @@ from typer import echo
 
 from gatelab.app import comma_list, say_written
 from gatelab.errors import GatelabError
+from gatelab.metrics import TRAIN_LOSS
 from gatelab.workspace import Workspace
 
 DEFAULT_CLAIMS = Path("sweeps/claims/tiny.yaml")  # relative to the repository root, where gatelab is run from
@@ -47,7 +48,7 @@ def make_claims(sweep_paths: Sequence[Path], *, out_dir: Path, formats: Sequence
             workspace.storage, runs_dir=runs_dir, sweep_name=name, specs=specs))
     spiky = {claim.sweep for claim in claims if claim.metric == LOSS_SPIKES}
     for name in spiky & set(records):
-        count_loss_spikes(records[name], lambda run_id: store.metric_history(run_id, "train/loss"))
+        count_loss_spikes(records[name], lambda run_id: store.metric_history(run_id, TRAIN_LOSS))
     known = {claim.sweep for claim in claims if claim.sweep is not None}
     unused = sorted(set(records) - known)
     if unused:

@@ -10,6 +10,7 @@ from typer import echo
 
 from gatelab.app import quiet_noise, stdout_console
 from gatelab.errors import GatelabError
+from gatelab.metrics import PPL_AVG
 from gatelab.workspace import Workspace
 
 
@@ -119,5 +120,5 @@ def _detail(state) -> str:
     if state.status == "failed":
         return state.error or ""
     if state.status == "finished" and state.value is not None:
-        return f"ppl/avg {state.value:.3f}"
+        return f"{PPL_AVG} {state.value:.3f}"
     return ""

@@ -196,6 +196,7 @@ def pytest_verdict(step: StepResult) -> Verdict:
 
 def read_runs(runs_dir: Path) -> list[RunRecord]:
     """The quick-start sweep's runs, oldest first, from the runs folder's SQLite MLflow store."""
+    from gatelab.metrics import EVAL_S, PEAK_GPU_GB
     from gatelab.tracking import default_tracking_uri, sqlite_file
 
     uri = default_tracking_uri(runs_dir, create=False, as_written=True)
@@ -207,12 +208,12 @@ def read_runs(runs_dir: Path) -> list[RunRecord]:
     records = []
     for experiment in client.search_experiments():
         for run in client.search_runs([experiment.experiment_id]):
-            history = client.get_metric_history(run.info.run_id, "time/eval_s")
+            history = client.get_metric_history(run.info.run_id, EVAL_S)
             eval_end = history[-1].timestamp / 1000 if history else None
             metrics, tags = run.data.metrics, run.data.tags
             records.append((run.info.start_time, RunRecord(
                 tags.get("variant", run.info.run_name or "?"), tags.get("gatelab.status", run.info.status.lower()),
-                metrics.get("time/eval_s"), eval_end, metrics.get("memory/peak_gpu_gb"),
+                metrics.get(EVAL_S), eval_end, metrics.get(PEAK_GPU_GB),
                 tags.get("gatelab.device", ""))))
     return [record for _, record in sorted(records, key=lambda pair: pair[0])]
 

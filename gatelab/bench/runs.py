@@ -16,6 +16,7 @@ import torch
 from gatelab import tracking
 from gatelab.config import ExperimentConfig
 from gatelab.errors import GatelabError
+from gatelab.metrics import EVAL_S, PEAK_GPU_GB, PEAK_GPU_TRAIN_GB, PEAK_RSS_GB, TRAIN_S
 
 PLAN_SWEEP, PLAN_EXPERIMENT = "sweeps/paper-table1.yaml", "experiments/paper-moe-15b.yaml"
 # The end-of-run evaluation cut to a few windows: the compile runs time their first steps, not their evaluation, and
@@ -92,13 +93,13 @@ def run_cost_of(preset: str, steps: int, wall: float, step_s: float, preset_step
     """`run_cost`'s figures of a run that finished in `folder` (the one of `seed`) in `wall` seconds."""
     timings = run_timings(folder, seed)
     phases = timings[0] if timings else {}
-    peak = phases.get("memory/peak_rss_gb", math.nan) * 1e9  # the run's own figure: a child's maxrss counts forks
-    train_s = phases.get("time/train_s")
+    peak = phases.get(PEAK_RSS_GB, math.nan) * 1e9  # the run's own figure: a child's maxrss counts forks
+    train_s = phases.get(TRAIN_S)
     fixed_s = wall - train_s if train_s is not None else None
     full_train_s = preset_steps * step_s
     return {"preset": preset, "steps": steps, "wall_s": wall, "peak_rss_bytes": peak, "compiled": compiled,
-            "peak_gpu_gb": phases.get("memory/peak_gpu_gb"),  # gatelab.train.phases.peak_memory; none on a CPU
-            "peak_gpu_train_gb": phases.get("memory/peak_gpu_train_gb"),  # training's alone, before evaluation
+            "peak_gpu_gb": phases.get(PEAK_GPU_GB),  # gatelab.train.phases.peak_memory; none on a CPU
+            "peak_gpu_train_gb": phases.get(PEAK_GPU_TRAIN_GB),  # training's alone, before evaluation
             "phases": {k.removeprefix("time/"): v for k, v in phases.items() if k.startswith("time/")},
             "fixed_s": fixed_s, "preset_steps": preset_steps, "preset_train_s_at_measured_step": full_train_s,
             "fixed_share_of_preset_run": fixed_s / (fixed_s + full_train_s) if fixed_s is not None else None}
@@ -114,10 +115,10 @@ def sweep_cost(sweep: str, folder: Path, workers: tuple[int, ...] = (1, 2)) -> d
                    str(count), "--runs-dir", str(runs_dir)]
         wall = child_seconds(command, cwd=folder, timeout=4 * 3600)
         timings = run_timings(runs_dir)
-        train_s = sum(t.get("time/train_s", math.nan) for t in timings)
-        peak = max((t.get("memory/peak_rss_gb", math.nan) for t in timings), default=math.nan) * 1e9
+        train_s = sum(t.get(TRAIN_S, math.nan) for t in timings)
+        peak = max((t.get(PEAK_RSS_GB, math.nan) for t in timings), default=math.nan) * 1e9
         results[count] = {"wall_s": wall, "runs": len(timings), "train_s_sum": train_s, "peak_rss_bytes": peak,
-                          "eval_s_sum": sum(t.get("time/eval_s", math.nan) for t in timings)}
+                          "eval_s_sum": sum(t.get(EVAL_S, math.nan) for t in timings)}
     one = results[workers[0]]
     summary = {"sweep": sweep, "by_workers": results,
                "fixed_share_one_worker": (one["wall_s"] - one["train_s_sum"]) / one["wall_s"]}

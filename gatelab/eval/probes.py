@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import Tensor, nn
 
+from gatelab import metrics as catalogue
 from gatelab.eval.metrics import model_device
 
 SPARSITY_THRESHOLDS = (1e-2, 1e-3)
@@ -173,18 +174,18 @@ class ProbeReport:
         return _mean(self.max_activation)
 
     def summary(self) -> dict[str, float]:
-        """The scalar metrics, named for MLflow."""
+        """The scalar metrics, by their MLflow names."""
         metrics = {
-            "f_attn": self.f_attn,
-            "f_attn_with_first_query": _mean(self.first_token_share_with_first_query),
-            "m_act": self.m_act,
-            "m_act_share_layers_max_at_first_token": _mean([float(x) for x in self.max_activation_at_first_token]),
-            "m_act_tokens_near_max_share": _mean(self.tokens_near_max_share),
+            catalogue.F_ATTN: self.f_attn,
+            catalogue.F_ATTN_WITH_FIRST_QUERY: _mean(self.first_token_share_with_first_query),
+            catalogue.M_ACT: self.m_act,
+            catalogue.M_ACT_MAX_AT_FIRST_TOKEN: _mean([float(x) for x in self.max_activation_at_first_token]),
+            catalogue.M_ACT_NEAR_MAX: _mean(self.tokens_near_max_share),
         }
         if self.gate_score is not None:
-            metrics["gate_score_mean"] = self.gate_score
+            metrics[catalogue.GATE_SCORE_MEAN] = self.gate_score
         for measure, values in self.sparsity.items():
-            metrics[f"sparsity_{measure}"] = _mean(values)
+            metrics[catalogue.SPARSITY.format(measure=measure)] = _mean(values)
         return metrics | self.outlier_summary()
 
     def outlier_summary(self) -> dict[str, float]:
@@ -193,17 +194,20 @@ class ProbeReport:
         handed no attention probabilities (NaN) is left out."""
         sink = {i: rate for i, rate in enumerate(self.sink_rate) if not math.isnan(rate)}
         kurtosis = {i: value for i, value in enumerate(self.kurtosis) if not math.isnan(value)}
-        metrics = {"sink_rate": _mean(list(sink.values()))} if sink else {}
-        metrics |= {f"sink_rate/layer{i}": rate for i, rate in sink.items()}
+        metrics = {catalogue.SINK_RATE: _mean(list(sink.values()))} if sink else {}
+        metrics |= {catalogue.SINK_RATE_OF_LAYER.format(layer=i): rate for i, rate in sink.items()}
         if kurtosis:
-            metrics |= {"kurtosis_max": max(kurtosis.values()), "kurtosis_mean": _mean(list(kurtosis.values()))}
-        metrics |= {f"kurtosis/block{i}": value for i, value in kurtosis.items()}
-        metrics["max_abs_activation"] = max(self.max_activation)
-        metrics |= {f"max_abs_activation/block{i}": value for i, value in enumerate(self.max_activation)}
+            metrics |= {catalogue.KURTOSIS_MAX: max(kurtosis.values()),
+                        catalogue.KURTOSIS_MEAN: _mean(list(kurtosis.values()))}
+        metrics |= {catalogue.KURTOSIS_OF_BLOCK.format(block=i): value for i, value in kurtosis.items()}
+        metrics[catalogue.MAX_ABS_ACTIVATION] = max(self.max_activation)
+        metrics |= {catalogue.MAX_ABS_ACTIVATION_OF_BLOCK.format(block=i): value
+                    for i, value in enumerate(self.max_activation)}
         return metrics
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "summary": self.summary()}
+        # probes.json names the summary's metrics without their `probe/`
+        return {**asdict(self), "summary": {name.split("/", 1)[1]: value for name, value in self.summary().items()}}
 
 
 @torch.no_grad()
@@ -260,7 +264,7 @@ class _AttentionOutputRms:
 def attention_output_rms(model: nn.Module, input_ids_BT: Tensor) -> float:
     """The RMS of each layer's attention-sublayer output on one batch, averaged over layers.
 
-    Logged at step 0 of every run (`gatelab.eval.INIT_SCALE_METRIC`): a gate that scores 0.5 at init, a SiLU gate, a
+    Logged at step 0 of every run (`gatelab.metrics.INIT_SCALE`): a gate that scores 0.5 at init, a SiLU gate, a
     smaller output projection all shrink what attention adds to the residual stream before anything is learned, and at
     small scale that alone moves perplexity. The claims table reads it to tell a gating effect from an init-scale one.
     """

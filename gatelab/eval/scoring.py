@@ -28,9 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from gatelab.errors import GatelabError
+from gatelab.metrics import LM_EVAL, LM_EVAL_STDERR
 from gatelab.tracking import RunStore
 
-PREFIX = "lm_eval"
+ARTIFACT_FOLDER = "lm_eval"  # of the results JSONs
 TAG_PREFIX = "gatelab.lm_eval."
 
 
@@ -109,7 +110,7 @@ def metrics_of(task: str, task_results: dict[str, Any]) -> dict[str, float]:
         stderr = name.endswith("_stderr")
         name = name.removesuffix("_stderr") + ("" if filter_name == "none" else f"_{filter_name}")
         if math.isfinite(value):
-            metrics[f"{PREFIX}/{task}/{name}" + ("/stderr" if stderr else "")] = float(value)
+            metrics[(LM_EVAL_STDERR if stderr else LM_EVAL).format(task=task, measure=name)] = float(value)
     return metrics
 
 
@@ -198,7 +199,7 @@ def record(store: RunStore, run_id: str, results: dict[str, Any], tags: dict[str
         with tempfile.TemporaryDirectory() as folder:
             path = Path(folder) / f"{task}.json"
             path.write_text(json.dumps(payload, indent=1, default=str))
-            store.log_scores(run_id, metrics, {TAG_PREFIX + task: tag}, [path], PREFIX)
+            store.log_scores(run_id, metrics, {TAG_PREFIX + task: tag}, [path], ARTIFACT_FOLDER)
         logged |= metrics
     return logged
 
@@ -244,7 +245,7 @@ def score_runs(targets: Sequence[Target], settings: HarnessSettings, uri: str, r
         log(f"scoring {target.label} on {', '.join(pending)} ({device_name(lm.device)})")
         results = evaluate(lm, settings, {task: loaded[task] for task in pending}, manager)
         metrics = record(store, target.run_id, results, pending)
-        log("  " + ", ".join(f"{name.removeprefix(PREFIX + '/')} {value:.4f}" for name, value in metrics.items()
+        log("  " + ", ".join(f"{name.split('/', 1)[1]} {value:.4f}" for name, value in metrics.items()
                              if not name.endswith("/stderr")))
         counts["scored"] += 1
     return counts

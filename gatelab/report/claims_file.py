@@ -23,6 +23,7 @@ from pydantic import PositiveFloat, ValidationError, model_validator
 from gatelab.config import StrictModel, format_validation_error
 from gatelab.config_files import read_yaml
 from gatelab.errors import GatelabError
+from gatelab.metrics import PPL_AVG
 
 Kind = Literal["direction", "closeness", "level", "change", "rank", "lr sensitivity", "stable rate", "not addressed"]
 Direction = Literal["lower", "higher"]
@@ -132,7 +133,7 @@ class Claim(StrictModel):
     direction: Direction | None = None  # which way the paper says group a goes (against b, a level, or over the axis)
     a: str = ""  # the group the claim is about; for change, lr sensitivity and stable rate without the varied key
     b: str | None = None  # the group it is compared with
-    metric: str = "ppl/avg"  # an MLflow metric of the runs, or a key of claims.DERIVED
+    metric: str = PPL_AVG  # an MLflow metric of the runs, or a key of claims.DERIVED
     level: float | None = None  # level: the claimed level
     setting: tuple[str, str] | None = None  # change: the (from, to) settings, e.g. two learning rates
     axis: str | None = None  # lr sensitivity, stable rate: the swept key whose values are compared, e.g. train.lr

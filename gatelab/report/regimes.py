@@ -21,12 +21,12 @@ import pandas as pd
 import yaml
 from scipy import stats
 
+from gatelab.metrics import VAL_LOSS
 from gatelab.report.export import ReportTable
 from gatelab.report.plots import plot_gap_to_baseline, plot_loss_vs_lr
 from gatelab.report.stats import lr_sensitivity
 from gatelab.report.tables import RunRecord
 
-VAL_LOSS = "val/loss"
 LR_KEY = "train.lr"
 MIN_HISTORY_POINTS = 3  # fewer logged steps than this draw no curve worth calling a trend
 MIN_RATES = 3  # fewer rates than this are not a sweep of the learning rate

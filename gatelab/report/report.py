@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from gatelab.eval.plots import VariantColours, plot_first_token_attention, plot_gate_histograms, plot_loss_curves
+from gatelab.metrics import SPIKE, SPIKES, SPIKES_TOTAL, TRAIN_LOSS
 from gatelab.progress import fit_columns, fit_line, terminal_columns
 from gatelab.report.export import ReportSection, ReportTable, export_report
 from gatelab.report.plots import plot_context_length, plot_delta_vs_paper
@@ -110,10 +111,10 @@ def _loss_curves(records, store: RunStore) -> dict:
     for record in records:
         if record.status != "finished" or record.group in curves:
             continue
-        steps, losses = store.metric_history(record.run_id, "train/loss")
-        spikes = spike_steps(store.metric_history(record.run_id, "train/spike"),
-                             store.metric_history(record.run_id, "train/spikes"),
-                             record.metrics.get("train/spikes_total"), steps[-1] if steps else None)
+        steps, losses = store.metric_history(record.run_id, TRAIN_LOSS)
+        spikes = spike_steps(store.metric_history(record.run_id, SPIKE),
+                             store.metric_history(record.run_id, SPIKES),
+                             record.metrics.get(SPIKES_TOTAL), steps[-1] if steps else None)
         curves[record.group] = (steps, losses, spikes)
     return curves
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import pandas as pd
 
+from gatelab import metrics as catalogue
 from gatelab import paper as paper_tables
 from gatelab.report.stats import PAIRED, Comparison, compare, mean_std, rank_agreement, sign_agreement
 from gatelab.tracking import SPEC_HASH_TAG, STATUS_TAG, RunStore
@@ -22,12 +23,12 @@ from gatelab.tracking import SPEC_HASH_TAG, STATUS_TAG, RunStore
 # The paper's columns that our probes measure (Table 4), as gatelab.paper registers them.
 PAPER_PROBES = paper_tables.PROBE_METRICS
 PAPER_BENCHMARKS = paper_tables.BENCHMARK_TASKS
-PPL = "ppl/avg"
+PPL = catalogue.PPL_AVG
 # The probes that tell "do-nothing" attention mechanisms apart (issue 33; gatelab.eval.probes and .quantization): Gu et
 # al.'s sink rate, Bondarenko et al.'s kurtosis and largest |activation| of the blocks' outputs, and the perplexity
 # under W8A8 fake quantisation with its ratio to full precision. The paper has no column for them.
-OUTLIER_PROBES = ("probe/sink_rate", "probe/kurtosis_max", "probe/max_abs_activation", "eval/w8a8_ppl",
-                  "eval/w8a8_ppl_ratio")
+OUTLIER_PROBES = (catalogue.SINK_RATE, catalogue.KURTOSIS_MAX, catalogue.MAX_ABS_ACTIVATION, catalogue.W8A8_PPL,
+                  catalogue.W8A8_PPL_RATIO)
 
 
 def paper_reference(paper: str | None) -> pd.DataFrame:
@@ -172,7 +173,7 @@ def _shown_metrics(records: list[RunRecord]) -> list[str]:
     domain_metrics = sorted({m for r in records for m in r.metrics if m.startswith("ppl/") and m != PPL})
     long_metrics = sorted({m for r in records for m in r.metrics if m.startswith("long_ppl/x")},
                           key=lambda m: int(m.rsplit("x", 1)[1]))
-    extra = ["blimp/accuracy", *PAPER_PROBES.values(), "probe/m_act_share_layers_max_at_first_token", *OUTLIER_PROBES,
+    extra = [catalogue.BLIMP_ACCURACY, *PAPER_PROBES.values(), catalogue.M_ACT_MAX_AT_FIRST_TOKEN, *OUTLIER_PROBES,
              *sorted({m for r in records for m in r.metrics if m.startswith("bb/")})]
     return domain_metrics + long_metrics + extra + _benchmark_metrics(records)
 
@@ -193,7 +194,7 @@ def comparison_numbers(records: list[RunRecord], reference: pd.DataFrame, metric
     paper_ppl = reference["ppl"] if "ppl" in reference else None
     paper_baseline = paper_ppl.get("baseline", math.nan) if paper_ppl is not None else math.nan
     shown = _shown_metrics(records)
-    scores = ["blimp/accuracy", *_benchmark_metrics(records)]
+    scores = [catalogue.BLIMP_ACCURACY, *_benchmark_metrics(records)]
     rows = []
     for group, members in groups.items():
         variant = members[0].spec.experiment.variant
@@ -398,7 +399,7 @@ def build_comparison(records: list[RunRecord], paper: str | None, metric: str = 
     frame = format_comparison(rows, metric)
     main = {"variant", "runs", f"{metric} (mean ± std (n))", *TEST_COLUMNS, *PAPER_COLUMNS}
     notes = comparison_notes(rows, agreement, ranked_settings, paper, metric)
-    if "long_ppl/x1" in frame.columns:
+    if catalogue.LONG_PPL.format(multiplier=1) in frame.columns:
         notes.append(LONG_PPL_NOTE)
     return ComparisonResult(frame, numbers_frame(rows), notes, agreement, [c for c in frame.columns if c not in main])
 

@@ -15,6 +15,7 @@ import optuna
 from optuna.trial import TrialState
 
 from gatelab.errors import GatelabError, redact
+from gatelab.metrics import VAL_LOSS
 from gatelab.sweep.ledger_storage import open_storage, tracking_stores
 from gatelab.sweep.queue import set_trial_state
 from gatelab.sweep.spec import with_values
@@ -33,7 +34,7 @@ def study_name(sweep_name: str, spec) -> str:
     return f"{sweep_name}.search.{spec.index}.{spec.hash}"
 
 
-def pruning_callback(trial: optuna.Trial, monitor: str = "val/loss"):
+def pruning_callback(trial: optuna.Trial, monitor: str = VAL_LOSS):
     """optuna-integration's Lightning pruning callback, raising gatelab's `RunPruned` where it raises
     `optuna.TrialPruned`: the training code stops a pruned run as a result without knowing Optuna."""
     from optuna_integration import PyTorchLightningPruningCallback

@@ -26,6 +26,7 @@ from gatelab.config_files import to_yaml
 from gatelab.data.identity import spec_hash
 from gatelab.errors import GatelabError, redact
 from gatelab.interrupts import Interrupted, ignore_signals, raise_on_signals
+from gatelab.metrics import PPL_AVG
 from gatelab.progress import RunCosts, is_verbose, sweep_progress_line, sweep_time_left
 from gatelab.sweep.executor import LocalShare
 from gatelab.sweep.ledger_storage import tracking_stores
@@ -302,7 +303,7 @@ class SweepWorker:
 
     def record(self, spec: RunSpec, claim: Claim, result: RunResult, me: str, started: float) -> None:
         """Tell the ledger how the run ended, and say where the sweep stands."""
-        self.ledger.finish(claim, result.status, result.run_id, result.metrics.get("ppl/avg"), result.diverged_step)
+        self.ledger.finish(claim, result.status, result.run_id, result.metrics.get(PPL_AVG), result.diverged_step)
         getattr(self.report, result.status).append(spec.hash)
         self.log(f"{me} {result.status}: MLflow run {result.run_id}")
         self.costs.record(time.monotonic() - started, result.trained_steps, result.train_s)

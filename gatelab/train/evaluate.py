@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gatelab import metrics as catalogue
 from gatelab.config import ExperimentConfig
 from gatelab.data.datasets import (
     domain_with_long_documents,
@@ -30,7 +31,6 @@ from gatelab.eval.metrics import (
 from gatelab.eval.plots import run_plot_writers
 from gatelab.eval.probes import FirstTokenShareByQuery, probe_model
 from gatelab.eval.quantization import w8a8_perplexities
-from gatelab.metrics import BLIMP_ACCURACY, UNIGRAM_PPL_AVG
 
 # The W8A8 perplexity runs on this many of each domain's held-out windows, evenly strided (all where a domain has no
 # more): a pass over all of them would cost as much again as the held-out perplexity (2.6 s of the tiny preset's 14 s
@@ -81,8 +81,8 @@ def _evaluate(model, device: torch.device, experiment: ExperimentConfig, tokeniz
     batches = [mixed[i::evaluation.probe_batches] for i in range(evaluation.probe_batches)]
     log("evaluating: probes (attention-sink share and sink rate, massive activations and kurtosis, gate scores)")
     report = probe_model(model, [b for b in batches if len(b)])
-    metrics.update({f"probe/{k}": v for k, v in report.summary().items()})
-    metrics["train/spikes_total"] = float(len(spikes))
+    metrics.update(report.summary())
+    metrics[catalogue.SPIKES_TOTAL] = float(len(spikes))
     if experiment.data.task == "bigram_backcopy":
         log("evaluating: bigram-backcopy copy and bigram losses")
         task = BigramBackcopy.from_config(experiment.data.bigram_backcopy, corpus.vocab_size)
@@ -103,10 +103,12 @@ def heldout_metrics(model, corpus, domains: list[str], windows: dict[str, torch.
     log(f"evaluating: held-out perplexity of {len(domains)} domain(s) ({', '.join(domains)}), "
         f"{sum(len(w) for w in windows.values())} windows")
     nlls = domain_window_nlls(model, windows, batch_size)
-    metrics = {f"ppl/{domain}": value for domain, value in perplexities_by_domain(nlls).items()}
+    by_domain = perplexities_by_domain(nlls)
+    metrics = {catalogue.DOMAIN_PPL.format(domain=domain): by_domain[domain] for domain in domains}
+    metrics[catalogue.PPL_AVG] = by_domain["avg"]
     unigram = [unigram_perplexity(corpus.get(d, "train").counts(corpus.vocab_size),
                                   corpus.get(d, "heldout").counts(corpus.vocab_size)) for d in domains]
-    metrics[UNIGRAM_PPL_AVG] = float(np.mean(unigram))
+    metrics[catalogue.UNIGRAM_PPL_AVG] = float(np.mean(unigram))
     return metrics, nlls
 
 
@@ -131,7 +133,7 @@ def quantization_metrics(model, windows: dict[str, torch.Tensor], nlls: dict[str
     log(f"evaluating: W8A8 fake-quantised perplexity, {sum(len(w) for w in subset.values())} windows")
     w8a8_ppl = w8a8_perplexities(model, subset, batch_size)["avg"]
     full_precision = perplexities_by_domain({d: (nll[rows[d]], tokens[rows[d]]) for d, (nll, tokens) in nlls.items()})
-    return {"eval/w8a8_ppl": w8a8_ppl, "eval/w8a8_ppl_ratio": w8a8_ppl / full_precision["avg"]}
+    return {catalogue.W8A8_PPL: w8a8_ppl, catalogue.W8A8_PPL_RATIO: w8a8_ppl / full_precision["avg"]}
 
 
 def long_context_metrics(model, experiment: ExperimentConfig, corpus, domains: list[str], batch_size: int,
@@ -153,9 +155,9 @@ def long_context_metrics(model, experiment: ExperimentConfig, corpus, domains: l
     metrics = {}
     for m, result in long_context_perplexity(model, documents, seq_len, multipliers, batch_size=batch_size).items():
         if result is not None:
-            metrics[f"long_ppl/x{m}"] = result["ppl"]
+            metrics[catalogue.LONG_PPL.format(multiplier=m)] = result["ppl"]
             if result["ppl_beyond_train_len"] is not None:
-                metrics[f"long_ppl_beyond_train/x{m}"] = result["ppl_beyond_train_len"]
+                metrics[catalogue.LONG_PPL_BEYOND_TRAIN.format(multiplier=m)] = result["ppl_beyond_train_len"]
     return metrics
 
 
@@ -167,7 +169,7 @@ def blimp_metrics(model, experiment: ExperimentConfig, tokenizer, bos_id: int, s
                        seed=experiment.seed)
     log(f"evaluating: BLiMP, {len(pairs)} minimal pairs")
     blimp = score_blimp(model, tokenizer, pairs, bos_id=bos_id, batch_size=sentence_batch_size)
-    return {BLIMP_ACCURACY: blimp["accuracy"]}
+    return {catalogue.BLIMP_ACCURACY: blimp["accuracy"]}
 
 
 def in_context_metrics(model, experiment: ExperimentConfig, corpus, batch_size: int, log) -> dict[str, float]:
@@ -177,7 +179,7 @@ def in_context_metrics(model, experiment: ExperimentConfig, corpus, batch_size: 
     accuracies = run_in_context_suite(model, corpus.vocab_size, experiment.data.seq_len, seed=experiment.seed,
                                       reserved_ids=[corpus.bos_id, corpus.eos_id],
                                       n_examples=evaluation.in_context_examples, batch_size=batch_size)
-    return {f"icl/{task.replace('@', '_len')}": accuracy  # MLflow refuses '@' in metric names
+    return {catalogue.ICL.format(task=task.replace('@', '_len')): accuracy  # MLflow refuses '@' in metric names
             for task, accuracy in accuracies.items()}
 
 
@@ -212,10 +214,10 @@ def bigram_backcopy_metrics(model, task: BigramBackcopy, windows_NT1: torch.Tens
         n_copy, n_bigram = n_copy + int(copy_BT.sum()), n_bigram + int(bigram_BT.sum())
     mean = lambda total, count: total / count if count else float("nan")  # noqa: E731
     return {
-        "bb/copy_accuracy": mean(sums["copy_correct"], n_copy),
-        "bb/copy_loss": mean(sums["copy_loss"], n_copy),
-        "bb/bigram_loss": mean(sums["bigram_loss"], n_bigram),
-        "bb/bigram_loss_optimal": mean(sums["bigram_loss_optimal"], n_bigram),
-        "bb/f_attn_trigger_queries": recorder.share(True, model.config.n_layers),
-        "bb/f_attn_other_queries": recorder.share(False, model.config.n_layers),
+        catalogue.BB_COPY_ACCURACY: mean(sums["copy_correct"], n_copy),
+        catalogue.BB_COPY_LOSS: mean(sums["copy_loss"], n_copy),
+        catalogue.BB_BIGRAM_LOSS: mean(sums["bigram_loss"], n_bigram),
+        catalogue.BB_BIGRAM_LOSS_OPTIMAL: mean(sums["bigram_loss_optimal"], n_bigram),
+        catalogue.BB_F_ATTN_TRIGGER: recorder.share(True, model.config.n_layers),
+        catalogue.BB_F_ATTN_OTHER: recorder.share(False, model.config.n_layers),
     }

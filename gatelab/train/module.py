@@ -11,14 +11,13 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from gatelab import metrics as catalogue
 from gatelab.config import ExperimentConfig, ModelConfig, TrainConfig
 from gatelab.data.datasets import PackedDataset
 from gatelab.data.identity import spec_hash
 from gatelab.errors import GatelabError, redact
-from gatelab.eval import INIT_SCALE_METRIC
 from gatelab.eval.probes import attention_output_rms
 from gatelab.host import resolve_precision
-from gatelab.metrics import TRAIN_LOSS, VAL_LOSS
 from gatelab.model import build_model
 from gatelab.train.head_loss import head_loss, next_token_loss, whole_logits_loss
 
@@ -99,7 +98,7 @@ class GatedLM(L.LightningModule):
             self.log_init_scale(input_ids_BT)
         loss, total, aux = self.training_loss(input_ids_BT, targets_BT)
         if self.moe is not None:
-            self.log_dict({"train/load_balance": aux["load_balance"], "train/z_loss": aux["z_loss"]})
+            self.log_dict({catalogue.LOAD_BALANCE: aux["load_balance"], catalogue.Z_LOSS: aux["z_loss"]})
         # A host clock: on an accelerator it times the step's launches, which keep pace with the device over many steps
         # (the launch queue fills and the host waits) but not within one.
         now = time.perf_counter()
@@ -107,23 +106,23 @@ class GatedLM(L.LightningModule):
         self._step_started = now
         # Lightning reads a progress-bar tensor back (`.item()`) after every step, a device sync, and other tensors
         # only at logging steps: the loss goes to the bar only on CPU, where reading it back is free.
-        self.log(TRAIN_LOSS, loss, prog_bar=self.device.type == "cpu", sync_dist=True)  # global batch's under DDP
+        self.log(catalogue.TRAIN_LOSS, loss, prog_bar=self.device.type == "cpu", sync_dist=True)  # DDP: global batch's
         # Host numbers as CPU tensors: `self.log` turns a Python float into a tensor on the module's device, a
         # host-to-device copy that waits for the device's queue (pytorch/pytorch#120996).
-        self.log("train/tokens_per_s", torch.tensor(tokens_per_s), prog_bar=True)
-        self.log("train/lr", torch.tensor(self.optimizers().param_groups[0]["lr"]))
+        self.log(catalogue.TOKENS_PER_S, torch.tensor(tokens_per_s), prog_bar=True)
+        self.log(catalogue.LEARNING_RATE, torch.tensor(self.optimizers().param_groups[0]["lr"]))
         return total
 
     def log_init_scale(self, input_ids_BT: torch.Tensor) -> None:
         """The attention output's RMS at step 0, on the first training batch, before the first update (the claims
         table's init-scale check; gatelab.eval.probes.attention_output_rms). Rank 0's logger only."""
         rms = attention_output_rms(self.model, input_ids_BT)
-        self.logger.log_metrics({INIT_SCALE_METRIC: rms}, step=0)
+        self.logger.log_metrics({catalogue.INIT_SCALE: rms}, step=0)
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         input_ids_BT, targets_BT = batch
         loss = next_token_loss(self.model(input_ids_BT), targets_BT)
-        self.log(VAL_LOSS, loss, prog_bar=True, batch_size=input_ids_BT.shape[0])
+        self.log(catalogue.VAL_LOSS, loss, prog_bar=True, batch_size=input_ids_BT.shape[0])
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # The checkpoint describes itself: the experiment (for the tokenizer and training length) and the resolved model
@@ -138,8 +137,8 @@ class GatedLM(L.LightningModule):
                                  "precision": self._trainer.precision if self._trainer is not None else None}
 
     def on_validation_epoch_end(self) -> None:
-        if VAL_LOSS in self.trainer.callback_metrics:
-            self.log("val/ppl", torch.exp(self.trainer.callback_metrics[VAL_LOSS]))
+        if catalogue.VAL_LOSS in self.trainer.callback_metrics:
+            self.log(catalogue.VAL_PPL, torch.exp(self.trainer.callback_metrics[catalogue.VAL_LOSS]))
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """Clips by the global norm and logs that norm, one norm for both (Lightning's clipping and a logged norm took
@@ -152,7 +151,7 @@ class GatedLM(L.LightningModule):
             norm = torch.nn.utils.clip_grad_norm_(self.parameters(), gradient_clip_val)
         else:
             norm = torch.nn.utils.get_total_norm([p.grad for p in self.parameters() if p.grad is not None])
-        self.log("train/grad_norm", norm)
+        self.log(catalogue.GRAD_NORM, norm)
         if gradient_clip_val and lightning_clips:
             self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
@@ -313,11 +312,11 @@ class StabilityMonitor(L.Callback):
         if self.diverged_step is not None:
             return
         self._pending_steps.append(trainer.global_step - 1)
-        self._pending_losses.append(trainer.callback_metrics[TRAIN_LOSS].detach())
+        self._pending_losses.append(trainer.callback_metrics[catalogue.TRAIN_LOSS].detach())
         if trainer.global_step % (self.every or max(1, trainer.log_every_n_steps)) == 0:
             self._check(trainer)
         if self.diverged_step is None:
-            pl_module.log("train/spikes", torch.tensor(float(len(self.spikes))))  # a CPU tensor: no device copy
+            pl_module.log(catalogue.SPIKES, torch.tensor(float(len(self.spikes))))  # a CPU tensor: no device copy
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._check(trainer)  # the last, partial interval

@@ -8,6 +8,7 @@ import lightning as L
 import torch
 
 from gatelab import host
+from gatelab import metrics as catalogue
 from gatelab.tracked_run import TrackedRun
 from gatelab.train.compiling import CompileReport
 from gatelab.train.step_progress import StepProgress
@@ -27,30 +28,30 @@ class PhaseClock:
     def __init__(self) -> None:
         global _first_run_of_process
         self.seconds: dict[str, float] = {}
-        self.seconds["time/import_s"] = host.seconds_since_start() if _first_run_of_process else 0.0
+        self.seconds[catalogue.IMPORT_S] = host.seconds_since_start() if _first_run_of_process else 0.0
         _first_run_of_process = False
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.reset_peak_memory_stats()  # a sweep worker's GPU peak is each run's own, not its largest run's
         self._since = time.perf_counter()
 
-    def phase_ended(self, phase: str) -> None:
+    def phase_ended(self, metric: str) -> None:
         now = time.perf_counter()
-        self.seconds[f"time/{phase}_s"] = now - self._since
+        self.seconds[metric] = now - self._since
         self._since = now
 
     def training_ended(self, trainer: L.Trainer) -> None:
         """`train_s`, and `step_s`: the mean seconds of a training step this session, which `gatelab sweep plan` reads
         back to estimate the next sweep of the same shape on this machine (HOST_TAG)."""
-        self.phase_ended("train")
+        self.phase_ended(catalogue.TRAIN_S)
         steps = next(c for c in trainer.callbacks if isinstance(c, StepProgress))
         if steps.seconds_per_step is not None:
-            self.seconds["time/step_s"] = steps.seconds_per_step
+            self.seconds[catalogue.STEP_S] = steps.seconds_per_step
         compiled = next((c for c in trainer.callbacks if isinstance(c, CompileReport)), None)
         if compiled is not None and compiled.compile_s is not None:
-            self.seconds["time/compile_s"] = compiled.compile_s
+            self.seconds[catalogue.COMPILE_S] = compiled.compile_s
         if (peak := peak_gpu_gb()) is not None:
             # Training's own peak: `memory/peak_gpu_gb`, read at the end, also holds the evaluation's batches.
-            self.seconds["memory/peak_gpu_train_gb"] = peak
+            self.seconds[catalogue.PEAK_GPU_TRAIN_GB] = peak
 
     def log(self, tracked: TrackedRun, step: int) -> None:
         tracked.log_metrics(self.seconds | peak_memory(), step)
@@ -60,9 +61,9 @@ def peak_memory() -> dict[str, float]:
     """`memory/peak_rss_gb`: this process's largest resident set so far (a sweep worker's, over its runs until now;
     see `host.peak_rss_gb`); `memory/peak_gpu_gb`: the most CUDA memory torch held during this run (training and
     evaluation), where there is a GPU."""
-    memory = {"memory/peak_rss_gb": host.peak_rss_gb()}
+    memory = {catalogue.PEAK_RSS_GB: host.peak_rss_gb()}
     if (peak := peak_gpu_gb()) is not None:
-        memory["memory/peak_gpu_gb"] = peak
+        memory[catalogue.PEAK_GPU_GB] = peak
     return memory
 
 

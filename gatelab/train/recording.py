@@ -20,7 +20,7 @@ from gatelab.data.datasets import TokenCorpus
 from gatelab.data.identity import spec_hash
 from gatelab.devices import device_name, evaluation_device
 from gatelab.errors import redact
-from gatelab.metrics import TRAIN_LOSS
+from gatelab.metrics import DIVERGED_STEP, EVAL_S, PRUNED_STEP, SPIKE, TRAIN_LOSS
 from gatelab.model import count_parameters
 from gatelab.progress import DEVICE_TAG, HOST_TAG, format_duration
 from gatelab.tracked_run import TrackedRun
@@ -40,7 +40,7 @@ def recorded_outcome(tracked: TrackedRun) -> RunResult | None:
     if outcome is None:
         return None
     status, metrics = outcome
-    step = metrics.get("diverged_step")
+    step = metrics.get(DIVERGED_STEP)
     return RunResult(status, tracked.run_id, tracked.spec_hash, metrics, int(step) if step is not None else None)
 
 
@@ -100,14 +100,14 @@ def cut_off_before_a_checkpoint(tracked: TrackedRun, params: dict, set_aside: bo
 def log_spikes(tracked: TrackedRun, stability: StabilityMonitor, resuming: bool) -> None:
     """Each spike the monitor found as metric `train/spike`: its loss, at its step. A resumed run may have logged some
     before it was cut off; those are not logged twice."""
-    logged = set(tracked.metric_history("train/spike")[0]) if resuming else set()
+    logged = set(tracked.metric_history(SPIKE)[0]) if resuming else set()
     new = [(step, loss) for step, loss in zip(stability.spikes, stability.spike_losses) if step not in logged]
-    tracked.log_series("train/spike", [step for step, _ in new], [loss for _, loss in new])
+    tracked.log_series(SPIKE, [step for step, _ in new], [loss for _, loss in new])
 
 
 def record_pruned(tracked: TrackedRun, clock: PhaseClock, step: int) -> None:
     clock.log(tracked, step)
-    tracked.log_metrics({"pruned_step": step}, step=0)
+    tracked.log_metrics({PRUNED_STEP: step}, step=0)
     tracked.end("pruned")
 
 
@@ -116,7 +116,7 @@ def record_diverged(tracked: TrackedRun, stability: StabilityMonitor, clock: Pha
     """`logged_before`: a resumed or continued run, which may have logged some of its spikes already."""
     log_spikes(tracked, stability, logged_before)
     clock.log(tracked, step)
-    tracked.log_metrics({"diverged_step": stability.diverged_step}, step=0)
+    tracked.log_metrics({DIVERGED_STEP: stability.diverged_step}, step=0)
     tracked.end("diverged")
 
 
@@ -145,7 +145,7 @@ def record_finished(tracked: TrackedRun, experiment: ExperimentConfig, module: G
         log(f"evaluating: lm-evaluation-harness tasks {', '.join(experiment.eval.lm_eval.tasks)}")
         metrics |= score_benchmarks(tracked, experiment, module, tokenizer, corpus, step)
     log(f"evaluated in {format_duration(time.perf_counter() - started)}")
-    clock.phase_ended("eval")
+    clock.phase_ended(EVAL_S)
     clock.log(tracked, step)
     tracked.end("finished")
     return metrics
@@ -165,6 +165,6 @@ def score_benchmarks(tracked: TrackedRun, experiment: ExperimentConfig, module: 
     tracked.log_metrics(metrics, step)
     tracked.log_artifacts({f"{task}.json": (lambda path, p=payload: path.write_text(json.dumps(p, indent=1,
                                                                                                default=str)))
-                           for task, payload in payloads.items()}, scoring.PREFIX)
+                           for task, payload in payloads.items()}, scoring.ARTIFACT_FOLDER)
     tracked.set_tags(tags)
     return metrics

@@ -27,6 +27,7 @@ from gatelab.data.prepare import load_data
 from gatelab.errors import GatelabError
 from gatelab.host import resolve_precision
 from gatelab.interrupts import Interrupted, raise_on_signals
+from gatelab.metrics import SETUP_S
 from gatelab.model import resolve_model
 from gatelab.progress import progress_every_s, silence_noise
 from gatelab.tracked_run import TrackedRun
@@ -259,7 +260,7 @@ class Run:
     def _fit_and_record(self) -> RunResult:
         trainer, stability, rank, digest = self.trainer, self.stability, self.rank, self.digest
         module, data = _module_and_data(self.experiment, self.model_config, self.corpus, self.domains)
-        self.clock.phase_ended("setup")
+        self.clock.phase_ended(SETUP_S)
         try:
             trainer.fit(module, datamodule=data, ckpt_path=str(self.checkpoint) if self.resuming else None)
         except AlreadyRecorded:  # rank 0 found it done in MLflow, and other ranks were already running (see above)

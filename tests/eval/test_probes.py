@@ -76,9 +76,12 @@ def test_probe_model_on_a_micro_model():
     assert report.max_activation == report.sublayer_max["ffn_residual"]
     assert sum(report.gate_histogram["g1"][0]) == 2 * 4 * 8  # (H, Dk) scores counted once per batch
     summary = report.summary()
-    assert {"f_attn", "m_act", "gate_score_mean", "sparsity_gated_output_below_0.01"} <= set(summary)
+    names = {"probe/f_attn", "probe/m_act", "probe/gate_score_mean", "probe/sparsity_gated_output_below_0.01"}
+    assert names <= set(summary)
     assert all(math.isfinite(v) for v in summary.values())
-    assert "gate_score_mean" not in probe_model(build_model(micro_config()), [ids]).summary()
+    # probes.json names them without MLflow's `probe/`
+    assert report.to_dict()["summary"] == {name.removeprefix("probe/"): value for name, value in summary.items()}
+    assert "probe/gate_score_mean" not in probe_model(build_model(micro_config()), [ids]).summary()
 
 
 def attention_with_first_token_mean(alpha: float, T: int) -> torch.Tensor:
@@ -111,8 +114,8 @@ def test_sink_rate_counts_heads_over_the_threshold_per_sequence_and_layer():
                          max_activation=[1.0, 2.0], max_activation_at_first_token=[False] * 2,
                          tokens_near_max_share=[0.0] * 2, sublayer_max={}, sink_rate=rates)
     summary = report.summary()
-    assert summary["sink_rate/layer0"] == 0.5 and summary["sink_rate/layer1"] == 0.25
-    assert summary["sink_rate"] == 3 / 8  # the share of all 8 (sequence, layer, head) triples
+    assert summary["probe/sink_rate/layer0"] == 0.5 and summary["probe/sink_rate/layer1"] == 0.25
+    assert summary["probe/sink_rate"] == 3 / 8  # the share of all 8 (sequence, layer, head) triples
 
 
 def test_kurtosis_is_pearsons_not_excess():
@@ -146,14 +149,16 @@ def test_kurtosis_and_largest_activation_of_each_block_output_on_a_micro_model()
     summary = report.summary()
     for layer, tensors in outputs.items():
         values = torch.cat(tensors)  # (6, 12, 32)
-        assert summary[f"max_abs_activation/block{layer}"] == values.abs().max().item() == report.max_activation[layer]
+        largest = values.abs().max().item()
+        assert summary[f"probe/max_abs_activation/block{layer}"] == largest == report.max_activation[layer]
         per_sequence = sequence_kurtosis(values.flatten(start_dim=1))
-        assert summary[f"kurtosis/block{layer}"] == pytest.approx(per_sequence.mean().item(), rel=1e-12)
-    assert summary["max_abs_activation"] == max(report.max_activation)
-    assert summary["kurtosis_max"] == max(report.kurtosis) and summary["kurtosis_mean"] == pytest.approx(
+        assert summary[f"probe/kurtosis/block{layer}"] == pytest.approx(per_sequence.mean().item(), rel=1e-12)
+    assert summary["probe/max_abs_activation"] == max(report.max_activation)
+    assert summary["probe/kurtosis_max"] == max(report.kurtosis) and summary["probe/kurtosis_mean"] == pytest.approx(
         sum(report.kurtosis) / 2)
-    assert all(math.isfinite(summary[name]) for name in ("sink_rate", "sink_rate/layer0", "sink_rate/layer1"))
-    assert 0 <= summary["sink_rate"] <= 1
+    sink_rates = ("probe/sink_rate", "probe/sink_rate/layer0", "probe/sink_rate/layer1")
+    assert all(math.isfinite(summary[name]) for name in sink_rates)
+    assert 0 <= summary["probe/sink_rate"] <= 1
 
 
 def test_the_attention_output_rms_at_init_follows_the_gate_and_the_output_projection():

@@ -16,7 +16,7 @@ import pytest
 from gatelab import tracking
 from gatelab.errors import GatelabError
 from gatelab.eval import scoring
-from gatelab.eval.scoring import PREFIX, TAG_PREFIX, HarnessSettings, Target, metrics_of
+from gatelab.eval.scoring import TAG_PREFIX, HarnessSettings, Target, metrics_of
 from tests.helpers import gatelab_cli, see_gpus, sqlite_uri, write_micro_sweep
 
 
@@ -24,8 +24,8 @@ def test_lm_eval_keys_become_metric_names():
     results = {"alias": "blimp", "acc,none": 0.75, "acc_stderr,none": 0.02, "exact_match,strict-match": 0.5,
                "exact_match_stderr,strict-match": "N/A", "samples": 12, "acc_norm,none": float("nan")}
     assert metrics_of("blimp", results) == {
-        f"{PREFIX}/blimp/acc": 0.75, f"{PREFIX}/blimp/acc/stderr": 0.02,
-        f"{PREFIX}/blimp/exact_match_strict-match": 0.5}
+        "lm_eval/blimp/acc": 0.75, "lm_eval/blimp/acc/stderr": 0.02,
+        "lm_eval/blimp/exact_match_strict-match": 0.5}
 
 
 class _InlinePool:
@@ -128,14 +128,14 @@ def test_eval_scores_each_finished_run_once_and_survives_a_kill(swept):
     assert "not a git repository" not in resumed.stderr  # lm-eval's own `git describe`, outside a clone
     after = _scored(folder)
     for run_id, run in after.items():
-        assert 0 <= run["metrics"][f"{PREFIX}/gatelab_blimp/acc"] <= 1
-        assert f"{PREFIX}/gatelab_blimp/acc/stderr" in run["metrics"]
+        assert 0 <= run["metrics"]["lm_eval/gatelab_blimp/acc"] <= 1
+        assert "lm_eval/gatelab_blimp/acc/stderr" in run["metrics"]
     assert all(after[i]["metrics"] == before[i] for i in scored_before)  # nothing logged is lost or redone
 
     table = gatelab_cli("table", str(sweep), "--format", "md", "--out", str(folder / "report"), *runs, cwd=folder)
     assert table.returncode == 0, table.stdout + table.stderr
     report = (folder / "report" / "README.md").read_text()
-    assert f"{PREFIX}/gatelab_blimp/acc" in report and f"{PREFIX}/gatelab_blimp/acc Δ" in report
+    assert "lm_eval/gatelab_blimp/acc" in report and "lm_eval/gatelab_blimp/acc Δ" in report
 
 
 @pytest.mark.slow
