@@ -53,6 +53,7 @@ from gatelab.config_files import set_dotted
 from gatelab.data.budget import CorpusCounter
 from gatelab.data.corpora import HELDOUT_FRACTION
 from gatelab.devices import gpu_peak
+from gatelab.metrics import EVAL_S, IMPORT_S, SETUP_S, STEP_S
 from gatelab.progress import DEVICE_TAG, HOST_TAG
 from gatelab.sweep.spec import Progress, RunSpec, format_value
 
@@ -333,13 +334,13 @@ def measured_runs(uri: str, host: str | None = None, devices: Sequence[str | Non
     found = []
     for run in runs.values():
         metrics, params = run.data.metrics, run.data.params
-        if not metrics.get("time/step_s", 0) > 0:
+        if not metrics.get(STEP_S, 0) > 0:
             continue
-        imports = metrics.get("time/import_s")
-        found.append(MeasuredRun(step_shape(params), params.get("variant", ""), metrics["time/step_s"],
-                                 metrics.get("time/setup_s", 0.0) + metrics.get("time/eval_s", 0.0),
+        imports = metrics.get(IMPORT_S)
+        found.append(MeasuredRun(step_shape(params), params.get("variant", ""), metrics[STEP_S],
+                                 metrics.get(SETUP_S, 0.0) + metrics.get(EVAL_S, 0.0),
                                  device=run.data.tags.get(DEVICE_TAG), settings=step_settings(params),
-                                 flops_per_step=recorded_step_flops(params), setup_s=metrics.get("time/setup_s"),
+                                 flops_per_step=recorded_step_flops(params), setup_s=metrics.get(SETUP_S),
                                  import_s=imports if imports else None))
     return found
 

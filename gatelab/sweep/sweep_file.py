@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import Field, PositiveInt, field_validator, model_validator
 
 from gatelab.config import StrictModel
+from gatelab.metrics import PPL_AVG
 from gatelab.paper import SWEEP_TABLES
 
 PaperTable = Literal[tuple(SWEEP_TABLES)]  # the paper registry's keys, so a sweep can name only what a report can read
@@ -76,7 +77,7 @@ class SearchSpace(StrictModel):
 
     params: dict[str, SearchParam]  # dotted ExperimentConfig path -> range
     n_trials: PositiveInt
-    metric: str = "ppl/avg"  # a whole metric name of the catalogue, gatelab.metrics (ppl/avg, long_ppl/x4)
+    metric: str = PPL_AVG  # a whole metric name of the catalogue, gatelab.metrics (ppl/avg, long_ppl/x4)
     direction: Literal["minimize", "maximize"] = "minimize"
     pruner: Literal["none", "median", "hyperband"] = "median"
 
