@@ -468,12 +468,12 @@ class ExperimentConfig(StrictModel):
 # --- validation error messages --------------------------------------------------------------------------------------
 
 
-def _submodel(annotation: Any) -> type[BaseModel] | None:
+def submodel_of(annotation: Any) -> type[BaseModel] | None:
     """The BaseModel class inside an annotation such as `MoEConfig | None` or `list[GateConfig]`."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     for arg in typing.get_args(annotation):
-        found = _submodel(arg)
+        found = submodel_of(arg)
         if found is not None:
             return found
     return None
@@ -486,7 +486,7 @@ def _model_at(root: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | 
             return None
         if isinstance(part, int) or part not in current.model_fields:
             continue  # list indices and union tags
-        current = _submodel(current.model_fields[part].annotation)
+        current = submodel_of(current.model_fields[part].annotation)
     return current
 
 

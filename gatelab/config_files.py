@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from gatelab.config import ExperimentConfig, _submodel
+from gatelab.config import ExperimentConfig, submodel_of
 from gatelab.errors import GatelabError
 
 
@@ -37,7 +37,7 @@ def set_dotted(tree: dict[str, Any], dotted: str, value: Any, root: type[BaseMod
         if depth == len(parts) - 1:
             node[part] = value
             return
-        model = _submodel(model.model_fields[part].annotation) if model is not None else None
+        model = submodel_of(model.model_fields[part].annotation) if model is not None else None
         child = node.get(part)
         if not isinstance(child, dict):
             child = {}
