@@ -1,10 +1,11 @@
 """An experiment as it runs on this machine: the validated config, plus what only the data's files can tell.
 
-`gatelab.config` validates values and types and reads nothing but the YAML. A `data.tokenizer` that names a
-tokenizer.json or a Hugging Face tokenizer has to be loaded to be checked, and `model.vocab_size: auto` takes its size:
-that is I/O, so it happens here, in `resolve_experiment`, and `load_experiment` and `experiment_from_dict` resolve every
-config they give. Every command reads its experiment through them, so a tokenizer that does not load, or that the
-model's vocabulary cannot hold, is one message naming the file, the key and the fix, before anything trains.
+`gatelab.config` validates values and types, `gatelab.config_files` reads the YAML, and neither reads more. A
+`data.tokenizer` that names a tokenizer.json or a Hugging Face tokenizer has to be loaded to be checked, and
+`model.vocab_size: auto` takes its size: that is I/O, so it happens here, in `resolve_experiment`, and
+`load_experiment` and `experiment_from_dict` resolve every config they give. Every command reads its experiment
+through them, so a tokenizer that does not load, or that the model's vocabulary cannot hold, is one message naming the
+file, the key and the fix, before anything trains.
 
 A resolved config stays resolved under `model_copy` and `with_train`; a tree validated by `ExperimentConfig` alone (a
 sweep cell, say) is resolved by passing it through `resolve_experiment`.
