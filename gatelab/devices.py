@@ -22,13 +22,9 @@ log = logging.getLogger(__name__)
 
 
 def evaluation_device(requested: str | torch.device | None = None, accelerator: str = "auto") -> torch.device:
-    """The device to evaluate on.
-
-    `requested` first: the device a run trained on (Lightning's `trainer.strategy.root_device`) or one a user named
-    (`gatelab eval`'s and the lm-eval model's `device`). A CUDA or MPS device this machine lacks falls back, with a
-    warning, to the rule below, as lm-eval's own HF model does: its command line asks for cuda:0 unless told otherwise.
-    Then the run's `train.accelerator`: `cpu` is the CPU; `gpu`, `cuda` and `auto` are the current CUDA device where
-    CUDA is available; `mps` (and `auto` without CUDA) is Apple's GPU where it is available; anything else the CPU.
+    """The device to evaluate on: `requested` (where a run trained, or one a user named), else by the run's
+    `train.accelerator`. A CUDA or MPS device this machine lacks falls back with a warning, as lm-eval's own HF model
+    does, since its command line asks for cuda:0 unless told otherwise.
     """
     if requested is not None:
         device = torch.device(requested)
@@ -71,10 +67,9 @@ def evaluation_batch_size(configured: int, train_batch_size: int, device: torch.
 
 
 def rows_for_length(batch_size: int, seq_len: int, length: int, device: torch.device) -> int:
-    """Rows of one forward pass over sequences of `length` tokens, where `batch_size` rows of `seq_len` (the training
-    length) is the evaluation's batch: on a GPU as many tokens as that batch holds, so that a benchmark of short
-    sentences fills the device instead of launching thousands of small forward passes; on a CPU `batch_size`
-    (nothing changes there). Padding never changes a score, so neither does the batching (up to rounding)."""
+    """Rows of one forward pass over sequences of `length` tokens: on a GPU as many tokens as `batch_size` rows of
+    `seq_len`, so that short sentences fill the device instead of launching thousands of small passes; on a CPU
+    `batch_size`."""
     if device.type == "cpu":
         return batch_size
     return max(batch_size, batch_size * seq_len // max(1, length))
@@ -193,13 +188,10 @@ def _on(workers: int, gpus: list[str]) -> str:
 
 
 def assign_gpus(n_workers: int, user_visible: str | None, count: int) -> WorkerGpus:
-    """Each of `n_workers` local workers' GPU: taken in turn from the user's CUDA_VISIBLE_DEVICES where it is set,
-    else from the `count` GPUs torch sees (0..count-1), so that `CUDA_VISIBLE_DEVICES=4,5,6,7` trains on 4-7, not
-    0-3. Where workers outnumber GPUs they share them round-robin. None at all where torch sees no GPU (`count` 0:
-    CUDA_VISIBLE_DEVICES "" or -1, no CUDA), whatever the variable says.
-
-    Entries are passed on as the user wrote them (UUIDs and MIG ids too), and `count` does not shorten the user's
-    list: a process enumerates a single MIG instance however many the variable names, but each worker can have one."""
+    """Each of `n_workers` local workers' GPU, in turn (round-robin where workers outnumber GPUs) from the user's
+    CUDA_VISIBLE_DEVICES where it is set, so that `4,5,6,7` trains on 4-7, else from the `count` GPUs torch sees; None
+    where torch sees none. Entries pass on as written (UUIDs, MIG ids), and `count` does not shorten the user's list:
+    a process enumerates a single MIG instance however many the variable names, but each worker can have one."""
     if count <= 0:
         return WorkerGpus((), (), user_visible)
     gpus = visible_entries(user_visible) if user_visible is not None else [str(index) for index in range(count)]

@@ -4,8 +4,7 @@ never holds up training; and the Lightning logger that feeds them.
 A batch the store does not take stays at the head of the queue and is tried again every RETRY_EVERY_S seconds, so
 nothing is dropped and the order is kept. Sending a batch again after a lost answer stores nothing twice: MLflow's SQL
 stores key a metric point by (run, key, timestamp, step, value) and skip a repeat, and a point's timestamp is fixed
-when it is queued. Imported by gatelab.tracking once a run is opened (it imports Lightning and MLflow), and
-imports nothing of tracking's in turn.
+when it is queued.
 """
 
 from __future__ import annotations
@@ -176,10 +175,8 @@ class QueuedMLFlowLogger(MLFlowLogger):
         # A resumed run re-trains the steps between its last checkpoint and the cut; the points the cut-off process
         # logged for them are kept and not logged twice. None: a fresh run, nothing to skip.
         self.logged_through: dict[str, int] | None = None
-        # Lightning saves a step's checkpoint before it logs that step's metrics, so the points of the last step a
-        # checkpoint covers are queued just after it was written; they are kept on disk at once, since a process killed
-        # or paused (and taken over) before sending them would lose them: the resumed run does not train that step
-        # again.
+        # Lightning saves a step's checkpoint before it logs that step's metrics: those points are kept on disk at
+        # once, as the resumed run does not train that step again.
         self._keep_next_put = False
         self._outbox: MetricOutbox | None = None
 

@@ -75,10 +75,8 @@ def silence_noise() -> None:
     # bf16 autocast hands nn.RMSNorm bf16 input with an fp32 weight; torch then takes its unfused path (a speed
     # matter, not a correctness one), and says so on every run.
     warnings.filterwarnings("ignore", message=r"Mismatch dtype between input and weight.*")
-    # Lightning's advice on data-loader workers, printed on every run of a host with more than two cores a device:
-    # the validation windows are tensors already in memory, which worker processes would only copy; the training
-    # stream's workers are `data.loader_workers` (small.yaml sets 4), and they are deliberately not persistent
-    # (StepBatches starts each epoch at the trainer's step).
+    # Lightning's advice on data-loader workers: the validation windows are in memory already, and the training
+    # stream's workers (`data.loader_workers`) are not persistent: StepBatches starts at the trainer's step.
     warnings.filterwarnings("ignore", message=r".*does not have many workers which may be a bottleneck.*")
     warnings.filterwarnings("ignore", message=r"Consider setting `persistent_workers=True`.*")
 
@@ -170,9 +168,8 @@ def sweep_time_left(states: Sequence, steps_by_hash: Mapping[str, int], costs: R
                     now: float | None = None) -> float | None:
     """Seconds until the sweep's last run ends, from this worker's own costs; None before it has measured a run.
 
-    A worker knows only its own runs, so this is deliberately simple: every run not yet done is priced at this
-    worker's rate (a run another worker is training, less the time it has been at it), and the total is shared among
-    the workers that hold a run now plus this one. It can never be less than the longest single run left.
+    A worker knows only its own runs: every run not yet done is priced at this worker's rate, and the total shared
+    among the workers that hold a run now plus this one, never less than the longest single run left.
     """
     now = time.time() if now is None else now
     left = []

@@ -58,10 +58,8 @@ VARIANT_TAG, SEED_TAG, EXPERIMENT_TAG = "variant", "seed", "experiment"
 RUN_NAME_TAG = "mlflow.runName"
 REPORTS_OF_TAG = "gatelab.reports_of"  # on the experiment "<sweep> reports": the sweep whose report runs it holds
 
-# What the MLflow UI opens on. Its JavaScript reads the experiment tag `mlflow.experimentKind` (no Python constant
-# names it); "custom_model_development" is its training view, the runs table, where a missing tag lands on the GenAI
-# overview. MLflow 3.17's UI takes the kind from its GenAI / Model training switch instead (the URL's `workflowType`,
-# see gatelab.report.ui), so gatelab sets both.
+# What the MLflow UI opens on: the runs table, where a missing tag lands on the GenAI overview. MLflow 3.17's UI reads
+# the URL's `workflowType` instead (see gatelab.report.ui), so gatelab sets both.
 EXPERIMENT_KIND_TAG, TRAINING_KIND = "mlflow.experimentKind", "custom_model_development"
 # A saved view of the runs table, as the UI's "Views" menu writes it: the experiment tag `mlflow.sharedViewState.<key>`
 # holding {name, createdAt, updatedAt, state}, `state` the JSON of the table's sort and columns. The UI opens it from

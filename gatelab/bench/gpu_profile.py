@@ -173,8 +173,7 @@ _DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")
 def device_work(events: Iterable, device_index: int) -> list[KernelInterval]:
     """The kernels, copies and fills on CUDA device `device_index` among a trace's FunctionEvents (`trace.events()`,
     times in microseconds). An event without an activity type counts unless it is a user annotation: torch 2.11's
-    FunctionEvent has no `activity_type` attribute at all (an H100 with torch 2.11 failed on it), and an older one
-    may lack `is_user_annotation` too."""
+    FunctionEvent has no `activity_type` attribute, and an older one may lack `is_user_annotation` too."""
     def is_work(event) -> bool:
         activity = getattr(event, "activity_type", None)
         return activity in _DEVICE_WORK if activity else not getattr(event, "is_user_annotation", False)

@@ -43,9 +43,6 @@ from gatelab.errors import GatelabError
 from gatelab.host import resolve_precision
 
 DEFAULT_PRESETS = ("experiments/tiny.yaml", "experiments/tiny-moe.yaml")
-# One variant of each gate family: G1 elementwise and headwise, G2, G5 (the MoE backbone is
-# the tiny-moe preset's own baseline).
-DEFAULT_VARIANTS = ("baseline", "g1_elem_sig", "g1_head_sig", "g2_elem_sig", "g5_elem_sig")
 # `gatelab bench`'s options on a CUDA machine, for those the user does not give (`with_gpu_defaults`): the GPU preset
 # (tiny and tiny-moe are sized for 2 CPU cores and say nothing of a GPU), baseline, every G1 variant (issue 31: each
 # within 3% of its FLOP ratio) and one variant of each other gate position, and fewer timed steps and shorter

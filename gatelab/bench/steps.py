@@ -14,14 +14,16 @@ import torch
 from gatelab import tracking
 from gatelab.bench.machine import bench_device, synchronize
 from gatelab.config import ExperimentConfig
+from gatelab.data.datasets import PackedDataset
+from gatelab.model import build_model, resolve_model
+from gatelab.progress import silence_noise
+from gatelab.train.head_loss import next_token_loss
 
 PEER_LABEL = "transformers Qwen3ForCausalLM"
 
 
 def random_windows(vocab_size: int, seq_len: int, seed: int = 0, tokens: int = 1 << 20):
     """A PackedDataset over random tokens: the training stream gatelab's data module serves, without a corpus."""
-    from gatelab.data.datasets import PackedDataset
-
     stream = np.random.default_rng(seed).integers(0, vocab_size, tokens, dtype=np.int64).astype(np.int32)
     return PackedDataset({"random": stream}, seq_len, seed)
 
@@ -49,7 +51,6 @@ def plain_step(experiment: ExperimentConfig, precision: str) -> Callable[[], Non
     """A plain PyTorch training step on gatelab's model: the same init, loss, AdamW groups, schedule and clipping as
     gatelab's LightningModule (its `training_loss`, blocks compiled where `train.compile`), none of Lightning's
     machinery."""
-    from gatelab.model import resolve_model
     from gatelab.train.module import GatedLM
 
     experiment = experiment.with_train(precision=precision)
@@ -94,8 +95,6 @@ def block_graphs(experiment: ExperimentConfig, precision: str) -> dict:
     block has the same code and shapes), one row of the preset's length under the preset's autocast. Each break is a
     return to Python and a graph boundary inductor cannot fuse across (issue 41: `sdpa_layout`'s storage offset split
     every block in 6). `explain` resets dynamo: call it before anything of the preset compiles."""
-    from gatelab.model import build_model, resolve_model
-
     model = build_model(resolve_model(experiment), experiment.seed, bench_device())
     x_BTD = torch.randn(1, experiment.data.seq_len, model.config.d_model, device=bench_device())
     with autocast(precision):
@@ -115,8 +114,7 @@ def loss_curves(experiment: ExperimentConfig, steps: int = 50, rows: int | None 
     the curves and each one's largest relative difference to the one before. In fp32 whatever the preset's precision:
     a check of the step's numerics, which bf16 rounding would drown. `rows`: batches of that many rows instead of the
     preset's (GPU_FP32_ROWS on a GPU)."""
-    from gatelab.model import resolve_model
-    from gatelab.train.module import GatedLM, next_token_loss
+    from gatelab.train.module import GatedLM
 
     experiment = experiment.with_train(precision="32-true", batch_size=rows or experiment.train.batch_size)
     train = experiment.train
@@ -178,16 +176,13 @@ def lightning_steps(experiment: ExperimentConfig, precision: str, steps: int, fo
     and an MLflow logger writing to a SQLite store, as in `gatelab train` (quiet, no checkpoint)."""
     import lightning as L  # here, not at the top: a bad argument to `gatelab bench` is answered without Lightning
 
-    from gatelab.model import resolve_model
-    from gatelab.progress import silence_noise
     from gatelab.train.module import GatedLM, StabilityMonitor, TextData
 
     silence_noise()
     train = experiment.train
     timer = step_timer()
     uri = tracking.default_tracking_uri(folder, create=False, as_written=True)
-    # made here, as `gatelab train` does: Lightning's logger would make it too, with a warning line in the bench's
-    # output
+    # made here, as `gatelab train` does: Lightning's logger would make it too, with a warning line
     tracking.RunStore(uri, folder).experiment_id("bench")
     logger = tracking.lightning_logger("bench", uri)
     trainer = L.Trainer(
@@ -239,8 +234,6 @@ def transformers_step(experiment: ExperimentConfig, precision: str) -> Callable[
     scaler = torch.amp.GradScaler(enabled=precision == "16-mixed")
 
     def step() -> None:
-        from gatelab.train.module import next_token_loss
-
         input_ids_BT, targets_BT = (t.to(bench_device(), non_blocking=True) for t in next(batches))
         with autocast(precision):
             loss = next_token_loss(peer(input_ids=input_ids_BT).logits, targets_BT)

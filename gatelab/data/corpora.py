@@ -196,10 +196,6 @@ class CorpusManifest:
             for lineno, line in enumerate(f, 1):
                 yield Document.from_json(line, f"{path}:{lineno}")
 
-    def long_documents(self, domain: str, min_chars: int) -> list[Document]:
-        """Held-out documents of at least `min_chars` characters, for long-context evaluation."""
-        return [d for d in self.documents(domain, "heldout") if len(d.text) >= min_chars]
-
     def is_valid(self, domain: str) -> bool:
         """True when the domain was built and both split files are present with the recorded checksums."""
         return domain in self.domains and self.damaged_split(domain) is None
@@ -304,10 +300,8 @@ class DomainWriter:
     """`_write_domain` for a stream too big to hold: each document goes to its split file as it comes.
 
     Differences from `split_documents`: the split files keep the stream's order (sorting needs every document at once),
-    and memory grows with the number of documents (an 8-byte digest of each id and each text, for the duplicate checks),
-    not with their text. The held-out rule is the same: a document is held out when its id hashes below
-    `heldout_fraction`, and when fewer than `min_heldout` do, the lowest-hashing training documents are moved over at
-    `close` (a second pass over the training file, which only a small domain needs). `abort` deletes the half files.
+    and memory grows with the number of documents (an 8-byte digest of each id and text), not with their text; too few
+    held out, and `close` moves the lowest-hashing training documents over in a second pass.
     """
 
     def __init__(self, folder: Path, domain: str, heldout_fraction: float = HELDOUT_FRACTION,
@@ -391,10 +385,9 @@ def prepare_corpora(
 ) -> CorpusManifest:
     """Fetch, split and cache the requested built-in domains (default: all of `DOMAINS`); return the manifest.
 
-    A domain whose split files match the manifest's checksums is left alone, so a second call only verifies.
-    A source that cannot be fetched is reported with the command that gets it by hand, its domains are recorded
-    as missing, and the other domains are still built; the next call tries the missing ones again. A domain is
-    built only when all of its sources are there, so its content never silently changes between machines.
+    A source that cannot be fetched is reported with the command that gets it by hand and its domains recorded as
+    missing, for the next call to try again; a domain is built only from all of its sources, so its content never
+    silently changes between machines.
     """
     root = Path(data_dir).expanduser() if data_dir is not None else default_data_dir()
     served = list(dict.fromkeys(d for s in SOURCES.values() for d in s.domains))

@@ -1,10 +1,8 @@
 """Token streams, seed-ordered training windows, held-out evaluation windows and a unigram baseline.
 
-Each split of each domain is tokenized once into shards under ``<data_dir>/tokens/<tokenizer fingerprint>/`` (see
-`gatelab.data.shards`: the layout, resumable writing, and `TokenStream`, the reader). Every document is
-stored as ``<|bos|> text <|eos|>`` (a foreign tokenizer's own framing tokens instead, see `load_foreign_tokenizer`), so
-documents stay separated and a window can start at a document boundary. A split records its text's checksum and the
-framing ids: a rebuilt corpus, another tokenizer or other framing never reuses stale tokens.
+Each split of each domain is tokenized once into shards (`gatelab.data.shards`), every document framed by BOS and EOS
+(a foreign tokenizer's own, see `load_foreign_tokenizer`). A split records its text's checksum and the framing ids: a
+rebuilt corpus, another tokenizer or other framing never reuses stale tokens.
 """
 
 from __future__ import annotations
@@ -112,14 +110,9 @@ def tokenize_corpus(
     framing: tuple[int, int] | None = None, shard_bytes: int = SHARD_BYTES, progress: Progress | None = None,
     sources: dict | None = None, warn: Log | None = None,
 ) -> TokenCorpus:
-    """Tokenize both splits of each domain (default: every prepared domain) into shards once; later calls
-    read them in place. A prepare that was killed is resumed: its finished shards are kept.
-
-    `framing` is the (BOS, EOS) ids that open and close each document; default the trained BPE's <|bos|> and <|eos|>.
-    `progress.advance` hears of every batch of documents encoded (or shard kept). `sources` describes the text for the
-    manifest; default the corpus manifest's sources with their artifacts' sha256. `warn` (default `log`) says which
-    file of a split was damaged or deleted since it was written, before the split is remade: said even where `log` is
-    silenced.
+    """Tokenize both splits of each domain (default: every prepared domain) into shards once; later calls read them
+    in place, and a killed prepare keeps its finished shards. `framing`: the (BOS, EOS) ids around each document,
+    default the trained BPE's. `warn` names a split's damaged file even where `log` is silenced.
     """
     framing = (bos_id(tokenizer), eos_id(tokenizer)) if framing is None else framing
     chosen = list(manifest.available_domains if domains is None else domains)
@@ -169,14 +162,10 @@ def tokenize_corpus(
 class PackedDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     """Fixed-length training windows over per-domain token streams, in an order fixed by the seed alone.
 
-    Window k of a domain is ``tokens[k * stride : k * stride + seq_len + 1]``: `input_ids` is its first
-    `seq_len` tokens, `targets` its last `seq_len`. Windows never cross from one domain into another. The default
-    stride, `seq_len`, has neighbouring windows share one token; `seq_len + 1` cuts the stream into disjoint windows
-    (a stream of whole sequences of that length, as the synthetic tasks write). The order of
-    all windows is ``numpy.random.default_rng(seed)``'s permutation (one fresh permutation per epoch, drawn from
-    the same generator), and domains are taken in sorted name order, so the same seed and data give the same
-    batches in the same order whatever the global RNG state, the caller's domain order or the DataLoader workers;
-    use it with ``shuffle=False``.
+    Window k of a domain is ``tokens[k * stride : k * stride + seq_len + 1]`` and never crosses into another domain;
+    stride `seq_len + 1` cuts a stream of whole sequences (as the synthetic tasks write) into disjoint windows. The
+    order is ``numpy.random.default_rng(seed)``'s permutation per epoch over domains in sorted name order, so it does
+    not depend on the global RNG state, the caller's domain order or the DataLoader workers: use ``shuffle=False``.
     """
 
     def __init__(self, streams: Mapping[str, np.ndarray], seq_len: int, seed: int, epochs: int = 1,
@@ -245,8 +234,7 @@ def check_windows(corpus: TokenCorpus, domains: Sequence[str], seq_len: int) -> 
 def heldout_windows(corpus: TokenCorpus, domain: str, seq_len: int, max_windows: int) -> np.ndarray:
     """Up to `max_windows` non-overlapping held-out windows of ``seq_len + 1`` tokens, int64 ``(n, seq_len + 1)``.
 
-    When there are more windows than the cap, evenly spaced ones are taken, so the sample spans all held-out
-    documents instead of the first few; the choice is deterministic.
+    Past the cap, evenly spaced ones, so the sample spans all held-out documents instead of the first few.
     """
     tokens = corpus.tokens(domain, "heldout")
     width = seq_len + 1
@@ -299,11 +287,8 @@ def domain_with_long_documents(corpus: TokenCorpus, domains: Sequence[str], min_
 
 
 def unigram_perplexity(train_counts: np.ndarray, heldout_counts: np.ndarray) -> float:
-    """Perplexity on the held-out tokens of an add-one smoothed unigram model fitted on the training tokens, from the
-    two splits' token counts (`TokenSplit.counts`), so no pass over the tokens is needed.
-
-    The floor a language model must clear: a trained model should reach at most half of it.
-    """
+    """Perplexity on the held-out tokens of an add-one smoothed unigram model of the training tokens, from the two
+    splits' token counts: the floor a language model must clear (a trained one reaches at most half of it)."""
     heldout = np.asarray(heldout_counts, dtype=np.float64)
     if heldout.sum() == 0:
         raise DataError("unigram_perplexity needs at least one held-out token")

@@ -254,11 +254,8 @@ def _documents(data: DataConfig, log: Log) -> Iterator[tuple[str, Document]]:
 
 
 def prepare_source(data: DataConfig, log: Log = print) -> CorpusManifest:
-    """Stream the `files` or `hf` source into split files in its own folder (`corpus_dir`); return its manifest.
-
-    Nothing is read when the manifest's fingerprint of the settings and files matches and the split files are whole.
-    On bad input the error comes before a manifest is saved, and a folder this call created is removed.
-    """
+    """Stream the `files` or `hf` source into split files in its own folder (`corpus_dir`); return its manifest. On
+    bad input the error comes before a manifest is saved, and a folder this call created is removed."""
     root = corpus_dir(data)
     fingerprint = hashlib.sha256(json.dumps(source_identity(data), sort_keys=True).encode()).hexdigest()[:16]
     manifest = CorpusManifest.load(root)

@@ -116,12 +116,8 @@ def _warn_if_repeated(experiment: ExperimentConfig, corpus, domains: list[str], 
 
 @contextmanager
 def _one_process_at_a_time(data_dir: Path, say=print):
-    """Holds an exclusive lock on the data directory while a process prepares (or merely checks) its cache.
-
-    Processes building a cold cache at once (the ranks torchrun starts, runs side by side) would each tokenize every
-    corpus; one at a time, the later ones find everything cached. A wait of more than LOCK_QUIET_S is said through
-    `say`, naming the lock and its holder, and said again every LOCK_REPEAT_S while it lasts.
-    """
+    """Holds an exclusive lock on the data directory while a process prepares (or merely checks) its cache; a wait of
+    more than LOCK_QUIET_S is said through `say`, naming the lock and its holder, again every LOCK_REPEAT_S."""
     data_dir.mkdir(parents=True, exist_ok=True)
     path = data_dir / ".prepare.lock"
     with _open_lock(path) or nullcontext() as lock:

@@ -98,9 +98,8 @@ def load_or_train_tokenizer(
 ) -> Tokenizer:
     """The tokenizer for these training splits and settings: loaded from the cache, else trained and cached.
 
-    `domains` defaults to every prepared domain, so all domains share one vocabulary. The file is
-    ``<data_dir>/tokenizers/<key>/tokenizer.json``. The vocabulary may come out smaller than `vocab_size` when the
-    text has fewer distinct merges.
+    `domains` defaults to every prepared domain, so all domains share one vocabulary, which may come out smaller than
+    `vocab_size` when the text has fewer distinct merges.
     """
     if not MIN_VOCAB_SIZE <= vocab_size <= MAX_VOCAB_SIZE:
         raise DataError(f"vocab_size {vocab_size}: a byte-level BPE needs {MIN_VOCAB_SIZE}..{MAX_VOCAB_SIZE}")

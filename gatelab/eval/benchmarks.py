@@ -5,9 +5,8 @@ score at chance there. BLiMP (grammatical vs ungrammatical sentence, Warstadt et
 in-context tasks (induction copying, multi-query associative recall, needle retrieval) separate small models and probe
 what gating is claimed to change: how attention retrieves from context, and at which lengths.
 
-The synthetic tasks are generated here, deterministically from a seed, from token ids in [0, vocab_size) minus
-`reserved_ids` (special tokens), so they work with any tokenizer. A task is an `InContextBatch`: inputs, a mask of the
-positions whose NEXT token is scored, and that expected next token.
+The synthetic tasks are generated from a seed over token ids in [0, vocab_size) minus `reserved_ids` (special
+tokens), so they work with any tokenizer.
 """
 
 from __future__ import annotations
@@ -49,12 +48,9 @@ def load_blimp(
     path: str | Path = PACKAGED_BLIMP, paradigms: Iterable[str] | None = None, per_paradigm: int | None = None,
     seed: int = 0,
 ) -> list[dict[str, Any]]:
-    """BLiMP pairs from a directory holding one `<paradigm>.jsonl` per paradigm (the layout of the official release);
-    by default the package's own subset, `PACKAGED_BLIMP` (100 pairs a paradigm, so `per_paradigm` above 100 gives 100).
-
-    Each pair is the file's record as is (at least `sentence_good`, `sentence_bad`, `UID`, `pairID`). `paradigms`
-    selects files by name (default: all, sorted). `per_paradigm` keeps a random subset of that many pairs per paradigm,
-    in file order; the subset depends only on (seed, paradigm), so adding a paradigm does not reshuffle the others.
+    """BLiMP pairs (each file's records as they are) from one `<paradigm>.jsonl` per paradigm, as the official release
+    lays them out; by default the package's 100 pairs a paradigm. `per_paradigm` keeps a random subset of each, in file
+    order, which depends only on (seed, paradigm), so adding a paradigm does not reshuffle the others.
     """
     directory = Path(path)
     if not directory.is_dir():
@@ -95,11 +91,8 @@ def _read_blimp_file(file: Path) -> list[dict[str, Any]]:
 
 
 def sentence_logprobs(model: nn.Module, sequences: Sequence[Sequence[int]], batch_size: int = 32) -> Tensor:
-    """Total log-probability (N,) float64 of each token sequence's tokens 1.., each conditioned on those before it.
-
-    Sequences are sorted by length so a batch holds similar lengths, right-padded (with id 0: a causal model's earlier
-    positions never see later ones) and the padded targets are ignored, so the result does not depend on batching.
-    """
+    """Total log-probability (N,) float64 of each token sequence's tokens 1.., each conditioned on those before it;
+    batches are right-padded with id 0, which a causal model's earlier positions never see."""
     if any(len(sequence) < 2 for sequence in sequences):
         raise ValueError("sentence_logprobs: every sequence needs >= 2 tokens (the first one is only context)")
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
@@ -126,13 +119,9 @@ def score_blimp(
 ) -> dict[str, Any]:
     """Zero-shot BLiMP: a pair is right when the good sentence has the strictly higher total log-probability.
 
-    Total = sum over the sentence's tokens, each given the ones before it; with `bos_id` every token is scored given a
-    prepended BOS, without it the first token is only context (its unconditional probability is unknown to a causal
-    LM). Sentences are encoded without the tokenizer's own special tokens (a Llama-3 tokenizer.json's post-processor
-    would add a second BOS), as training text is. This is the standard unnormalised
-    comparison, so a sentence with more tokens is at a disadvantage, as in the BLiMP paper. A tie counts as wrong: a
-    model that cannot tell the sentences apart has not passed the pair.
-    Returns {"accuracy", "by_paradigm": {UID: accuracy}, "n": number of pairs}.
+    Without `bos_id` the first token is only context (a causal LM does not know its unconditional probability).
+    Sentences are encoded without the tokenizer's special tokens, as training text is (a Llama-3 tokenizer.json would
+    add a second BOS). Unnormalised, as in the BLiMP paper; a tie counts as wrong.
     """
     if not pairs:
         raise ValueError("score_blimp: no pairs to score")
@@ -184,12 +173,8 @@ def _task_batch(input_ids_NT: Tensor, score_mask_NT: Tensor, expected_NT: Tensor
 def generate_induction(
     n_examples: int, seq_len: int, span_len: int, vocab_size: int, seed: int, reserved_ids: Iterable[int] = ()
 ) -> InContextBatch:
-    """Induction copying: a random span of `span_len` tokens in the first half, repeated in the second half.
-
-    Scored: the next-token predictions inside the second copy after its first token (span_len - 1 per example),
-    which only a model that found the first copy can get right. Span tokens are distinct and the filler never uses
-    them, so the continuation is unambiguous.
-    """
+    """Induction copying: a random span of `span_len` distinct tokens, which the filler never uses, in the first half,
+    repeated in the second; scored: the predictions inside the second copy after its first token."""
     if span_len < 2 or seq_len // 2 < span_len:
         raise ValueError(
             f"generate_induction: need 2 <= span_len <= seq_len // 2, got span_len={span_len}, seq_len={seq_len}"
@@ -218,9 +203,8 @@ def generate_mqar(
 ) -> InContextBatch:
     """Multi-query associative recall (Arora et al. 2023, Zoology): k1 v1 ... kK vK, then q1 v(q1) ... qK v(qK).
 
-    The K keys are distinct and drawn from the lower half of the usable ids, values (repeats allowed, as in Zoology)
-    from the upper half, so a token's role is unambiguous. The queries are all K keys in shuffled order, each followed
-    by its value (teacher forcing); scored: the value predicted right after each queried key. Length 4K.
+    Distinct keys from the lower half of the usable ids, values (repeats allowed, as in Zoology) from the upper half,
+    so a token's role is unambiguous; scored: the value predicted right after each queried key.
     """
     usable = _usable_ids(vocab_size, reserved_ids, 2 * n_pairs, "generate_mqar")
     key_pool, value_pool = usable[: len(usable) // 2], usable[len(usable) // 2 :]
@@ -272,12 +256,8 @@ def generate_needle(
 
 
 def score_in_context(model: nn.Module, task_batch: InContextBatch, batch_size: int = 16) -> float:
-    """Greedy next-token accuracy over the scored positions.
-
-    A prediction is right only when the target's logit is strictly above every other logit: argmax would break a tie
-    towards the lowest id, so an untrained or degenerate (constant-logit) model would score whenever the target
-    happened to be the smallest id. Under this rule it scores 0.
-    """
+    """Greedy next-token accuracy over the scored positions: right only when the target's logit is strictly above
+    every other, as argmax would credit a constant-logit model whenever the target is the smallest id."""
     device = model_device(model)
     n_correct, n_scored = 0, 0
     for input_ids_BT, score_mask_BT, targets_BT in zip(*(tensor.split(batch_size) for tensor in task_batch)):
@@ -304,12 +284,8 @@ def run_in_context_suite(
     n_examples: int = 64,
     batch_size: int = 16,
 ) -> dict[str, float]:
-    """Accuracy on every synthetic task sized to a model trained at `seq_len`.
-
-    Keys: "induction" (seq_len tokens, span min(32, seq_len // 4)), "mqar" (min(32, seq_len // 4) pairs, 4 tokens
-    per pair), and "needle@<L>" for L in seq_len // 4, seq_len // 2, seq_len (ascending; lengths below 5 skipped).
-    Each task has its own seed derived from `seed`, so the suite is reproducible and the tasks independent.
-    """
+    """Accuracy on every synthetic task sized to a model trained at `seq_len`: "induction", "mqar" and "needle@<L>"
+    for L in seq_len // 4, seq_len // 2, seq_len, each task with its own seed derived from `seed`."""
     reserved = tuple(reserved_ids)
     span_len = min(SUITE_MAX_INDUCTION_SPAN, seq_len // 4)
     n_pairs = min(SUITE_MAX_MQAR_PAIRS, seq_len // 4)

@@ -23,8 +23,13 @@ from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+from unittest import mock
+from urllib.parse import unquote, urlparse
 
+import datasets
 import torch
+import yaml
+from lm_eval import evaluator
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
@@ -34,12 +39,15 @@ from tqdm import tqdm
 
 from gatelab import tracking
 from gatelab.config import ModelConfig
+from gatelab.data.prepare import load_data
 from gatelab.data.resolve import experiment_from_dict
 from gatelab.devices import evaluation_device, rows_for_length
-from gatelab.errors import GatelabError, redact
+from gatelab.errors import GatelabError, install_redaction, redact
 from gatelab.eval.benchmarks import PACKAGED_BLIMP, load_blimp
 from gatelab.eval.checkpoint import load_checkpoint
 from gatelab.eval.metrics import evaluation_mode, model_device
+from gatelab.host import resolve_precision
+from gatelab.model import build_model
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +76,6 @@ def blimp_dataset(blimp_path: str | None = None, blimp_per_paradigm: int | None 
     Each pair also carries its prompt (`context`, empty) and `choices` (bad, good) as fields, which the task names:
     lm-eval compiles a Jinja template afresh for every document, a third of its time on BLiMP.
     """
-    import datasets
-
     pairs = load_blimp(blimp_path or PACKAGED_BLIMP, per_paradigm=blimp_per_paradigm, seed=blimp_seed)
     docs = [{**pair, "context": "", "choices": [pair["sentence_bad"], pair["sentence_good"]]} for pair in pairs]
     return datasets.DatasetDict({"test": datasets.Dataset.from_list(docs)})
@@ -94,8 +100,6 @@ def _runs_dirs(runs_dir: Path, uri: str, artifact_location: str) -> list[Path]:
     which both name the runs folder the run was trained with, whatever the working directory is now."""
     candidates = [runs_dir]
     if artifact_location.startswith("file:"):
-        from urllib.parse import unquote, urlparse
-
         candidates.append(Path(unquote(urlparse(artifact_location).path)).parent)
     if (database := tracking.sqlite_file(uri)) is not None:
         candidates.append(database.parent)
@@ -128,8 +132,6 @@ def checkpoint_of_run(run_id: str, tracking_uri: str | None = None, runs_dir: st
 
 def _configs_from_mlflow(run_id: str, uri: str) -> dict[str, Any]:
     """A checkpoint written before checkpoints described themselves: the run's configs as gatelab logged them."""
-    import yaml
-
     store, texts = tracking.RunStore(uri), {}
     for key, artifact in (("experiment", "config/experiment.yaml"), ("model", "config/model_resolved.yaml")):
         text = store.artifact_text(run_id, artifact)
@@ -170,8 +172,6 @@ def _autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     and only costs digits."""
     if device.type != "cuda":
         return None
-    from gatelab.host import resolve_precision
-
     return AUTOCAST_DTYPES.get(resolve_precision(precision, "cuda"))
 
 
@@ -232,9 +232,6 @@ class GatelabLM(LM):
         if experiment.data.task != "text":
             raise GatelabError(f"{checkpoint}: the run trains on the synthetic task '{experiment.data.task}', which "
                                "has no text tokenizer: lm-eval's tasks are text")
-        from gatelab.data.prepare import load_data
-        from gatelab.model import build_model
-
         model = build_model(model_config, seed=experiment.seed)
         try:
             model.load_state_dict(state)
@@ -456,10 +453,6 @@ def quiet_git():
     """A context in which lm-eval's results name gatelab's commit as their git_hash. lm-eval runs `git describe` in the
     working folder with git's stderr on ours: outside a clone it printed "fatal: not a git repository"; gatelab reads
     its commit with git's output kept (`tracking.code_version`)."""
-    from unittest import mock
-
-    from lm_eval import evaluator
-
     return mock.patch.object(evaluator, "get_git_commit_hash", lambda: tracking.code_version()["gatelab.git_commit"])
 
 
@@ -470,7 +463,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     from lm_eval.__main__ import cli_evaluate
 
     import gatelab.eval.harness  # noqa: F401  registers `gatelab` when this file runs as __main__
-    from gatelab.errors import install_redaction
 
     install_redaction()
 

@@ -145,9 +145,8 @@ def explicit_output(q_BHTD: Tensor, k_BKTD: Tensor, v_BKTD: Tensor, kind: str = 
     """`explicit_attention`'s Y, the same values, in blocks of `query_block_rows` queries, each over the tokens up to
     its last query: one block's (B, H, Q, T) scores are live at a time, not (B, H, T, T).
 
-    Where gradients are on, each block runs under activation checkpointing: backward keeps q, k and v (the block's
-    inputs) and recomputes one block's weights at a time, where autograd would keep (B, H, T, T) weights per layer
-    (fp32 and their bf16 copy: 58 GB for sigmoid in the small preset). One more forward pass of attention buys that.
+    Where gradients are on, each block runs under activation checkpointing, which recomputes one block's weights at a
+    time where autograd would keep (B, H, T, T) weights per layer (58 GB for sigmoid in the small preset).
     """
     B, H, T, _ = q_BHTD.shape
     rows = query_block_rows(B, H, T, block_bytes)
@@ -169,18 +168,12 @@ def sdpa_layout(x: Tensor) -> Tensor:
     """`x` itself where its last stride is 1 and every other stride a multiple of SDPA_ALIGNMENT, else a contiguous
     copy (the same values).
 
-    q, k and v are views into one projection's output, whose row is as wide as q + k + v + the gates' logits: a
-    headwise G1 gate adds n_heads logits, so at the tiny presets' widths v's token stride is 132 elements. On an H100
-    in bf16 (torch 2.11, CUDA 13) a fused SDPA kernel given such a v trained g1_head_sig to 2.6 times the baseline's
-    perplexity, its gates closed, where the CPU's kernel trained it to the baseline's (results/tiny/README.md, issue
-    34); fused kernels assume aligned rows (pytorch/pytorch#112577: non-contiguous inputs to the mem-efficient
-    kernel return wrong values). Aligned views, every other variant's, pass untouched: no copy.
+    q, k and v are views into one projection's output, whose row also holds the gates' logits (a headwise G1 gate's
+    n_heads make v's token stride 132 at the tiny widths). Fused kernels assume aligned rows (pytorch/pytorch#112577):
+    on an H100 in bf16 such a v trained g1_head_sig to 2.6 times the baseline's perplexity (results/tiny/README.md).
 
-    Decided from the strides alone, which dynamo knows statically: `storage_offset()` breaks a compiled block's graph
-    (issue 41). The storage offset is aligned by construction where the strides are: `Attention` lays q, k and v out
-    first in its projection, each a whole number of heads, so a view starts at a multiple of the head stride (and
-    RoPE's q and k are new tensors, offset 0). Under torch.compile inductor lays out SDPA's inputs itself and aligns
-    them on a GPU (torch._inductor.lowering.sdpa_constraint)."""
+    Decided from the strides alone, as `storage_offset()` breaks a compiled block's graph; the offset is aligned by
+    construction where the strides are (`Attention` lays q, k and v out first, each a whole number of heads)."""
     aligned = all(stride % SDPA_ALIGNMENT == 0 for stride in x.stride()[:-1])
     return x if aligned and x.stride(-1) == 1 else x.contiguous()
 

@@ -1,6 +1,5 @@
 """Every variant's training attention path in low precision against the same module in float64 on the explicit path:
-a check that catches a kernel fed a layout it reads wrong (issue 34: a fused SDPA kernel given a misaligned v view
-trained g1_head_sig to 2.6x the baseline's perplexity on an H100 in bf16; the CPU's kernel was right).
+a check that catches a kernel fed a layout it reads wrong (see `attention_kinds.sdpa_layout`).
 
     python -m gatelab.model.numerics [--device cuda] [--dtype bf16]    one line a case; exit 1 on any FAIL
     python -m gatelab.model.numerics --emulate-misaligned-kernel       on a CPU (see below)

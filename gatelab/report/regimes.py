@@ -2,10 +2,8 @@
 (`sweeps/repro-trained.yaml`), and final loss against the learning rate (`sweeps/repro-lr-sensitivity.yaml`, the way
 Wortsman et al. 2023, arXiv 2309.14322, test small-scale instability).
 
-Both read only what `gatelab table` already has: the sweep's RunRecords and the store's `val/loss` histories. Each is
-produced only where the sweep can answer it (val/loss logged at >= 3 steps; `train.lr` swept over >= 3 rates), so the
-reports of other sweeps are unchanged. Everything is ordered (groups in the sweep's order, steps, rates and seeds
-ascending), so a report made again from the same store is byte-identical.
+Each is produced only where the sweep can answer it (val/loss logged at >= 3 steps; `train.lr` swept over >= 3 rates).
+Everything is ordered, so a report made again from the same store is byte-identical.
 """
 
 from __future__ import annotations

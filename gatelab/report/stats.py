@@ -1,23 +1,11 @@
 """Significance and agreement statistics for the report tables: is a variant's difference from baseline real, how small
 a difference could these seeds have seen, and do our results rank and move like the paper's?
 
-Runs of different variants with the same seed share data order and initialisation ("common random numbers"), so a
-variant and the baseline are compared *paired by seed* whenever they share at least two seeds: the seed-to-seed noise
-they have in common cancels in the per-seed differences, which makes the paired t-test far more sensitive than a
-two-sample test on the same runs. Only without two shared seeds does `compare` fall back to Welch's t-test.
-
-A run that diverged has no perplexity: its value arrives as NaN (or an overflowed inf) and is dropped, never averaged;
-every function here counts only the finite values it used.
-
-The claims table (gatelab.report.claims) is stricter, because a verdict rests on each row: `compare_shared_seeds`
-uses only the seeds both groups have and always pairs them, since the design pairs runs by seed (a test chosen after
-looking at the data, e.g. "paired only where the seeds correlate", has a type-I error above its level); "close" claims
-are equivalence tests (`tost`); the table's p-values are corrected together (`benjamini_hochberg`); `lr_sensitivity`
-and `rank_agreement_interval` give the learning-rate and rank rows.
-
-All statistics come from `scipy.stats`; this module only chooses the test, handles the degenerate cases (one seed,
-zero spread) with a stated reason instead of a NaN, and turns a test's power into "minimum detectable effect" and
-"seeds needed", which say whether a null result means "no effect" or merely "too few seeds".
+Runs of different variants with the same seed share data order and initialisation ("common random numbers"), so they
+are compared paired by seed: the noise they share cancels in the per-seed differences. A diverged run's NaN (or inf)
+is dropped, never averaged. All statistics come from `scipy.stats`; this module chooses the test, states a reason for
+the degenerate cases (one seed, zero spread) instead of a NaN, and turns a test's power into "minimum detectable
+effect" and "seeds needed", which tell "no effect" from "too few seeds".
 """
 
 from __future__ import annotations
@@ -44,29 +32,13 @@ _ZERO_SPREAD = 1e-12
 
 @dataclass(frozen=True)
 class Comparison:
-    """A variant against baseline over seeds.
+    """A variant against baseline over seeds; `reason` says why `p_value` is None.
 
-    delta: mean of (variant - baseline): over the shared seeds' paired differences for the paired test, the difference
-        of the two groups' means for Welch. NaN only when one side has no finite value at all (see `reason`).
-    p_value: two-sided p-value of the test; None when it cannot be computed, with `reason` saying why.
-    test: "paired t" (at least two shared seeds) or "Welch t" (otherwise, over all finite values).
-    n: the number of pairs for the paired test; for Welch the *smaller* group's size. The smaller size is what
-        `mde` and `seeds_needed` are computed with (two equal groups of that size), so they err on the side of
+    n: the number of pairs; for Welch the *smaller* group's size, with which `mde` and `seeds_needed` err on the side of
         "undetectable" rather than overstate what an unbalanced design could see.
-    sd: standard deviation (ddof=1) of the paired differences; for Welch the root mean square of the two groups'
-        standard deviations, sqrt((s_v^2 + s_b^2) / 2), the sd for which two groups of n give Welch's standard error
-        sqrt(s_v^2/n + s_b^2/n) = sd * sqrt(2/n). None when it cannot be estimated (a group of one).
-    mde: smallest |delta| this test would detect at two-sided alpha 0.05 with power 0.8, given `n` and `sd`
-        (see `minimum_detectable_effect`); None when not computable (n < 2, sd unknown or zero).
-    seeds_needed: how many seeds (pairs for paired, per group for Welch) would detect the observed |delta| at
-        alpha 0.05 with power 0.8 (see `seeds_needed`); None when delta is 0 or NaN, sd is unknown or zero, or more
-        than 10,000 seeds would be needed.
-    reason: why `p_value` is None; None when it was computed.
-    correlation: from `compare_shared_seeds`, the correlation of the two groups over the seeds they share, a
-        description only (it does not choose the test); None from `compare`, or where it is undefined (fewer than two
-        seeds, a side without spread).
-    interval: the two-sided 95% confidence interval of `delta` from the paired test (t over the n - 1 df of the
-        differences); None for Welch and wherever p_value is None.
+    sd: of the paired differences (ddof=1); for Welch sqrt((s_v^2 + s_b^2) / 2), for which two groups of n give
+        Welch's standard error sd * sqrt(2/n).
+    mde, seeds_needed: at two-sided alpha 0.05 and power 0.8 (`minimum_detectable_effect`, `seeds_needed`).
     """
 
     delta: float
@@ -95,24 +67,16 @@ def _is_zero_spread(sd: float, *samples: np.ndarray) -> bool:
 
 @contextmanager
 def _exact_zero_spread_ok() -> Iterator[None]:
-    """Silence SciPy's "Precision loss ... catastrophic cancellation" warning around a t-test.
-
-    SciPy warns whenever one sample's values are (nearly) identical, e.g. a baseline whose seeds all reached the same
-    perplexity in a Welch test. That is legitimate there (Welch only needs the *combined* spread to be nonzero), and
-    the degenerate case the warning is about, an all-zero spread, is caught before any test runs, with a reason.
-    """
+    """Silence SciPy's "Precision loss" warning around a t-test: one sample without spread is legitimate for Welch,
+    and an all-zero spread is caught before any test runs."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Precision loss occurred", category=RuntimeWarning)
         yield
 
 
 def mean_std(values: Iterable[float]) -> tuple[float, float | None, int]:
-    """(mean, std with ddof=1, n) of the finite values, NaN/inf dropped.
-
-    The std is the sample standard deviation (ddof=1): the seeds are a sample of the runs one could have made, and
-    the ddof=0 version would understate the spread of a handful of seeds. It is None for n = 1 (one value has no
-    spread), and the mean is NaN for n = 0, so a caller can tell "no runs finished" from "one run".
-    """
+    """(mean, std with ddof=1, n) of the finite values: the std is None for n = 1 and the mean NaN for n = 0, so a
+    caller can tell "no runs finished" from "one run"."""
     finite = _finite(values)
     n = int(finite.size)
     if n == 0:
@@ -136,19 +100,11 @@ def minimum_detectable_effect(sd: float | None, n: int, paired: bool = True, alp
                               power: float = 0.8) -> float | None:
     """The smallest true |difference| a two-sided t-test at level `alpha` detects with probability `power`.
 
-    Paired (`paired=True`, n pairs): the one-sample t-test on the n differences, standard error sd/sqrt(n), df = n-1.
-    Under a true mean difference `effect` the t statistic follows a noncentral t with df n-1 and noncentrality
-    lambda = effect / (sd / sqrt(n)).
-    Welch (`paired=False`, two groups of n each, both with sd `sd`): standard error sd*sqrt(2/n); with equal sds and
-    sizes the Welch-Satterthwaite df is exactly 2n-2, and lambda = effect / (sd * sqrt(2/n)).
-    In both cases power(lambda) = P(T' > t_crit) + P(T' < -t_crit), t_crit = t.ppf(1 - alpha/2, df),
-    T' ~ nct(df, lambda). Power rises monotonically from alpha at lambda = 0, so `brentq` finds the unique lambda
-    with power(lambda) = `power`, and the effect is lambda times the standard error.
-
-    For large n this approaches the normal-theory (z_{1-alpha/2} + z_power) * SE, i.e. 2.80 * SE at the defaults;
-    at small n the t-distribution's heavier tails make it noticeably larger, which is the point of computing it.
-    None when n < 2 (no degrees of freedom) or `sd` is unknown, not finite or zero (a zero spread among a few seeds
-    is a degenerate estimate, not evidence that no noise exists).
+    Paired: n differences, standard error sd/sqrt(n), df n-1. Welch (two groups of n, both with sd `sd`): standard
+    error sd*sqrt(2/n), df 2n-2. Power rises monotonically with the noncentrality lambda, so `brentq` finds the lambda
+    whose power is `power`; the effect is lambda times the standard error. At small n the t-distribution's heavy tails
+    make it well above the normal-theory 2.80 * SE, which is the point of computing it. None when n < 2 or `sd` is
+    unknown, not finite or zero (a zero spread among a few seeds is a degenerate estimate, not an absence of noise).
     """
     if not 0.0 < alpha < 1.0 or not alpha < power < 1.0:
         raise ValueError(f"need 0 < alpha < power < 1; got alpha={alpha}, power={power}")
@@ -169,12 +125,8 @@ def minimum_detectable_effect(sd: float | None, n: int, paired: bool = True, alp
 
 def seeds_needed(delta: float, sd: float | None, paired: bool = True, alpha: float = 0.05, power: float = 0.8,
                  max_n: int = 10_000) -> int | None:
-    """The smallest n >= 2 (pairs if `paired`, else per group) whose minimum detectable effect is <= |delta|.
-
-    That is how many seeds a true difference of the observed size would need to reach p < `alpha` with probability
-    `power`. The MDE falls monotonically with n, so this is a bisection over [2, max_n]. None when delta is 0 or not
-    finite (nothing to detect), `sd` is unknown, not finite or zero, or even `max_n` seeds would not suffice.
-    """
+    """The smallest n >= 2 (pairs if `paired`, else per group) whose minimum detectable effect is <= |delta|, by
+    bisection (the MDE falls with n); None when delta is 0 or not finite, `sd` unusable, or `max_n` would not do."""
     if not math.isfinite(delta) or delta == 0.0 or sd is None or not math.isfinite(sd) or sd <= 0.0:
         return None
     target = abs(delta)
@@ -196,15 +148,8 @@ def seeds_needed(delta: float, sd: float | None, paired: bool = True, alpha: flo
 
 
 def compare(variant: Mapping[int, float], baseline: Mapping[int, float]) -> Comparison:
-    """A variant's values against the baseline's, both keyed by seed; NaN/inf values (diverged runs) are dropped.
-
-    With at least two seeds finite on both sides, the paired t-test (`scipy.stats.ttest_rel`) over those shared seeds:
-    runs with the same seed share data order and initialisation, so pairing cancels their common noise. Seeds only one
-    side has are then left out, since they have no partner. With fewer shared seeds, Welch's t-test
-    (`scipy.stats.ttest_ind(equal_var=False)`) over all finite values of each side: it does not assume the two
-    variants are equally noisy. Degenerate cases return p_value None with a `reason`: one seed (no spread to test
-    against), zero variance (every run or difference identical, so t is 0/0 or x/0), or a side with no values.
-    """
+    """A variant's values against the baseline's, both keyed by seed: the paired t-test over the seeds finite on both
+    sides where there are two, else Welch's t-test over all finite values of each side."""
     v_all = {seed: float(value) for seed, value in variant.items() if math.isfinite(float(value))}
     b_all = {seed: float(value) for seed, value in baseline.items() if math.isfinite(float(value))}
     shared = sorted(set(v_all) & set(b_all), key=repr)
@@ -253,14 +198,9 @@ def _welch(v: np.ndarray, b: np.ndarray, with_seeds_needed: bool = True) -> Comp
 
 
 def rank_agreement(ours: Mapping[str, float], paper: Mapping[str, float]) -> dict[str, Any]:
-    """Do our variants rank like the paper's? Kendall's tau (`scipy.stats.kendalltau`, tau-b) over the keys both have
-    with finite values.
-
-    Absolute perplexities cannot match (the paper trains far larger models far longer), but the order of the variants
-    can; tau counts concordant minus discordant pairs, so one adjacent swap among 4 variants gives (5 - 1) / 6.
-    Returns {"tau", "p_value", "n", "keys", "reason"}: tau and p_value are None with a `reason` when n < 3 (too few
-    pairs for an order to mean anything) or when one side's values are all tied (no order to compare).
-    """
+    """Do our variants rank like the paper's? Kendall's tau-b over the keys both have with finite values: absolute
+    perplexities cannot match the paper's far larger models, but the order can. None with a `reason` for n < 3 or
+    one side all tied."""
     keys = sorted(k for k in set(ours) & set(paper) if math.isfinite(float(ours[k])) and math.isfinite(float(paper[k])))
     result: dict[str, Any] = {"tau": None, "p_value": None, "n": len(keys), "keys": keys, "reason": None}
     if len(keys) < 3:
@@ -276,13 +216,8 @@ def rank_agreement(ours: Mapping[str, float], paper: Mapping[str, float]) -> dic
 
 
 def sign_agreement(our_deltas: Mapping[str, float], paper_deltas: Mapping[str, float]) -> dict[str, Any]:
-    """Do our variants move against baseline in the paper's direction? The fraction of shared keys whose deltas have
-    the same sign.
-
-    Left out: "baseline" (its delta against itself is 0 by construction) and any key whose delta is 0 or not finite
-    on either side (no direction to agree on). Returns {"fraction", "n", "agree", "disagree", "reason"}: `disagree`
-    lists the keys that move the other way; fraction is None with a reason when no key is left.
-    """
+    """Do our variants move against baseline in the paper's direction? The fraction of shared keys (not baseline,
+    delta nonzero and finite on both sides) whose deltas have the same sign."""
     def usable(value: float) -> bool:
         return math.isfinite(float(value)) and float(value) != 0.0
 
@@ -306,8 +241,7 @@ def shared_seeds(*groups: Mapping[int, float]) -> list[int]:
 
 
 def seed_correlation(a: np.ndarray, b: np.ndarray) -> float | None:
-    """Pearson's r of two groups' values at the same seeds; None for fewer than two seeds or a side without spread
-    (r is 0/0 there)."""
+    """Pearson's r of two groups' values at the same seeds; None where it is 0/0 or there are fewer than two."""
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if a.size < 2 or _is_zero_spread(float(np.std(a)), a) or _is_zero_spread(float(np.std(b)), b):
         return None
@@ -317,14 +251,9 @@ def seed_correlation(a: np.ndarray, b: np.ndarray) -> float | None:
 def compare_shared_seeds(a: Mapping[int, float], b: Mapping[int, float]) -> Comparison:
     """Group a against group b over the seeds both have finite values for: the paired t-test, always.
 
-    The sweeps cross every variant with the same seeds, and runs of one seed share data order and initialisation
-    (common random numbers): the design pairs them, so the paired test is the test, whatever the seeds' values turn
-    out to be. (Choosing it only where Pearson's r > 0, Welch's test otherwise, has a type-I error of 6.5% at rho 0
-    with 3 seeds and 8-16% at rho < 0: issue 34.) Seeds only one group has are left out, so that `delta` is always the
-    difference of the two means over one set of seeds; fewer than two shared seeds give no test, with a reason.
-    `correlation` reports r as a description (None where it is undefined: fewer than two shared seeds, or a group
-    whose values are all equal). `seeds_needed` is left None: the claims table does not show it, and its search costs
-    a tenth of a second a row.
+    The design pairs runs by seed, so the paired test is the test whatever the values (choosing it only where r > 0
+    has a type-I error of 6.5% at rho 0 with 3 seeds, 8-16% at rho < 0). `correlation` is r, a description only.
+    `seeds_needed` is left None: the claims table does not show it, and its search costs a tenth of a second a row.
     """
     seeds = shared_seeds(a, b)
     v = np.array([float(a[s]) for s in seeds], dtype=np.float64)
@@ -356,14 +285,8 @@ class Equivalence:
 
 
 def tost(a: Sequence[float], b: Sequence[float], margin: float, paired: bool) -> Equivalence:
-    """TOST for the difference of means a - b within +-`margin`; paired (a[i] with b[i]) or Welch.
-
-    Paired: one-sample t-tests of the differences against -margin (alternative "greater") and +margin ("less"), df
-    n - 1; statsmodels' `ttost_paired`. Welch: `ttest_ind(a + margin, b, equal_var=False, alternative="greater")` and
-    `ttest_ind(a - margin, b, ..., alternative="less")`, Welch-Satterthwaite df; statsmodels' `ttost_ind(...,
-    usevar="unequal")`. p_value is None with a reason for fewer than two values a side, a margin that is not > 0, or
-    zero spread.
-    """
+    """TOST for the difference of means a - b within +-`margin`; paired (a[i] with b[i]) or Welch, as statsmodels'
+    `ttost_paired` and `ttost_ind(..., usevar="unequal")`."""
     v, w = _finite(a), _finite(b)
     test: TestName = PAIRED if paired else WELCH
     if paired and v.size != w.size:
@@ -444,14 +367,8 @@ def kendall_tau_b(ours: np.ndarray, paper: np.ndarray) -> np.ndarray:
 
 def rank_agreement_interval(values: Mapping[str, Mapping[int, float]], paper: Mapping[str, float],
                             resamples: int = 2000, seed: int = 0, level: float = 0.95) -> tuple[float, float] | None:
-    """A percentile bootstrap interval of Kendall's tau between our group means and the paper's, over seeds.
-
-    `values` is {variant: {seed: value}}; variants the paper lacks are left out. Each resample draws as many seeds as
-    there are (the union over variants) with replacement, takes each variant's mean over the drawn seeds it has finite
-    values for (a seed drawn twice counts twice), and computes tau-b against `paper` (`kendall_tau_b`); resamples with
-    no tau (fewer than 3 variants left, all tied) are skipped. A fixed `numpy.random.Generator` seed makes the interval
-    the same on every call. None when no resample gives a tau.
-    """
+    """A percentile bootstrap interval of Kendall's tau between our group means ({variant: {seed: value}}) and the
+    paper's, resampling seeds with replacement; resamples without a tau are skipped, None when none has one."""
     keys = [k for k in values if k in paper and math.isfinite(float(paper[k]))]
     seeds = sorted({s for k in keys for s in values[k]}, key=repr)
     if len(keys) < 3 or not seeds:

@@ -5,11 +5,8 @@ Ctrl-C in the terminal reaches only gatelab, which then stops the server's whole
 worker.
 
 The address it prints opens the runs table, not MLflow 3's GenAI overview: the URL carries `workflowType=
-machine_learning` (MLflow 3.17's UI takes the experiment kind from that switch, not from the experiment's
-`mlflow.experimentKind` tag, which gatelab sets too) and `viewStateShareKey`, gatelab's saved view of the table, sorted
-by ppl/avg with the key metrics as columns (gatelab.tracking.key_metrics_view). The table's columns cannot be named in
-the URL itself: of the table's state, only the sort and filter (`orderByKey`, `searchFilter`, ...) are URL parameters;
-its columns come from the browser's own saved state or from a saved view.
+machine_learning` (MLflow 3.17's UI reads that switch, not the experiment's tag) and `viewStateShareKey`, gatelab's
+saved view of the table (gatelab.tracking.key_metrics_view), as a URL can name the sort and filter but not the columns.
 """
 
 from __future__ import annotations
@@ -201,14 +198,10 @@ def serve_ui(tracking_uri: str, host: str = "127.0.0.1", port: int = 5000, artif
              verbose: bool = False) -> None:
     """Run `mlflow ui` over `tracking_uri` until SIGINT (Ctrl-C) or SIGTERM, then stop it and all its workers.
 
-    Prints the page to open once the server answers (landing_pages: the sweep `sweep_name`'s runs, or the only
-    experiment's, or the experiments list), and each experiment's runs page where there are several. With
-    `screenshot`, writes a PNG of that page (headless Chromium) and stops. An http(s) store is an `mlflow server`,
-    which serves the UI itself: its pages are printed (`show_server_ui`), nothing is started. Raises GatelabError when
-    the store does not exist (it is only read, never created), when the port is taken, when the server exits or does
-    not answer within START_TIMEOUT_S, or when the screenshot fails. `artifacts_dir` is where artifacts of
-    experiments created from the UI go. The server's own lines (uvicorn's access log, its libraries' warnings) go,
-    redacted, to a log file named in any error and removed after a clean stop; `verbose` shows them instead."""
+    Prints the page to open once the server answers (`landing_pages`); with `screenshot`, writes a PNG of that page
+    and stops. An http(s) store is an `mlflow server`, which serves the UI itself: its pages are printed, nothing is
+    started. A store that does not exist is refused, never created. The server's own lines go, redacted, to a log file
+    named in any error and removed after a clean stop; `verbose` shows them instead."""
     chromium = _screenshot_tool(screenshot)
     if urllib.parse.urlparse(tracking_uri).scheme in SERVER_SCHEMES:
         show_server_ui(tracking_uri, sweep_name, screenshot, chromium)

@@ -5,9 +5,8 @@ for tests). The ledger does the coordination.
 Local CPU workers get disjoint cores, and the cores of a worker that has nothing left to train go to the workers still
 training: small runs side by side on one core each train faster together than one at a time on all the cores (a
 small model's step does not scale across cores), but when the last run of a sweep trains alone on its one core, the
-idle cores throw that gain away. Each local worker
-lists itself in a folder while it has work (`LocalWorkerRegistry`); the runs re-read it every few steps
-(`gatelab.sweep.worker.ShareFreedCores`) and widen their threads and CPU affinity to their share of the freed cores.
+idle cores throw that gain away. Each local worker lists itself in a folder while it has work (`LocalWorkerRegistry`);
+the runs re-read it every few steps (`gatelab.sweep.worker.ShareFreedCores`) and widen to their share of freed cores.
 """
 
 from __future__ import annotations
@@ -175,13 +174,9 @@ class LocalShare:
 
 
 def run_local_workers(n_workers: int, **worker_args) -> int:
-    """N worker processes; on a machine with GPUs each gets one as its CUDA_VISIBLE_DEVICES, in turn from the user's
-    CUDA_VISIBLE_DEVICES or the GPUs torch sees (`gatelab.devices.worker_gpus`; more workers than GPUs share them),
-    and the launch says how many share each; without GPUs each gets a disjoint share of this process's cores, with as
-    many threads, widened while other workers sit idle (see the module docstring).
-
-    Ctrl-C or SIGTERM on this process is forwarded to every worker, which puts its run back in the queue before it
-    exits; then `Interrupted` is raised here. Returns the highest exit code of the workers (1: a cell failed).
+    """N worker processes, each with one GPU (`gatelab.devices.worker_gpus`) or without GPUs a disjoint share of this
+    process's cores; Ctrl-C or SIGTERM is forwarded to every worker, which puts its run back in the queue, then
+    `Interrupted` is raised here. Returns the highest exit code of the workers (1: a cell failed).
     """
     from gatelab.devices import worker_gpus  # torch: only a local launch needs it
 

@@ -301,10 +301,9 @@ class LedgerJournal(JournalFileBackend):
             self._lock.release()
 
     def _set_aside_torn_tail(self) -> None:
-        """Under the journal's lock no gatelab process is writing, so a last line without its newline is a write that
-        a killed process left cut short: no reader took it as an entry (Optuna skips it). Appending after it would
-        join the next entry to it, and every reader would then stop at that line; so it goes to <journal>.torn and the
-        journal is cut back to its last whole line."""
+        """Under the journal's lock a last line without its newline is a killed process's cut-short write, which
+        Optuna skips; the next entry appended would join it and stop every reader there, so it goes to <journal>.torn
+        and the journal is cut back to its last whole line."""
         with open(self._file_path, "r+b") as journal:
             torn_at = _torn_tail_start(journal)
             if torn_at is None:

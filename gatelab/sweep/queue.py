@@ -131,12 +131,8 @@ def _last_line(text: str | None) -> str | None:
 
 
 def _trial_storage(study: optuna.Study, trial: optuna.Trial | FrozenTrial) -> tuple[BaseStorage, int]:
-    """The storage of `study` and the id of `trial` in it, for the writes Optuna's public API does not offer.
-
-    Through the public API only the process that asked for a trial can tell it or set its attributes (`optuna.Trial`),
-    and a `FrozenTrial` is read-only. The ledger must also mark another worker's dead trial FAIL, beat on its own trial
-    from a helper thread, and read back a trial it has told; those go to the storage directly, by trial id, here only.
-    """
+    """The storage of `study` and the id of `trial` in it, for the writes Optuna's public API does not offer: marking
+    another worker's dead trial FAIL, beating from a helper thread, reading back a trial already told."""
     return study._storage, trial._trial_id
 
 

@@ -105,11 +105,9 @@ class _WriteErrors:
 
 
 class PublishAfterStepMetrics(L.Callback):
-    """Lightning saves a step's checkpoint (ModelCheckpoint.on_train_batch_end) before it logs that step's metrics. A
-    checkpoint visible before those points are sent or on disk lets a kill lose them for good: the resumed run starts
-    after that step and never trains it again. So during `fit` a checkpoint is published at the start of the next
-    step, or at the end of training, once the logger's queued points (that step's included) are kept on disk first.
-    A process stopped in between leaves the previous checkpoint, and its successor re-trains from there."""
+    """Lightning saves a step's checkpoint before it logs that step's metrics, and the resumed run never trains that
+    step again: so during `fit` a checkpoint is published at the start of the next step (or the end of training), once
+    the logger's queued points are kept on disk."""
 
     def __init__(self, checkpoint_io: DurableCheckpointIO) -> None:
         self.checkpoint_io = checkpoint_io

@@ -125,12 +125,9 @@ class GatedLM(L.LightningModule):
         self.log(catalogue.VAL_LOSS, loss, prog_bar=True, batch_size=input_ids_BT.shape[0])
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        # The checkpoint describes itself: the experiment (for the tokenizer and training length) and the resolved model
-        # config rebuild its model without the YAML, the registry or MLflow (gatelab.eval.checkpoint.load_checkpoint).
-        # With the precision it trained in: `auto` may resolve otherwise on the machine that resumes it.
-        # Every string redacted (gatelab.errors.redact): a tracking URI's password was in plain text in last.ckpt,
-        # the file people copy; nothing read back from a checkpoint connects anywhere.
-        # The spec hash as well, of the experiment before redaction: what decides whether the file resumes a run.
+        # The checkpoint rebuilds its model without the YAML, the registry or MLflow (eval.checkpoint.load_checkpoint);
+        # the precision, as `auto` may resolve otherwise where it resumes; strings redacted, as people copy last.ckpt;
+        # the spec hash of the unredacted experiment, which decides whether the file resumes a run.
         checkpoint["gatelab"] = {"experiment": redacted_strings(self.experiment.model_dump(mode="json")),
                                  "spec_hash": spec_hash(self.experiment),
                                  "model": self.model.config.model_dump(mode="json"),
@@ -183,16 +180,12 @@ class GatedLM(L.LightningModule):
 class StepBatches(IterableDataset):
     """Batch i of a run is windows [i*B, (i+1)*B) of the seed's order, whatever happened before.
 
-    The stream starts at the trainer's global step when it is iterated, which Lightning restores from a checkpoint
-    before the epoch begins: a resumed run sees exactly the batches an uninterrupted one would have seen. An "epoch"
-    is `steps_per_epoch` batches, the interval between validations, so per-epoch tools (Optuna's Lightning pruning
-    callback reports per epoch) see each validation as its own step. Under DDP, B is the global batch and each of
-    the `world_size` processes takes its own contiguous slice of it, so the run sees the same data on any device count.
-
-    With DataLoader worker processes, worker w of W assembles steps w, w + W, ... of the epoch, and the DataLoader
-    hands out its workers' batches in turn, so the order is the same as with none. A worker is started when the epoch
-    is iterated (not persistent), after the trainer restored its step; pickled into a spawned worker, the stream
-    carries that step as a number.
+    The stream starts at the trainer's global step, which Lightning restores before the epoch begins, so a resumed
+    run sees the batches an uninterrupted one would. An "epoch" is `steps_per_epoch` batches, one validation interval
+    (Optuna's pruning callback reports per epoch). Under DDP each of the `world_size` processes takes its contiguous
+    slice of the global batch B, so the data is the same on any device count. DataLoader worker w of W assembles steps
+    w, w + W, ..., handed out in turn, so the order is the same as with none; workers are not persistent, each starts
+    after the trainer restored its step, which `__getstate__` pickles as a number.
     """
 
     def __init__(self, windows: PackedDataset, batch_size: int, steps_per_epoch: int, start_step,

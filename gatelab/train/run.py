@@ -25,6 +25,7 @@ from gatelab.data.datasets import TokenCorpus, heldout_windows, train_dataset
 from gatelab.data.identity import spec_hash
 from gatelab.data.prepare import load_data
 from gatelab.errors import GatelabError
+from gatelab.eval.probes import attention_output_rms
 from gatelab.host import resolve_precision
 from gatelab.interrupts import Interrupted, raise_on_signals
 from gatelab.metrics import SETUP_S
@@ -41,7 +42,7 @@ from gatelab.train.checkpoints import (
 )
 from gatelab.train.compiling import CompileReport, cannot_compile, forget_earlier_graphs, share_cache
 from gatelab.train.memory import check_fits
-from gatelab.train.module import GatedLM, StabilityMonitor, TextData
+from gatelab.train.module import GatedLM, StabilityMonitor, StepBatches, TextData
 from gatelab.train.ownership import Lease, OwnershipFence, RunOwnership, RunTakenOver
 from gatelab.train.phases import PhaseClock
 from gatelab.train.rank_agreement import AlreadyRecorded, RankAgreement, alone_until_fit
@@ -93,15 +94,8 @@ def _silent(*_) -> None:
 class Run:
     """One run, built whole: everything that can exist before `fit` is made here, once, and never replaced.
 
-    In order: the phase clock and progress; the resolved model, known to fit in memory, and the run's folder; the
-    Trainer with its callbacks, which knows this process's rank; rank 0's hold on the folder (`ownership`, for every
-    rank); the data; rank 0's resume decision (a checkpoint that cannot resume this run is set aside) and its MLflow
-    run, found `recorded` already or opened (`tracked`, the Trainer's logger). Other ranks hold no `ownership` and no
-    `tracked`, and say nothing (`log` and `chatter` are silent there): rank 0 says everything once. What exists only
-    once training has run (the LightningModule, the outcome) is `fit`'s.
-
-    The folder is held from here until `release`: a failure while building releases it, and a failure before the data
-    is ready leaves no run folder behind (bad input, a busy run, a dead tracking server).
+    Only rank 0 holds the folder (`ownership`, for every rank), decides whether to resume, opens the MLflow run
+    (`tracked`, the Trainer's logger) and says anything. The folder is held from here until `release`.
     """
 
     def __init__(self, experiment: ExperimentConfig, *, tracking_uri: str | None = None, runs_dir: Path = Path("runs"),
@@ -161,10 +155,8 @@ class Run:
                  chatter: Callable[[str], object]) -> tuple[L.Trainer, str | None, str]:
         """The Trainer, its callbacks, the precision it trains in (and the one a checkpoint began in, if any).
 
-        The Trainer comes first, with no logger, because it knows this process's global rank before anything is
-        written: NODE_RANK x devices + LOCAL_RANK under Lightning's own launcher, SLURM_PROCID under srun, RANK under
-        torchrun. (`rank_zero_only.rank` as set at import ignores NODE_RANK: it is 0 on the first process of every node
-        under Lightning's launcher.) Rank 0 gets the MLflow logger later; the other ranks never open the MLflow store.
+        The Trainer comes first, with no logger, as it knows this process's global rank before anything is written
+        (`rank_zero_only.rank` as set at import ignores NODE_RANK, so is 0 on the first process of every node).
         """
         train = self.experiment.train
         fence = [OwnershipFence(ownership)] if lease is not None else []
@@ -179,9 +171,8 @@ class Run:
         return build_trainer(self.experiment, self.run_dir, callbacks, bar, began_in or precision), began_in, precision
 
     def _data(self, uri: str, embedded: bool) -> tuple[Tokenizer | None, TokenCorpus, list[str]]:
-        """The tokenizer, corpus and domains; rank 0 checks the MLflow store and takes the run folder around it. A
-        failure releases the folder and leaves no run folder behind (bad input, a busy run, a dead tracking server).
-        `embedded`: the store is the default one under runs_dir, made only once the data is ready."""
+        """The tokenizer, corpus and domains; rank 0 checks the MLflow store and takes the run folder around it.
+        `embedded`: the store is the default one under runs_dir."""
         made = _folders_to_make(self.run_dir)
         try:
             if self.rank == 0 and not embedded:
@@ -189,7 +180,7 @@ class Run:
             if self.rank == 0:
                 self.ownership.acquire()
             data = load_data(self.experiment, log=self.chatter, warn=self.log)
-            if self.rank == 0 and embedded:  # made only once the data is ready: bad input leaves no runs/ behind
+            if self.rank == 0 and embedded:  # made only once the data is ready, as bad input leaves no runs/ behind
                 self.runs_dir.mkdir(parents=True, exist_ok=True)
                 tracking.check_store(uri)
             return data
@@ -294,8 +285,7 @@ class Run:
             self.ownership.check()
         if self.stability.diverged_step is None and trainer.global_step % self.experiment.train.checkpoint_every:
             # ModelCheckpoint(every_n_train_steps) writes last.ckpt on multiples of checkpoint_every only (Lightning
-            # 2.6's on_train_end skips its save once one was written): without this, `gatelab eval` would score the
-            # weights of some steps before the end. Every rank calls it; rank 0 writes.
+            # 2.6's on_train_end skips its save once one was written). Every rank calls it; rank 0 writes.
             trainer.save_checkpoint(self.checkpoint, weights_only=False)  # the full state, as ModelCheckpoint writes it
         if self.tracked is not None:  # raises, the checkpoint kept, if the outage lasts
             self.tracked.flush()
@@ -304,9 +294,7 @@ class Run:
 def _check_strategy(experiment: ExperimentConfig) -> None:
     train = experiment.train
     if train.strategy == "ddp_spawn":
-        # Spawned workers train on pickled copies of the callbacks, and only the weights and callback_metrics come
-        # back, so the process that evaluates and records would never hear of a divergence (it would record a diverged
-        # run as finished) or a spike, and would log its evaluation at step 0.
+        # Spawned workers train on pickled copies of the callbacks: the recording process never hears of their spikes.
         raise GatelabError("train.strategy: 'ddp_spawn' is not supported (its workers' divergence and spike records "
                            "never reach the process that records the run); use 'ddp', which trains the same way")
     if train.strategy == "fsdp" and not (torch.cuda.is_available() and train.accelerator in ("auto", "gpu", "cuda")):
@@ -338,9 +326,8 @@ def build_trainer(experiment: ExperimentConfig, run_dir: Path, callbacks: list[L
         + ([StepBar()] if bar else []),
         enable_progress_bar=bar, enable_model_summary=False, num_sanity_val_steps=0,
         limit_val_batches=1.0 if every else 0, check_val_every_n_epoch=1,
-        # Every rank validates on all held-out windows, so val/loss (logged by rank 0, not synced) is the whole set's,
-        # as on one device; Lightning's DistributedSampler would hand rank 0 half of them (padded when uneven). The
-        # training stream needs no sampler: StepBatches slices the global batch by rank itself.
+        # Every rank validates on all held-out windows, so rank 0's unsynced val/loss is the whole set's; StepBatches
+        # slices the training batch by rank itself.
         use_distributed_sampler=False,
         default_root_dir=run_dir, deterministic=False, plugins=[checkpoint_io],
     )
@@ -380,9 +367,6 @@ def initial_attention_scale(experiment: ExperimentConfig) -> float:
     """The attention output's RMS at step 0 of `experiment`'s run, made again without training: the same seeded
     initialisation and first training batch as `run` (the metric `init/attn_output_rms` that runs log since issue 34;
     for runs recorded before, `experiments/backfill_init_scale.py` logs this). fp32 on the CPU."""
-    from gatelab.eval.probes import attention_output_rms
-    from gatelab.train.module import StepBatches
-
     _, corpus, domains = load_data(experiment, log=lambda line: None, warn=lambda line: None)
     model_config = resolve_model(experiment)
     module, data = _module_and_data(experiment, model_config, corpus, domains)

@@ -170,14 +170,6 @@ def test_unknown_domain_and_corrupt_manifest_are_clean_errors(tmp_path: Path, fa
         prepare_corpora(tmp_path)
 
 
-def test_long_documents_are_heldout_and_long(tmp_path: Path, fake: FakeSources) -> None:
-    manifest = prepare_corpora(tmp_path, log=lambda _: None)
-    heldout_ids = {d.id for d in manifest.documents("verse", "heldout")}
-    long_docs = manifest.long_documents("verse", 200)
-    assert long_docs and all(len(d.text) >= 200 and d.id in heldout_ids for d in long_docs)
-    assert manifest.long_documents("verse", 10**9) == []
-
-
 def test_strip_brown_tags() -> None:
     tagged = (
         "\n\n\tThe/at Fulton/np-tl County/nn-tl Grand/jj-tl Jury/nn-tl said/vbd Friday/nr an/at "
@@ -373,7 +365,6 @@ def test_prepare_real_sources_network(tmp_path: Path) -> None:
     assert counts["nonfiction"] == 374
     assert counts["scripture"] == 1189
     assert counts["code"] > 300
-    assert manifest.long_documents("speeches", 20_000)
     fiction = {d.id: d.text for split in ("train", "heldout") for d in manifest.documents("fiction", split)}
     assert fiction["moby-dick/chapter-001"].startswith("CHAPTER 1. Loomings.\n\nCall me Ishmael.")
     assert prepare_corpora(tmp_path, log=logs.append).domains == manifest.domains
