@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import yaml
@@ -78,6 +79,21 @@ def write_micro_sweep(folder: Path, name: str, max_steps: int = 150, **extra) ->
 
 def sqlite_uri(runs: Path) -> str:
     return f"sqlite:///{(runs / 'mlflow.db').resolve()}"
+
+
+def open_tracked_run(runs: Path, resuming: bool = False):
+    """The micro experiment's TrackedRun in `runs`'s SQLite store, opened (resumed where `resuming`)."""
+    from gatelab import tracked_run, tracking
+
+    runs.mkdir(exist_ok=True)
+    tracked = tracked_run.TrackedRun(sqlite_uri(runs), runs, "micro", "hash-1")
+    tracked.open(resuming, {tracking.VARIANT_TAG: "baseline"}, run_name="baseline-s0")
+    return tracked
+
+
+def ledger_specs(n: int) -> list:
+    """n stand-ins for a sweep's RunSpecs, as the ledger reads them: hash, index and label."""
+    return [SimpleNamespace(hash=f"h{i}", index=i, label=lambda i=i: f"cell {i}") for i in range(n)]
 
 
 # --- a tokenizer.json of another family (GPT-2-like), made here ----------------------------------------------------

@@ -209,24 +209,3 @@ def test_a_signal_to_the_launcher_reaches_every_worker_and_ends_it_as_interrupte
                                    workspace=Workspace(runs_dir=tmp_path / "runs", storage="ledger.journal"))
     assert raised.value.exit_code == 128 + signum
     assert sorted(path.read_text() for path in tmp_path.glob("*.got")) == [str(int(signum))] * 2
-
-
-@pytest.mark.parametrize("launcher_waits", [True, False], ids=["local", "slurm"])
-def test_a_launched_worker_names_the_users_command_or_leaves_the_resume_line_to_its_launcher(monkeypatch,
-                                                                                             launcher_waits):
-    """SIGTERM to `sweep run --workers 2` printed three resume lines, two naming the internal `sweep worker`."""
-    from gatelab.sweep.next_commands import interrupted_line
-
-    monkeypatch.setattr(sys, "argv", ["gatelab", "sweep", "run", "s.yaml", "--workers", "2", "--storage",
-                                      "postgresql://u:hunter2x@db/ledger"])
-    for name, value in executor.launcher_env(says_resume=launcher_waits).items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setattr(sys, "argv", executor.worker_command(
-        Path("s.yaml"), experiment=None, workspace=Workspace(storage="ledger.journal"), threads=1, heartbeat_s=1.0,
-        grace_s=5.0))
-    line = interrupted_line(Interrupted(signal.SIGTERM))
-    if launcher_waits:
-        assert line is None  # the launcher, waiting for this worker, prints the one line
-    else:
-        assert line.endswith("resume with: gatelab sweep run s.yaml --workers 2 --storage "
-                             "postgresql://u:***@db/ledger"), line

@@ -1,5 +1,6 @@
-"""What runs and sweeps say while they work (gatelab.progress, StepProgress): plain progress lines at a steady pace,
-the time a sweep has left, the block that ends it, the time estimate of a plan, and the noise they keep quiet."""
+"""What runs and sweeps say while they work (gatelab.progress): the pace of plain progress lines, the time a sweep has
+left, the block that ends it, the time estimate of a plan, and the noise they keep quiet. A run's own progress lines
+(StepProgress) are tests/train/test_step_progress.py."""
 
 from __future__ import annotations
 
@@ -26,61 +27,6 @@ from gatelab.progress import (
 )
 from gatelab.sweep.queue import RunState
 from tests.helpers import REPO, write_sweep
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def fake_trainer(step: int, max_steps: int = 150, rank: int = 0, loss: float | None = 5.4321):
-    metrics = {} if loss is None else {"train/loss": loss}
-    return SimpleNamespace(global_step=step, max_steps=max_steps, global_rank=rank, callback_metrics=metrics)
-
-
-def test_a_plain_line_comes_every_n_seconds_with_the_step_rate_and_the_time_left():
-    from gatelab.train.run import StepProgress
-
-    clock, lines = FakeClock(), []
-    progress = StepProgress(lines.append, every_s=30, clock=clock)
-    progress.on_train_start(fake_trainer(0), None)
-    for step in range(1, 81):  # 1 s a step: a line at 30 s and at 60 s, none in between
-        clock.now += 1.0
-        progress.on_train_batch_end(fake_trainer(step), None, None, None, step - 1)
-    assert lines == ["step 30/150, loss 5.432, 1 s a step, 2 min left",
-                     "step 60/150, loss 5.432, 1 s a step, 1 min 30 s left"]
-    assert progress.seconds_per_step == pytest.approx(1.0) and progress.steps == 80
-    progress.on_train_end(fake_trainer(80), None)
-    assert lines[-1] == "trained 80 steps in 1 min 20 s (1 s a step)"
-
-
-def test_a_slow_step_still_gets_its_line_and_a_resumed_run_counts_only_its_own_steps():
-    from gatelab.train.run import StepProgress
-
-    clock, lines = FakeClock(), []
-    progress = StepProgress(lines.append, every_s=30, clock=clock)
-    progress.on_train_start(fake_trainer(100), None)  # resumed from a checkpoint at step 100
-    clock.now += 45.0  # one step longer than the interval
-    progress.on_train_batch_end(fake_trainer(101, loss=None), None, None, None, 0)
-    assert lines == ["step 101/150, 45 s a step, 37 min left"]  # 49 steps x 45 s
-    assert progress.steps == 1 and progress.seconds_per_step == pytest.approx(45.0)
-
-
-def test_with_a_bar_or_on_other_ranks_it_measures_without_a_word():
-    from gatelab.train.run import StepProgress
-
-    for every_s, rank in ((None, 0), (30, 1)):
-        clock, lines = FakeClock(), []
-        progress = StepProgress(lines.append, every_s=every_s, clock=clock)
-        progress.on_train_start(fake_trainer(0, rank=rank), None)
-        for step in range(1, 101):
-            clock.now += 0.5
-            progress.on_train_batch_end(fake_trainer(step, rank=rank), None, None, None, step - 1)
-        progress.on_train_end(fake_trainer(100, rank=rank), None)
-        assert lines == [] and progress.seconds_per_step == pytest.approx(0.5)
 
 
 def test_the_interval_comes_from_the_environment_and_a_bad_one_is_one_message(monkeypatch):

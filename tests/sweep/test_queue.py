@@ -4,18 +4,13 @@ from __future__ import annotations
 
 import time
 import uuid
-from types import SimpleNamespace
 
 import optuna
 import pytest
 
 from gatelab.errors import GatelabError
 from gatelab.sweep.queue import HEARTBEAT, SweepLedger, ledger_states, set_trial_attr
-from tests.helpers import POSTGRES_URL, postgres_reason
-
-
-def _specs(n: int) -> list:
-    return [SimpleNamespace(hash=f"h{i}", index=i, label=lambda i=i: f"cell {i}") for i in range(n)]
+from tests.helpers import POSTGRES_URL, ledger_specs, postgres_reason
 
 
 @pytest.fixture(params=["journal", "postgresql"])
@@ -33,7 +28,7 @@ def _ledger(storage: str, **kwargs) -> SweepLedger:
 
 
 def test_each_run_is_claimed_once_and_enqueue_is_idempotent(storage):
-    ledger, specs = _ledger(storage), _specs(3)
+    ledger, specs = _ledger(storage), ledger_specs(3)
     assert ledger.enqueue_missing(specs) == 3 and ledger.enqueue_missing(specs) == 0
     claimed = [ledger.claim() for _ in range(3)]
     assert sorted(claim.hash for claim in claimed) == ["h0", "h1", "h2"]
@@ -48,7 +43,7 @@ def test_each_run_is_claimed_once_and_enqueue_is_idempotent(storage):
 
 
 def test_a_run_whose_worker_stopped_beating_is_requeued_once(storage):
-    ledger, specs = _ledger(storage, grace_s=1.0), _specs(1)
+    ledger, specs = _ledger(storage, grace_s=1.0), ledger_specs(1)
     ledger.enqueue_missing(specs)
     claim = ledger.claim()
     set_trial_attr(ledger.study, claim.trial, HEARTBEAT, time.time() - 10)
@@ -62,7 +57,7 @@ def test_a_run_whose_worker_stopped_beating_is_requeued_once(storage):
 
 def test_a_claim_carries_the_runs_stored_attributes_and_the_storage_keeps_its_keys(storage):
     """The worker reads a `Claim`; the trials underneath keep the user attributes existing ledgers hold."""
-    ledger, specs = _ledger(storage), _specs(1)
+    ledger, specs = _ledger(storage), ledger_specs(1)
     ledger.enqueue_missing(specs)
     claim = ledger.claim()
     assert (claim.hash, claim.index, claim.label, claim.attempt) == ("h0", 0, "cell 0", 1)
@@ -76,7 +71,7 @@ def test_a_claim_carries_the_runs_stored_attributes_and_the_storage_keeps_its_ke
 
 
 def test_a_failed_run_is_retried_then_reported(storage):
-    ledger, specs = _ledger(storage), _specs(1)
+    ledger, specs = _ledger(storage), ledger_specs(1)
     ledger.enqueue_missing(specs)
     assert ledger.fail(ledger.claim(), "Traceback...\nValueError: boom", retries=1) is True
     assert ledger.fail(ledger.claim(), "Traceback...\nValueError: boom again", retries=1) is False
@@ -86,7 +81,7 @@ def test_a_failed_run_is_retried_then_reported(storage):
 
 
 def test_a_duplicate_trial_of_one_run_is_skipped(storage):
-    ledger, specs = _ledger(storage), _specs(1)
+    ledger, specs = _ledger(storage), ledger_specs(1)
     ledger.enqueue_missing(specs)
     ledger.study.enqueue_trial({}, user_attrs={"gatelab.hash": "h0", "gatelab.index": 0, "gatelab.label": "cell 0",
                                                "gatelab.attempt": 1})  # as if a second worker enqueued at once
@@ -97,13 +92,13 @@ def test_a_duplicate_trial_of_one_run_is_skipped(storage):
 
 
 def test_status_without_a_ledger_creates_none(tmp_path):
-    states = ledger_states(None, tmp_path / "runs", "absent", _specs(2))
+    states = ledger_states(None, tmp_path / "runs", "absent", ledger_specs(2))
     assert [s.status for s in states] == ["not started", "not started"]
     assert not (tmp_path / "runs").exists()
 
 
 def test_a_taken_over_worker_loses_its_lease_and_its_heartbeat_stops_writing(storage):
-    ledger, specs = _ledger(storage, heartbeat_s=0.05, grace_s=1.0), _specs(1)
+    ledger, specs = _ledger(storage, heartbeat_s=0.05, grace_s=1.0), ledger_specs(1)
     ledger.enqueue_missing(specs)
     paused = ledger.claim()
     lease = ledger.lease(paused)
@@ -123,7 +118,7 @@ def test_a_taken_over_worker_loses_its_lease_and_its_heartbeat_stops_writing(sto
 
 def test_a_run_claimed_but_never_beaten_on_is_taken_over(storage):
     """A worker killed between Optuna's ask and its first heartbeat left a RUNNING trial without one."""
-    ledger, specs = _ledger(storage, grace_s=0.2), _specs(1)
+    ledger, specs = _ledger(storage, grace_s=0.2), ledger_specs(1)
     ledger.enqueue_missing(specs)
     ledger.study.ask()  # the claim as far as Optuna got
     time.sleep(0.4)
@@ -132,7 +127,7 @@ def test_a_run_claimed_but_never_beaten_on_is_taken_over(storage):
 
 
 def test_a_run_being_trained_elsewhere_goes_to_the_back_of_the_queue(storage):
-    ledger, specs = _ledger(storage), _specs(2)
+    ledger, specs = _ledger(storage), ledger_specs(2)
     ledger.enqueue_missing(specs)
     assert ledger.claim(skip={"h0"}).hash == "h1"
     assert ledger.claim(skip={"h0"}) is None  # only the skipped run waits
@@ -140,7 +135,7 @@ def test_a_run_being_trained_elsewhere_goes_to_the_back_of_the_queue(storage):
 
 
 def test_reset_requeues_failed_cells_with_fresh_attempts_and_refuses_the_others(storage):
-    ledger, specs = _ledger(storage), _specs(4)
+    ledger, specs = _ledger(storage), ledger_specs(4)
     ledger.enqueue_missing(specs)
     claimed = {claim.hash: claim for claim in (ledger.claim() for _ in range(4))}
     ledger.fail(claimed["h0"], "ValueError: boom", retries=0)
@@ -159,221 +154,10 @@ def test_reset_requeues_failed_cells_with_fresh_attempts_and_refuses_the_others(
 
 
 def test_a_stored_traceback_never_holds_a_password(storage):
-    ledger, specs = _ledger(storage), _specs(1)
+    ledger, specs = _ledger(storage), ledger_specs(1)
     ledger.enqueue_missing(specs)
     secret = "postgresql://gatelab:hunter2@db.example:5432/ledger"
     tail = "x" * (2000 - len("hunter2@db.example:5432/ledger\n"))  # the 2,000-character cut starts at the password
     error = f"Traceback ...\nOperationalError: cannot reach {secret}\n{tail}"
     ledger.fail(ledger.claim(), error, retries=0)
     assert not any("hunter2" in str(t.user_attrs.get("gatelab.error")) for t in ledger.trials())
-
-
-def _mlflow_database(path) -> None:
-    import sqlite3
-
-    with sqlite3.connect(path) as connection:  # the tables MLflow's schema starts with
-        for table in ("experiments", "runs", "metrics"):
-            connection.execute(f"CREATE TABLE {table} (id INTEGER)")
-
-
-@pytest.mark.parametrize("make_storage, fragments", [
-    (lambda tmp: str(tmp), ["is a directory", "ledger.journal"]),
-    (lambda tmp: str(tmp / "runs" / "mlflow.db"), ["mlflow.db", "MLflow store", "file of its own"]),
-    (lambda tmp: f"sqlite:///{tmp / 'runs' / 'mlflow.db'}", ["mlflow.db", "MLflow", "database of its own"]),
-    (lambda tmp: f"sqlite:///{tmp / 'other.db'}", ["other.db", "MLflow tracking store", "database of its own"]),
-    (lambda tmp: "postgress://user@localhost/ledger", ["postgress://", "unknown scheme", "postgresql://"]),
-    (lambda tmp: "sqlite://ledger.db", ["sqlite://ledger.db", "sqlite:///relative/path.db"]),
-    (lambda tmp: "sqlite:ledger.db", ["sqlite:ledger.db", "without '//'", "sqlite:///"]),
-    (lambda tmp: f"sqlite:///{tmp / 'missing' / 'ledger.db'}", ["ledger.db", "does not exist", "create it"]),
-])
-def test_storage_that_cannot_be_a_ledger_is_one_message_naming_it_and_the_fix(tmp_path, monkeypatch, make_storage,
-                                                                             fragments):
-    monkeypatch.chdir(tmp_path)  # a relative sqlite URL must not land in the repository
-    (tmp_path / "runs").mkdir()
-    _mlflow_database(tmp_path / "other.db")
-    storage = make_storage(tmp_path)
-    if "mlflow.db" in storage and storage.startswith("sqlite"):
-        tracking = storage  # not created yet: the comparison with the tracking URI must catch it
-    else:
-        _mlflow_database(tmp_path / "runs" / "mlflow.db")
-        tracking = f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}?timeout=60"
-    with pytest.raises(GatelabError) as raised:
-        SweepLedger(storage, "s", tracking_uris=[tracking])
-    assert all(fragment in str(raised.value) for fragment in fragments), str(raised.value)
-    assert not (tmp_path / "ledger.db").exists() and not (tmp_path / "sqlite:ledger.db").exists()
-
-
-def test_a_junk_line_in_the_journal_names_the_file_and_the_line_and_keeps_the_ledger(tmp_path):
-    path = tmp_path / "ledger.journal"
-    ledger, specs = SweepLedger(str(path), "s"), _specs(2)
-    ledger.enqueue_missing(specs)
-    lines = path.read_text().splitlines(keepends=True)
-    path.write_text("".join(lines[:2]) + "<<<<<<< merge conflict\n" + "".join(lines[2:]))
-    before = path.read_text()
-    with pytest.raises(GatelabError) as raised:
-        SweepLedger(str(path), "s").states(specs)
-    message = str(raised.value)
-    assert str(path) in message and "line 3" in message and "merge conflict" in message and "sed -i.bak '3d'" in message
-    assert path.read_text() == before
-
-
-@pytest.mark.parametrize("change, fragments", [
-    (lambda url: url.replace(":5432/", ":5439/"), ["127.0.0.1:5439", "check the host and port"]),
-    (lambda url: url.rsplit("/", 1)[0] + "/no_such_gatelab_db", ["'no_such_gatelab_db' does not exist",
-                                                                  "createdb"]),
-    (lambda url: url.replace("//postgres@", "//no_such_gatelab_user:hunter2@"), ["no_such_gatelab_user",
-                                                                                  "user name and password"]),
-])
-def test_a_postgresql_ledger_error_says_what_failed(change, fragments):
-    reason = postgres_reason()
-    if reason:
-        pytest.skip(reason)
-    storage = change(POSTGRES_URL)
-    with pytest.raises(GatelabError) as raised:
-        SweepLedger(storage, "s")
-    message = str(raised.value)
-    assert all(fragment in message for fragment in fragments) and "hunter2" not in message, message
-
-
-# --- the ledger's storage: secrets, time-outs, read-only commands, torn writes ----------------------------------------
-
-
-def _closed_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]  # closed again on leaving: nothing listens there
-
-
-@pytest.mark.parametrize("storage, secrets", [
-    ("postgresql://postgres:A@B:918273@127.0.0.1:{port}/test", ["918273", "A@B"]),  # the prober's raw '@' and ':'
-    ("mysql+pymysql://root:x@y:4401234@127.0.0.1:{port}/ledger", ["4401234", "x@y"]),
-    ("postgresql://postgres:A%40B%3A918273@127.0.0.1:{port}/test", ["918273", "A%40B"]),  # encoded: nothing listens
-    ("postgresql://postgres:9182736@127.0.0.1:{port}/test", ["9182736"]),  # digits only, as a port looks
-    ("postgresql://postgres:pa:ss/w0rd!@127.0.0.1:{port}/test", ["w0rd", "pa:ss"]),  # raw ':' and '/'
-    ("postgresql:postgres:hunter2x@127.0.0.1:{port}/test", ["hunter2x"]),  # no '//': not a URL to `redact`
-    ("postgresql://postgres:hunter2x@127.0.0.1:notaport/test", ["hunter2x"]),
-])
-def test_no_ledger_storage_message_holds_any_part_of_the_password(storage, secrets):
-    with pytest.raises(GatelabError) as raised:
-        SweepLedger(storage.format(port=_closed_port()), "s")
-    message = str(raised.value)
-    assert "--storage" in message and not any(secret in message for secret in secrets), message
-    if storage.count("@") > 1 or "notaport" in storage:
-        assert "percent-encode" in message and "%40" in message, message
-
-
-def test_a_database_that_accepts_and_never_answers_is_given_up_on_saying_what_it_waits_for(monkeypatch, capsys):
-    """A port that accepts TCP connections and never answers (a wrong service, a stuck server) waited 136 s silently."""
-    import socket
-    import threading
-
-    from gatelab.sweep import ledger_storage
-
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(8)
-    accepted = []
-    threading.Thread(target=lambda: accepted.extend(server.accept() for _ in range(8)), daemon=True).start()
-    monkeypatch.setattr(ledger_storage, "LEDGER_CONNECT_TIMEOUT_S", 2)  # libpq's smallest
-    monkeypatch.setattr(ledger_storage, "WAIT_NOTE_AFTER_S", 0.2)
-    storage = f"postgresql://postgres:hunter2x@127.0.0.1:{server.getsockname()[1]}/test"
-    try:
-        with pytest.raises(GatelabError) as raised:
-            SweepLedger(storage, "s")
-    finally:
-        server.close()
-    message, waited = str(raised.value), capsys.readouterr().err
-    assert "did not answer within 2 s" in message and "127.0.0.1" in message and "--storage" in message, message
-    assert "waiting for the ledger database at 127.0.0.1" in waited and "up to 2 s" in waited, waited
-    assert "hunter2x" not in message + waited and accepted  # it did connect: the wait was for an answer
-
-
-def _journal_ledger(folder, damage: str | None = None):
-    """A journal ledger with a finished run, a claimed one and a waiting one; `damage` appended or inserted."""
-    path = folder / "ledger.journal"
-    ledger, specs = SweepLedger(str(path), "s"), _specs(3)
-    ledger.enqueue_missing(specs)
-    ledger.finish(ledger.claim(), "finished", "run-id", 2.0)
-    ledger.claim()
-    if damage == "torn":  # a writer killed mid-write leaves part of a line, without its newline
-        with path.open("ab") as journal:
-            journal.write(b'{"op_code":8,"worker_id":"d7c1-')
-    elif damage == "junk":
-        lines = path.read_text().splitlines(keepends=True)
-        path.write_text("".join(lines[:3]) + "<<<<<<< HEAD\n" + "".join(lines[3:]))
-    return path, specs
-
-
-@pytest.mark.parametrize("damage", [None, "torn", "junk"])
-def test_reading_the_ledger_writes_nothing_to_it_even_read_only_or_damaged(tmp_path, damage):
-    path, specs = _journal_ledger(tmp_path, damage)
-    before = path.read_bytes()
-    path.chmod(0o444)
-    tmp_path.chmod(0o555)  # a read-only copy: not even a lock file could be made beside it
-    try:
-        if damage == "junk":
-            with pytest.raises(GatelabError, match="line 4 is not a ledger entry"):
-                ledger_states(str(path), tmp_path, "s", specs)
-        else:
-            statuses = [state.status for state in ledger_states(str(path), tmp_path, "s", specs)]
-            assert statuses == ["finished", "running", "pending"]
-    finally:
-        tmp_path.chmod(0o755)
-        path.chmod(0o644)
-    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["ledger.journal"]
-
-
-def test_reading_a_sqlite_ledger_writes_nothing_to_it(tmp_path):
-    path = tmp_path / "ledger.db"
-    ledger, specs = SweepLedger(f"sqlite:///{path}", "s"), _specs(2)
-    ledger.enqueue_missing(specs)
-    before = path.read_bytes()
-    assert [s.status for s in ledger_states(f"sqlite:///{path}", tmp_path, "s", specs)] == ["pending", "pending"]
-    assert [s.status for s in ledger_states(f"sqlite:///{path}", tmp_path, "other", specs)] == ["not started"] * 2
-    assert path.read_bytes() == before
-
-
-def test_a_torn_last_line_is_named_as_such_and_set_aside_by_the_next_write(tmp_path, capsys):
-    from gatelab.sweep.ledger_storage import torn_tail_note
-
-    path, specs = _journal_ledger(tmp_path, "torn")
-    whole = path.read_bytes().rsplit(b"\n", 1)[0] + b"\n"
-    note = torn_tail_note(str(path))
-    assert "torn write" in note and str(path) in note and "ledger.journal.torn" in note
-    ledger = SweepLedger(str(path), "s")  # a writer: the next entry must not join the torn bytes
-    ledger.claim()
-    assert capsys.readouterr().err.count("torn write") == 1
-    assert path.read_bytes().startswith(whole) and path.read_bytes().endswith(b"\n")
-    assert (tmp_path / "ledger.journal.torn").read_bytes() == b'{"op_code":8,"worker_id":"d7c1-\n'  # kept, not lost
-    assert [state.status for state in SweepLedger(str(path), "s").states(specs)] == ["finished", "running", "running"]
-    assert torn_tail_note(str(path)) is None
-
-
-def test_a_torn_write_joined_to_the_next_entry_is_named_with_the_command_that_splits_it(tmp_path):
-    import subprocess
-
-    path, specs = _journal_ledger(tmp_path)
-    lines = path.read_text().splitlines(keepends=True)
-    whole = "".join(lines)
-    lines[4] = lines[4][:25] + lines[4]  # what Optuna's own append does after a torn write
-    path.write_text("".join(lines))
-    with pytest.raises(GatelabError) as raised:
-        SweepLedger(str(path), "s", read_only=True)
-    message = str(raised.value)
-    assert "line 5 is a torn write" in message and "something other than gatelab" not in message, message
-    command = message.split("`")[1]
-    subprocess.run(command, shell=True, check=True)  # the fix, as a user would paste it
-    assert path.read_text() == whole
-
-
-def test_a_ledger_that_fails_in_use_is_one_message_naming_the_storage(tmp_path):
-    path = tmp_path / "ledger.db"
-    ledger = SweepLedger(f"sqlite:///{path}", "s")
-    ledger.enqueue_missing(_specs(1))
-    path.write_bytes(b"not a database, overwritten under the worker" * 100)
-    with pytest.raises(GatelabError) as raised:
-        ledger.claim()
-    message = str(raised.value)
-    assert f"--storage sqlite:///{path}" in message and "run the same command again" in message, message

@@ -1,15 +1,13 @@
-"""`gatelab bench --data` (gatelab.bench.data): the synthetic corpus it reads at scale is gatelab's shard format, and a
-peak-RSS child trains over it. (The bench itself runs for minutes: results/bench/data.md is its output, with the
-command.)"""
+"""`gatelab bench --data` (gatelab.bench.data.synthetic): the synthetic corpus it reads at scale is gatelab's shard
+format. (The bench itself runs for minutes: results/bench/data.md is its output, with the command.)"""
 
 from __future__ import annotations
 
 import hashlib
 
 import numpy as np
-import pytest
 
-from gatelab.bench.data import peak_rss, synthetic
+from gatelab.bench.data import synthetic
 from gatelab.data.datasets import train_dataset
 from gatelab.data.shards import SplitShards
 
@@ -33,16 +31,3 @@ def test_the_synthetic_corpus_is_whole_shards_in_gatelab_s_format(tmp_path):
     assert len(train.doc_ids) == len(starts)
     assert len(train_dataset(corpus, 16, seed=0)) > 0
     assert synthetic.write_synthetic(tmp_path, spec, log=lambda *_: None)["cached"]  # whole: not written again
-
-
-@pytest.mark.slow
-def test_a_peak_rss_child_trains_over_the_synthetic_corpus_and_reports_its_peak(tmp_path):
-    """The child process the bench starts per corpus (`python -m gatelab.bench.data rss ...`), for real: tiny's model,
-    three Lightning steps over a small synthetic corpus."""
-    spec = synthetic.synthetic_spec(300_000, 20_000, vocab=512, shard_tokens=100_000)
-    synthetic.write_synthetic(tmp_path, spec, log=lambda *_: None)
-    report = peak_rss.run_rss_child("synthetic", str(tmp_path), 3, "warm")
-    assert (report["kind"], report["steps"], report["train_tokens"], report["cache"]) == ("synthetic", 3, 300_000,
-                                                                                         "warm")
-    assert report["peak_rss_gb"] >= report["peak_rss_by_stage_gb"]["after_imports"] > 0
-    assert report["median_step_s"] > 0
