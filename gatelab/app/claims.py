@@ -53,7 +53,12 @@ def make_claims(sweep_paths: Sequence[Path], *, out_dir: Path, formats: Sequence
     unused = sorted(set(records) - known)
     if unused:
         log(f"no claim reads the sweep(s) {', '.join(unused)}; claims read {', '.join(sorted(known))}")
-    return write_claims(records, claims, out_dir, formats, command, log=log)
+
+    def logged_parameters(run_id: str) -> int | None:  # what gatelab.train.recording logs as a run starts
+        logged = store.client.get_run(run_id).data.params.get("model.total_params")
+        return None if logged is None else int(logged)
+
+    return write_claims(records, claims, out_dir, formats, command, log=log, logged_parameters=logged_parameters)
 
 
 def claims(sweep_paths: Sequence[Path], *, formats: str, out_dir: Path, workspace: Workspace, claims_path: Path,

@@ -5,7 +5,7 @@ the files written."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -27,7 +27,7 @@ from gatelab.report.claims import (
     claims_table,
     inconclusive,
 )
-from gatelab.report.claims_evidence import LOSS_SPIKES, SPIKE_SIGMAS, vocab_size
+from gatelab.report.claims_evidence import LOSS_SPIKES, SPIKE_SIGMAS
 from gatelab.report.claims_file import Claim
 from gatelab.report.tables import RunRecord
 
@@ -90,19 +90,20 @@ VERDICT_RULES = [
 PAPER_DENSE_PARAMETERS, PAPER_DENSE_TOKENS = 1.7e9, (400e9, 3.5e12)
 
 
-def tokens_per_parameter(records_by_sweep: Mapping[str, Sequence[RunRecord]]) -> list[tuple[str, float]]:
-    """(sweep, training tokens per parameter of its baseline: max_steps x batch_size x seq_len over the baseline's
-    parameter count) for each sweep with runs and a resolved vocabulary."""
-    from gatelab.model.params import count_parameters, resolve_model
-
+def tokens_per_parameter(records_by_sweep: Mapping[str, Sequence[RunRecord]],
+                         logged_parameters: Callable[[str], int | None]) -> list[tuple[str, float]]:
+    """(sweep, training tokens per parameter of its baseline: max_steps x batch_size x seq_len over the parameter count
+    a baseline run logged, `logged_parameters(run_id)`) for each sweep with such a run; a sweep without a baseline reads
+    its other runs."""
     regimes = []
     for sweep, records in records_by_sweep.items():
-        first = next((r for r in records if r.spec.experiment.variant == "baseline"), records[0] if records else None)
-        if first is None or vocab_size(first) is None:
+        model_runs = [r for r in records if r.spec.experiment.variant == "baseline"] or records
+        counted = next(((r, n) for r in model_runs if r.run_id and (n := logged_parameters(r.run_id))), None)
+        if counted is None:
             continue
-        experiment = first.spec.experiment
+        experiment = counted[0].spec.experiment
         tokens = experiment.train.max_steps * experiment.train.batch_size * experiment.data.seq_len
-        regimes.append((sweep, tokens / count_parameters(resolve_model(experiment))))
+        regimes.append((sweep, tokens / counted[1]))
     return regimes
 
 
@@ -176,9 +177,11 @@ def replace_summary(readme: Path, paragraph: str) -> bool:
 
 
 def write_claims(records: Mapping[str, Sequence[RunRecord]], claims: Sequence[Claim], out_dir: Path,
-                 formats: Sequence[str], command: str | None = None, log=print) -> list[Path]:
+                 formats: Sequence[str], command: str | None = None, log=print, *,
+                 logged_parameters: Callable[[str], int | None]) -> list[Path]:
     """The claims table of the runs (`records`, by sweep name), written as `claims.<format>` under `out_dir`, and
-    with Markdown its summary paragraph as `summary.md` (`summary`); prints each claim's verdict."""
+    with Markdown its summary paragraph as `summary.md` (`summary`, with `tokens_per_parameter`); prints each claim's
+    verdict."""
     from gatelab.report.export import ReportTable, export_report
     from gatelab.report.tables import data_stamp
 
@@ -188,7 +191,7 @@ def write_claims(records: Mapping[str, Sequence[RunRecord]], claims: Sequence[Cl
     written = export_report([table], [], out_dir, formats, "claims", command=command,
                             stamp=data_stamp([r for rs in records.values() for r in rs]))
     if "md" in formats:  # the README's first paragraph, from the same table
-        paragraph = summary(frame, tokens_per_parameter(records))
+        paragraph = summary(frame, tokens_per_parameter(records, logged_parameters))
         written.append(Path(out_dir) / "summary.md")
         written[-1].write_text(paragraph, encoding="utf-8")
         readme = Path(out_dir) / "README.md"

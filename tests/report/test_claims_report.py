@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from gatelab.model.params import count_parameters, resolve_model
 from gatelab.report import claims as C
 from gatelab.report import claims_report as R
 from gatelab.report.claims_file import load_claims
@@ -43,10 +44,13 @@ def test_the_summary_counts_the_table_and_prints_its_q_values_as_it_does():
 def test_gatelab_claims_writes_the_summary_beside_the_table(tmp_path):
     records = {TRAINED: _paired_runs(TRAINED, "baseline", {"g1_elem_sig": _differences(-1.64, -3.77, 0.49)})}
     rows = [claim for claim in load_claims(CLAIMS_FILE) if claim.claim == G1_TRAINED]
-    written = R.write_claims(records, rows, tmp_path, ["md"], log=lambda *_: None)
+    # each run's parameter count as training logs it (model.total_params); the gated variants' are larger
+    logged = {r.run_id: count_parameters(resolve_model(r.spec.experiment)) for r in records[TRAINED]}.get
+    written = R.write_claims(records, rows, tmp_path, ["md"], log=lambda *_: None, logged_parameters=logged)
     assert [p.name for p in written] == ["claims.md", "summary.md"]
-    regimes = R.tokens_per_parameter(records)
+    regimes = R.tokens_per_parameter(records, logged)
     assert regimes == [(TRAINED, pytest.approx(1800 * 16 * 128 / 180_768))]  # 20.4, as the issue measured
+    assert R.tokens_per_parameter(records, lambda run_id: None) == []  # no run logged a count: no regime to state
     assert written[1].read_text() == R.summary(C.claims_table(records, rows), regimes)
     assert np.isclose(regimes[0][1], 20.39, atol=0.01)
 
