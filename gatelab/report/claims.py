@@ -38,7 +38,6 @@ from gatelab.report.claims_file import (
     AXIS_RULES,
     UNIFORM_FIRST_TOKEN,
     Claim,
-    Kind,
     TestableIf,
     architecture,
     parse_group,
@@ -546,9 +545,3 @@ def claims_table(records_by_sweep: Mapping[str, Sequence[RunRecord]], claims: Se
         rows.append(row | outcome.cells | {"p": _p(outcome.p_value), "q": _p(q), "verdict": verdict,
                                            "note": "; ".join(n for n in [*outcome.notes, *notes] if n)})
     return pd.DataFrame(rows, columns=COLUMNS)
-
-
-def kinds() -> tuple[str, ...]:
-    import typing
-
-    return typing.get_args(Kind)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import get_args
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from scipy import stats
 
 from gatelab.errors import GatelabError
 from gatelab.report import claims as C
-from gatelab.report.claims_file import Claim, load_claims
+from gatelab.report.claims_file import Claim, Kind, load_claims
 from gatelab.report.claims_report import VERDICT_RULES
 from gatelab.report.export import ReportTable, export_report
 from gatelab.report.tables import RunRecord
@@ -53,7 +54,7 @@ def _row(frame, claim: str) -> dict:
 
 def test_the_shipped_claims_file_names_real_sweeps_groups_and_kinds(claims):
     assert len(claims) >= 50
-    assert {c.kind for c in claims} == set(C.kinds()) == set(C.CHECKS)
+    assert {c.kind for c in claims} == set(get_args(Kind)) == set(C.CHECKS)
     sweeps = {c.sweep for c in claims}
     assert sweeps == {CORE, MOE, SINK, TRAINED, LR, "repro-sink-free", "repro-trained-long",
                       None}  # None: not addressed
