@@ -1,5 +1,5 @@
 """`gatelab claims`: the sweep files and the claims file read, each sweep's runs collected from MLflow and its ledger,
-and the claims table written (gatelab.report.claims checks each claim)."""
+and the claims table written (gatelab.report.claims checks each claim, gatelab.report.claims_report writes it)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ DEFAULT_CLAIMS = Path("sweeps/claims/tiny.yaml")  # relative to the repository r
 def make_claims(sweep_paths: Sequence[Path], *, out_dir: Path, formats: Sequence[str], workspace: Workspace,
                 command: str | None = None, log=print, claims_path: Path = DEFAULT_CLAIMS) -> list[Path]:
     """The claims table of the given sweeps' runs, written as `claims.<format>` under `out_dir`."""
-    from gatelab.report.claims import LOSS_SPIKES, count_loss_spikes, write_claims
+    from gatelab.report.claims_evidence import LOSS_SPIKES, count_loss_spikes
     from gatelab.report.claims_file import load_claims
+    from gatelab.report.claims_report import write_claims
     from gatelab.report.export import check_formats
     from gatelab.report.tables import collect_runs
     from gatelab.sweep.queue import ledger_states
@@ -53,7 +54,12 @@ def make_claims(sweep_paths: Sequence[Path], *, out_dir: Path, formats: Sequence
     unused = sorted(set(records) - known)
     if unused:
         log(f"no claim reads the sweep(s) {', '.join(unused)}; claims read {', '.join(sorted(known))}")
-    return write_claims(records, claims, out_dir, formats, command, log=log)
+
+    def logged_parameters(run_id: str) -> int | None:  # what gatelab.train.recording logs as a run starts
+        logged = store.client.get_run(run_id).data.params.get("model.total_params")
+        return None if logged is None else int(logged)
+
+    return write_claims(records, claims, out_dir, formats, command, log=log, logged_parameters=logged_parameters)
 
 
 def claims(sweep_paths: Sequence[Path], *, formats: str, out_dir: Path, workspace: Workspace, claims_path: Path,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import get_args
 
 import numpy as np
 import pytest
@@ -12,7 +13,8 @@ from scipy import stats
 
 from gatelab.errors import GatelabError
 from gatelab.report import claims as C
-from gatelab.report.claims_file import Claim, load_claims
+from gatelab.report.claims_file import Claim, Kind, load_claims
+from gatelab.report.claims_report import VERDICT_RULES
 from gatelab.report.export import ReportTable, export_report
 from gatelab.report.tables import RunRecord
 from gatelab.sweep.spec import expand, load_sweep
@@ -52,7 +54,7 @@ def _row(frame, claim: str) -> dict:
 
 def test_the_shipped_claims_file_names_real_sweeps_groups_and_kinds(claims):
     assert len(claims) >= 50
-    assert {c.kind for c in claims} == set(C.kinds()) == set(C.CHECKS)
+    assert {c.kind for c in claims} == set(get_args(Kind)) == set(C.CHECKS)
     sweeps = {c.sweep for c in claims}
     assert sweeps == {CORE, MOE, SINK, TRAINED, LR, "repro-sink-free", "repro-trained-long",
                       None}  # None: not addressed
@@ -380,7 +382,7 @@ def test_the_table_made_twice_from_the_same_runs_is_identical(claims, tmp_path):
     assert first.equals(second)
     written = []
     for name in ("first", "second"):
-        table = ReportTable("The paper's claims at tiny scale", C.claims_table(records, claims), C.VERDICT_RULES)
+        table = ReportTable("The paper's claims at tiny scale", C.claims_table(records, claims), VERDICT_RULES)
         written.append(export_report([table], [], tmp_path / name, ["md", "csv", "latex", "html"], "claims",
                                      command="gatelab claims", stamp="from 1 ended run"))
     assert [p.read_bytes() for p in written[0]] == [p.read_bytes() for p in written[1]]

@@ -1,19 +1,20 @@
-"""Each rule of gatelab.report.claims.VERDICT_RULES on synthetic groups whose figures are known, including the audit's
-cases (issue 34): the test chosen from r, "does not hold" from the MDE and the MoE figure on a dense row, margins from
-our own runs, gains that track the attention output's init scale, and prose numbers that drift from the table."""
+"""Each rule of VERDICT_RULES (gatelab.report.claims_report) on synthetic groups whose figures are known, including the
+audit's cases (issue 34): the test chosen from r, "does not hold" from the MDE and the MoE figure on a dense row,
+margins from our own runs, gains that track the attention output's init scale, and prose numbers that drift from the
+table."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 from scipy import stats
 
 from gatelab.errors import GatelabError
 from gatelab.report import claims as C
+from gatelab.report import claims_report as R
 from gatelab.report.claims_file import Claim, load_claims
 from gatelab.report.stats import benjamini_hochberg
 from tests.helpers import REPO
@@ -58,7 +59,7 @@ def test_a_negative_r_still_gets_the_paired_test(claims):
     assert float(row["r (seeds)"]) < 0 and row["test"] == "paired t"
     assert float(row["p"]) == pytest.approx(float(stats.ttest_rel([103.0, 98.0, 93.0], [95.0, 100.0, 105.0]).pvalue),
                                             rel=1e-2)
-    assert any("paired t-test" in rule and "chooses nothing" in rule for rule in C.VERDICT_RULES)
+    assert any("paired t-test" in rule and "chooses nothing" in rule for rule in R.VERDICT_RULES)
 
 
 # --- 2. "does not hold" only when the interval excludes the paper's effect for the sweep's kind of model ----------
@@ -224,52 +225,12 @@ def test_rows_true_by_construction_stay_out_of_the_count_and_the_correction(clai
     assert p_values[0] is None and all(p is not None for p in p_values[1:])
     expected = benjamini_hochberg(p_values[1:])  # the family is the three tested rows
     assert list(frame["q"][1:]) == [C._p(q) for q in expected]
-    text = C.summary(frame)
+    text = R.summary(frame)
     assert "Of its 4 rows, 3 have a test" in text and "holds 3;" in text and "true by construction 1;" in text
     assert rows[0].claim not in text
 
 
-# --- 6. the README's first paragraph, from the table ---------------------------------------------------------------
-
-
-def _table(verdicts: list[tuple[str, str, str]]) -> pd.DataFrame:
-    return pd.DataFrame([{"claim": f"claim {i}", "sweep": "s", "p": p, "q": q, "verdict": v}
-                         for i, (v, p, q) in enumerate(verdicts)])
-
-
-def test_the_summary_counts_the_table_and_prints_its_q_values_as_it_does():
-    table = _table([(C.HOLDS, "0.0021", "0.0148"), (C.HOLDS, "0.003", "0.0205"),
-                    (C.PAPER_SIZE_EXCLUDED, "0.1", "0.165"),
-                    (f"{C.INCONCLUSIVE} (the paper's direction)", "0.2", "0.241"),
-                    (f"{C.INCONCLUSIVE} (the other way)", "0.5", "0.6"), (C.CONFOUNDED, "0.001", "0.01"),
-                    (C.NOT_TESTABLE, "", ""), (C.TRUE_BY_CONSTRUCTION, "", ""), (f"{C.DESCRIPTIVE}: higher", "", ""),
-                    (C.NOT_RUN, "", "")])
-    text = C.summary(table, [("repro-core", 0.468), ("repro-trained", 20.39)])
-    assert "training tokens a parameter: repro-core 0.468, repro-trained 20.4; the paper's dense models see 235 to " \
-           "2,059" in text
-    assert ("Of its 10 rows, 6 have a test (a p-value each, corrected together by Benjamini-Hochberg). Verdicts: "
-            "holds 2; does not hold 1; init-scale confounded 1; inconclusive at this scale 2 (1 pointing the paper's "
-            "way, 1 the other way, 0 with no direction to point).") in text
-    assert ("Counting neither for nor against the paper: not testable at this scale 1 (a condition the claim needs "
-            "did not arise); true by construction 1; descriptive 1; not run 1; not addressed 0 (claims of the paper no "
-            "sweep here tests: none).") in text
-    assert "Holding: claim 0 (s, q 0.0148); claim 1 (s, q 0.0205)." in text  # as the table prints q, never rounded
-    assert "Not holding: claim 2 (s, q 0.165, the paper's size excluded)." in text
-    assert text.endswith("\n") and "\n" not in text[:-1]  # one paragraph
-
-
-def test_gatelab_claims_writes_the_summary_beside_the_table(claims, tmp_path):
-    records = {TRAINED: _paired_runs(TRAINED, "baseline", {"g1_elem_sig": _differences(-1.64, -3.77, 0.49)})}
-    rows = [claims[G1_TRAINED]]
-    written = C.write_claims(records, rows, tmp_path, ["md"], log=lambda *_: None)
-    assert [p.name for p in written] == ["claims.md", "summary.md"]
-    regimes = C.tokens_per_parameter(records)
-    assert regimes == [(TRAINED, pytest.approx(1800 * 16 * 128 / 180_768))]  # 20.4, as the issue measured
-    assert written[1].read_text() == C.summary(C.claims_table(records, rows), regimes)
-    assert np.isclose(regimes[0][1], 20.39, atol=0.01)
-
-
-# --- issue 34's rows for every variant run: not addressed, A.3 sparsity, loss spikes, the README's paragraph -------
+# --- issue 34's rows for every variant run: not addressed --------------------------------------------------------
 
 
 def test_a_claim_not_addressed_is_listed_without_a_test_and_outside_the_correction(claims):
@@ -293,47 +254,6 @@ def test_a_claim_not_addressed_names_no_sweep_and_says_why(tmp_path, entry):
 
     with pytest.raises(GatelabError, match="not addressed names no sweep and says why"):
         load_claims(_claims_file(tmp_path, f"  - claim: nothing here\n    {entry}\n"))
-
-
-def test_the_a3_sparsity_metric_is_the_gated_share_minus_the_mean_gate_controls():
-    metrics = {"probe/sparsity_gated_output_below_0.01": 0.141, "probe/sparsity_control_output_below_0.01": 0.100}
-    assert C.DERIVED["sparsity_over_mean_gate"](metrics) == pytest.approx(0.041)
-    assert math.isnan(C.DERIVED["sparsity_over_mean_gate"]({}))
-
-
-def test_loss_spikes_are_counted_against_the_baselines_own_noise():
-    from gatelab.sweep.spec import expand, load_sweep
-
-    specs = {spec.experiment.variant: spec for spec in expand(load_sweep(REPO / "sweeps" / "repro-trained-long.yaml"))
-             if spec.experiment.seed == 0}
-    rng = np.random.default_rng(0)
-    steps = list(range(0, 1800, 20))
-    smooth = [3.0 - 0.0005 * s + 0.01 * rng.normal() for s in steps]  # noise of 0.01 nats between logged steps
-    spiky = list(smooth)
-    spiky[50] += 0.5  # one rise far beyond the baseline's noise
-    histories = {"base": (steps, smooth), "gate": (steps, spiky)}
-    records = [C.RunRecord(specs["baseline"], "finished", "base"),
-               C.RunRecord(specs["g1_elem_sig"], "finished", "gate")]
-    C.count_loss_spikes(records, histories.__getitem__)
-    assert records[0].metrics[C.LOSS_SPIKES] == 0 and records[1].metrics[C.LOSS_SPIKES] == 1
-    threshold = records[0].metrics[f"{C.LOSS_SPIKES}_threshold"]
-    assert 4 * 0.01 < threshold < 4 * 0.03  # 4 x the noise of a difference of two N(0, 0.01) draws, about 0.057
-    assert "x the baseline runs' noise" in C._spike_rule(records)
-    # without baseline runs nothing is counted, and the row says so
-    alone = [C.RunRecord(specs["g1_elem_sig"], "finished", "gate")]
-    C.count_loss_spikes(alone, histories.__getitem__)
-    assert C.LOSS_SPIKES not in alone[0].metrics and "not counted" in C._spike_rule(alone)
-
-
-def test_gatelab_claims_puts_the_summary_between_the_readmes_markers(tmp_path):
-    readme = tmp_path / "README.md"
-    readme.write_text(f"# title\n\n{C.SUMMARY_START}\nold words\n{C.SUMMARY_END}\n\nhand-written prose\n")
-    assert C.replace_summary(readme, "The new paragraph.\n")
-    assert readme.read_text() == (f"# title\n\n{C.SUMMARY_START}\nThe new paragraph.\n{C.SUMMARY_END}\n\n"
-                                  "hand-written prose\n")
-    plain = tmp_path / "PLAIN.md"
-    plain.write_text("no markers\n")
-    assert not C.replace_summary(plain, "x") and plain.read_text() == "no markers\n"
 
 
 def test_every_row_of_the_shipped_table_names_its_test():
