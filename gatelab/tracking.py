@@ -224,10 +224,17 @@ class RunStore:
 
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per small file is noise
         try:
-            local = download_artifacts(run_id=run_id, artifact_path=path, tracking_uri=self.uri)
+            local = Path(download_artifacts(run_id=run_id, artifact_path=path, tracking_uri=self.uri))
         except Exception:  # MLflow raises many kinds for a missing file or an unreachable artifact store
-            return None
-        return Path(local).read_text()
+            local = self._beside_the_database(run_id, path)
+        return None if local is None else local.read_text()
+
+    def _beside_the_database(self, run_id: str, path: str) -> Path | None:
+        """The artifact in the artifact folder beside a SQLite store's database: a local store keeps absolute artifact
+        URIs, so one extracted or moved to another folder (results/tiny's committed store) holds them only here."""
+        database = sqlite_file(self.uri)
+        local = None if database is None else database.parent / "mlartifacts" / run_id / "artifacts" / path
+        return local if local is not None and local.is_file() else None
 
     def artifact_json(self, run_id: str, path: str) -> Any | None:
         """A JSON artifact of a run, parsed; None where the artifact store cannot give it."""

@@ -53,3 +53,16 @@ def test_finished_run_metrics_can_be_read_for_one_seed(tmp_path):
     store = tracking.RunStore(uri, tmp_path)
     assert sorted(m["time/eval_s"] for m in store.finished_run_metrics(("time/",))) == [1.0, 17.0]
     assert store.finished_run_metrics(("time/",), seed=1) == [{"time/eval_s": 17.0}]
+
+
+def test_a_local_store_moved_to_another_folder_still_gives_its_artifacts(tmp_path):
+    """A local store's artifact URIs are absolute: extracted elsewhere (results/tiny's committed store in another
+    checkout), its artifacts are read from the folder beside its database."""
+    runs = tmp_path / "runs"
+    tracked = open_tracked_run(runs)
+    tracked.end("finished")
+    tracking.RunStore(sqlite_uri(runs), runs).client.log_text(tracked.run_id, '{"f_attn": 0.5}', "probes/probes.json")
+    moved = runs.rename(tmp_path / "elsewhere")
+    store = tracking.RunStore(sqlite_uri(moved), moved)
+    assert store.artifact_json(tracked.run_id, "probes/probes.json") == {"f_attn": 0.5}
+    assert store.artifact_text(tracked.run_id, "probes/missing.json") is None

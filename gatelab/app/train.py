@@ -15,11 +15,9 @@ def checked_config(experiment: Path, *, overrides: list[str]):
     """The run's config and its resolved model, its file, keys and variant checked before Lightning is imported (5 s):
     a typo is answered at once. Shape errors of the variant surface here too, before any data or training work."""
     from gatelab.data.resolve import load_experiment
-    from gatelab.variants import variant_ids
+    from gatelab.model import resolve_model
 
     config = load_experiment(experiment, overrides)
-    variant_ids(config.variant)
-    from gatelab.model import resolve_model
 
     return config, resolve_model(config)
 

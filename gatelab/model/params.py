@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch.overrides import TorchFunctionMode
 
@@ -27,9 +29,15 @@ class _NoValuesToInitialise(TorchFunctionMode):
 
 
 def count_parameters(config: ModelConfig) -> int:
-    """Total parameters (tied embeddings once), counted on the meta device: a 15B model costs no memory."""
+    """Total parameters (tied embeddings once), counted on the meta device: a 15B model costs no memory. Counted once
+    per distinct model: a run asks for its count in three places, a plan for every cell."""
+    return _count_parameters(config.model_dump_json())
+
+
+@functools.lru_cache(maxsize=256)
+def _count_parameters(config_json: str) -> int:
     with torch.device("meta"), _NoValuesToInitialise():
-        model = GatedTransformer(config)
+        model = GatedTransformer(ModelConfig.model_validate_json(config_json))
     return sum(p.numel() for p in model.parameters())
 
 

@@ -120,6 +120,7 @@ class Run:
         self.runs_dir = runs_dir
         self.run_dir = runs_dir / experiment.name / f"{experiment.variant}-s{experiment.seed}-{self.digest}"
         self.checkpoint = self.run_dir / "checkpoints" / "last.ckpt"
+        self.this_run = ThisRun.of(self.digest, self.model_config)  # what a checkpoint must match to resume this run
         self.extra_tags = extra_tags
 
         self.stability = StabilityMonitor.from_config(experiment.train)
@@ -165,8 +166,7 @@ class Run:
             forget_earlier_graphs()
             compiling.append(CompileReport(share_cache(self.runs_dir), chatter))
         precision = resolve_precision(train.precision, train.accelerator, moe=self.model_config.ffn == "moe")
-        this_run = ThisRun.of(self.digest, self.model_config)
-        began_in = recorded_precision(self.checkpoint, this_run) if train.precision == "auto" else None
+        began_in = recorded_precision(self.checkpoint, self.this_run) if train.precision == "auto" else None
         callbacks = [self.stability, *fence, self.steps, *compiling, *extra_callbacks]
         return build_trainer(self.experiment, self.run_dir, callbacks, bar, began_in or precision), began_in, precision
 
@@ -196,7 +196,7 @@ class Run:
             return self.checkpoint.exists(), False
         remove_unfinished_writes(self.run_dir, self.log)
         found = self.checkpoint.exists()
-        resuming = set_aside_unless_resumable(self.checkpoint, ThisRun.of(self.digest, self.model_config), self.log)
+        resuming = set_aside_unless_resumable(self.checkpoint, self.this_run, self.log)
         return resuming, found and not resuming
 
     def _tracked_run(self, uri: str) -> TrackedRun:
