@@ -23,7 +23,7 @@ CHECK_TIMEOUT_S = 4.0  # each request of the pre-flight check of a server or dat
 SQLITE_LOCK_WAIT_S = 60.0
 VALID_STORES = ("sqlite:///relative/path/mlflow.db or sqlite:////absolute/path/mlflow.db, http(s)://host:port (an "
                 "`mlflow server`), postgresql://user@host/db, mysql://user@host/db, mssql://user@host/db, databricks")
-_SERVER_SCHEMES = ("http", "https")
+SERVER_SCHEMES = ("http", "https")
 _DATABASE_SCHEMES = ("postgresql", "mysql", "mssql")
 _HOSTED_SCHEMES = ("databricks", "databricks-uc", "uc")  # checked by their own clients; "databricks" alone is a URI too
 
@@ -47,7 +47,7 @@ def check_store(uri: str) -> None:
                            "each '@' in it as %40")
     if scheme == "sqlite":
         _check_sqlite(uri)
-    elif scheme in _SERVER_SCHEMES:
+    elif scheme in SERVER_SCHEMES:
         _check_server(uri)
     elif scheme in _DATABASE_SCHEMES:
         _check_database(uri, scheme)
@@ -210,7 +210,7 @@ def describe_store_failure(uri: str, error: BaseException | None) -> str:
         return f"its database file {path} is read-only"
     if error is None:
         return "it failed"
-    if urllib.parse.urlparse(uri).scheme in _SERVER_SCHEMES and _innermost(error, "requests") is not None:
+    if urllib.parse.urlparse(uri).scheme in SERVER_SCHEMES and _innermost(error, "requests") is not None:
         return f"the server {_unanswered(_innermost(error, 'requests'))}"
     driver = _innermost(error, "sqlite3") or _innermost(error, "psycopg") or _innermost(error, "pymysql")
     said = first_line(driver or error)
@@ -235,7 +235,7 @@ def _store_failure(uri: str, error: BaseException) -> str:
     """One line for a failure of the store at `uri`: what it said, and the fix for that kind of store."""
     scheme = urllib.parse.urlparse(uri).scheme
     path = sqlite_file(uri)
-    if scheme in _SERVER_SCHEMES:
+    if scheme in SERVER_SCHEMES:
         fix = (f"check that its `mlflow server` runs and answers ({redact(uri.rstrip('/'))}/health), or pass another "
                "--tracking-uri; then run the same command again")
     elif path is not None:

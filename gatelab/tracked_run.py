@@ -13,15 +13,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gatelab.errors import GatelabError, first_line, redact
-from gatelab.store_checks import _SERVER_SCHEMES, check_store, describe_store_failure
+from gatelab.store_checks import SERVER_SCHEMES, check_store, describe_store_failure
 from gatelab.tracking import (
     SPEC_HASH_TAG,
     STATUS_TAG,
     RunStore,
-    _reported,
     code_version,
     lightning_logger,
     package_versions,
+    reports_store_errors,
 )
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ class TrackedRun:
     def uri(self) -> str:
         return self.store.uri
 
-    @_reported
+    @reports_store_errors
     def recorded_outcome(self) -> tuple[str, dict[str, float]] | None:
         """(status, metrics) if MLflow records the run as ended, finished or diverged; None if it has to be trained."""
         if self.run_id is None:
@@ -77,7 +77,7 @@ class TrackedRun:
             return None
         return outcome, dict(recorded.data.metrics)
 
-    @_reported
+    @reports_store_errors
     def open(self, resuming: bool, tags: dict[str, str], run_name: str) -> QueuedMLFlowLogger:
         """The Lightning logger of the run: the found run when `resuming`, else a new one tagged with the spec hash,
         status `running`, the code and package versions, and `tags`. First sends the points an earlier process kept in
@@ -138,7 +138,7 @@ class TrackedRun:
         if run.data.tags.get(STATUS_TAG) != "running":
             self.client.set_tag(self.run_id, STATUS_TAG, "running")
 
-    @_reported
+    @reports_store_errors
     def log_start(self, params: dict[str, Any], texts: dict[str, str]) -> None:
         """What a fresh start records once: the parameters (each cut to MLflow's 500 characters) and text artifacts by
         artifact path, passwords redacted (a `tracking.uri` may hold one)."""
@@ -162,7 +162,7 @@ class TrackedRun:
         now = int(time.time() * 1000)
         self.logger.outbox.put(Metric(name, float(value), now, step) for name, value, step in points)
 
-    @_reported
+    @reports_store_errors
     def log_artifacts(self, writers: dict[str, Any], folder: str) -> None:
         """Each `writers[name](path)` writes a file, logged as artifact `folder/name`."""
         if not self.writes_allowed():
@@ -178,7 +178,7 @@ class TrackedRun:
         self.flush()
         return self.store.metric_history(self.run_id, name)
 
-    @_reported
+    @reports_store_errors
     def set_tags(self, tags: dict[str, str]) -> None:
         from mlflow.entities import RunTag
 
@@ -198,7 +198,7 @@ class TrackedRun:
             kept = f"{unsent} metric points were not sent"
         else:
             kept = f"{unsent} metric points wait in {self.unsent_path} and are sent when you run the same command again"
-        kind = "server" if urllib.parse.urlparse(self.uri).scheme in _SERVER_SCHEMES else "store"
+        kind = "server" if urllib.parse.urlparse(self.uri).scheme in SERVER_SCHEMES else "store"
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(outbox.failing_since or time.time()))
         what = describe_store_failure(self.uri, outbox.last_failure) if outbox.last_failure else outbox.last_error
         state = "unreachable" if kind == "server" else "failing"
@@ -208,7 +208,7 @@ class TrackedRun:
     def _outbox(self) -> MetricOutbox | None:
         return self.logger.outbox if self.logger is not None else None
 
-    @_reported
+    @reports_store_errors
     def end(self, status: str) -> None:
         """Send every queued point, tag the outcome (finished / diverged / pruned) and close the run as FINISHED."""
         if not self.writes_allowed():

@@ -117,7 +117,7 @@ def prepare_store(uri: str) -> None:
         client(uri).search_experiments(max_results=1)
 
 
-def _reported(method):
+def reports_store_errors(method):
     """The method, with the failures of `self.uri`'s store as GatelabErrors (store_errors)."""
     @functools.wraps(method)
     def reported(self, *args, **kwargs):
@@ -136,7 +136,7 @@ class RunStore:
         with store_errors(uri):
             self.client = client(uri)
 
-    @_reported
+    @reports_store_errors
     def experiment_id(self, name: str, tags: dict[str, str] | None = None) -> str:
         """The experiment of this name, created (with its artifacts under runs_dir for a local store, and `tags`) if
         missing. Either way it carries landing_tags(), so the MLflow UI opens it on its runs."""
@@ -163,7 +163,7 @@ class RunStore:
         landing tags (unless the store is read-only)."""
         return [(name, experiment_id) for name, experiment_id, _ in self.browsable_experiment_views()]
 
-    @_reported
+    @reports_store_errors
     def browsable_experiment_views(self) -> list[tuple[str, str, bool]]:
         """browsable_experiments with whether each has gatelab's saved view of the runs table (always, unless the
         store is read-only: then only where gatelab set it when it made the experiment)."""
@@ -178,7 +178,7 @@ class RunStore:
             found.append((experiment.name, experiment.experiment_id, has_view))
         return found
 
-    @_reported
+    @reports_store_errors
     def find_run(self, experiment_name: str, spec_hash: str) -> str | None:
         """The newest MLflow run of this spec hash, so a resumed run continues the same MLflow run."""
         runs = self.client.search_runs([self.experiment_id(experiment_name)],
@@ -186,7 +186,7 @@ class RunStore:
                                        order_by=["attributes.start_time DESC"], max_results=1)
         return runs[0].info.run_id if runs else None
 
-    @_reported
+    @reports_store_errors
     def sweep_runs(self, experiment_name: str) -> pd.DataFrame:
         """Every gatelab run of an experiment, newest first, as `mlflow.search_runs` lays it out: run_id, status,
         start_time, end_time (UTC timestamps), one `metrics.<name>` column per metric and one `tags.<name>` per tag.
@@ -211,7 +211,7 @@ class RunStore:
                 frame[column] = pd.to_datetime(frame[column], unit="ms", utc=True)
         return frame
 
-    @_reported
+    @reports_store_errors
     def metric_history(self, run_id: str, name: str) -> tuple[list[int], list[float]]:
         """(steps, values) of one metric of one run, in step order."""
         history = sorted(self.client.get_metric_history(run_id, name), key=lambda m: m.step)
@@ -243,13 +243,13 @@ class RunStore:
         text = self.artifact_text(run_id, path)
         return None if text is None else json.loads(text)
 
-    @_reported
+    @reports_store_errors
     def artifact_location(self, run_id: str) -> str:
         """Where the run's experiment keeps artifacts ('' where the store does not say)."""
         experiment = self.client.get_run(run_id).info.experiment_id
         return self.client.get_experiment(experiment).artifact_location or ""
 
-    @_reported
+    @reports_store_errors
     def finished_run_metrics(self, prefixes: tuple[str, ...], seed: int | None = None) -> list[dict[str, float]]:
         """For every run of every experiment that gatelab recorded as finished (of one seed), its metrics whose names
         start with one of `prefixes`."""
@@ -258,7 +258,7 @@ class RunStore:
         runs = self.client.search_runs(experiments, query)
         return [{k: v for k, v in run.data.metrics.items() if k.startswith(prefixes)} for run in runs]
 
-    @_reported
+    @reports_store_errors
     def run_tags(self, run_id: str) -> dict[str, str]:
         """The run's tags; a run id the store does not have is one error naming it."""
         from mlflow.exceptions import MlflowException
@@ -271,7 +271,7 @@ class RunStore:
             raise GatelabError(f"no MLflow run '{run_id}' in {redact(self.uri)}: check the id (the MLflow UI, or "
                                "`gatelab sweep status`), or pass --tracking-uri for another store") from None
 
-    @_reported
+    @reports_store_errors
     def log_scores(self, run_id: str, metrics: dict[str, float], tags: dict[str, str], paths: Iterable[Path],
                    folder: str) -> None:
         """Scores of an ended run (benchmarks scored after training): metrics, the files as artifacts under `folder`,
@@ -284,7 +284,7 @@ class RunStore:
             self.client.log_artifact(run_id, str(path), folder)
         self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
 
-    @_reported
+    @reports_store_errors
     def log_report(self, experiment_name: str, paths: Iterable[Path]) -> str | None:
         """The files of a report as artifacts of one sweep-level run (tagged REPORT_TAG), so the report opens from the
         MLflow UI too. The run lives in the experiment reports_experiment(experiment_name), so the training runs'

@@ -394,7 +394,7 @@ def _first_junk_line(path: Path) -> tuple[int, str]:
 
 
 
-def _use_failure(storage: str, error: BaseException) -> str:
+def storage_use_failure(storage: str, error: BaseException) -> str:
     if isinstance(error, OSError):
         what = f"{error.strerror or type(error).__name__}" + (f": {error.filename}" if error.filename else "")
         fix = "check that the file and its folder are there, readable and writable, and that the disk has room"

@@ -37,7 +37,13 @@ from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.exc import SQLAlchemyError
 
 from gatelab.errors import GatelabError, redact
-from gatelab.sweep.ledger_storage import _use_failure, default_storage, ledger_exists, open_storage, tracking_stores
+from gatelab.sweep.ledger_storage import (
+    default_storage,
+    ledger_exists,
+    open_storage,
+    storage_use_failure,
+    tracking_stores,
+)
 from gatelab.tracking import STATUS_TAG
 
 CELLS_FAILED = 1  # the exit code of `gatelab sweep run` and `sweep worker` when a cell ended failed
@@ -161,7 +167,7 @@ def _reported(method):
         try:
             return method(self, *args, **kwargs)
         except (SQLAlchemyError, StorageInternalError, OSError) as error:  # Optuna's wraps SQLAlchemy's
-            raise GatelabError(_use_failure(self.storage_uri, error.__cause__ or error)) from None
+            raise GatelabError(storage_use_failure(self.storage_uri, error.__cause__ or error)) from None
 
     return reported
 
