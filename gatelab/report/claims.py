@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
-from gatelab.eval import INIT_SCALE_METRIC
+from gatelab.metrics import INIT_SCALE
 from gatelab.report.claims_evidence import (
     LOSS_SPIKES,
     PaperEffect,
@@ -61,7 +61,7 @@ CONFOUNDED = "init-scale confounded"
 NOT_TESTABLE, TRUE_BY_CONSTRUCTION = "not testable at this scale", "true by construction"
 DESCRIPTIVE, NOT_RUN = "descriptive (not tested)", "not run"
 NOT_ADDRESSED = "not addressed"
-# The ratio of two groups' mean INIT_SCALE_METRIC beyond which they start at different scales: the first pass's gains
+# The ratio of two groups' mean INIT_SCALE beyond which they start at different scales: the first pass's gains
 # tracked it.
 INIT_SCALE_RATIO = (0.8, 1.25)
 MATCHED, DIFFERS, NOT_LOGGED = "matched", "differs", "not logged"
@@ -443,21 +443,21 @@ def _matching_effect(claim: Claim, effect: PaperEffect | None, records: Sequence
 
 
 def _init_scale(claim: Claim, records: Sequence[RunRecord]) -> tuple[str, str]:
-    """Whether groups a and b start at one scale of the attention output (INIT_SCALE_METRIC's group means within
+    """Whether groups a and b start at one scale of the attention output (INIT_SCALE's group means within
     INIT_SCALE_RATIO): MATCHED, DIFFERS or NOT_LOGGED, and a note."""
     means = {}
     for group in (claim.a, claim.b or ""):
-        values = [v for v in by_seed(records, group, INIT_SCALE_METRIC).values() if math.isfinite(v)]
+        values = [v for v in by_seed(records, group, INIT_SCALE).values() if math.isfinite(v)]
         means[group] = float(np.mean(values)) if values else math.nan
     unlogged = [g for g, m in means.items() if not math.isfinite(m)]
     if unlogged:
-        return NOT_LOGGED, (f"init scale not logged ({INIT_SCALE_METRIC} absent on the runs of "
+        return NOT_LOGGED, (f"init scale not logged ({INIT_SCALE} absent on the runs of "
                             f"{', '.join(unlogged)}): the init-scale rule could not be applied")
     mean_a, mean_b = means[claim.a], means[claim.b or ""]
     ratio = mean_a / mean_b if mean_b else math.inf
     low, high = INIT_SCALE_RATIO
     inside = low <= ratio <= high
-    return (MATCHED if inside else DIFFERS), (f"init scale ({INIT_SCALE_METRIC}) {mean_a:.3g} vs {mean_b:.3g}, "
+    return (MATCHED if inside else DIFFERS), (f"init scale ({INIT_SCALE}) {mean_a:.3g} vs {mean_b:.3g}, "
                                               f"ratio {ratio:.3g}, {'inside' if inside else 'outside'} "
                                               f"[{low:g}, {high:g}]")
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from gatelab.metrics import LONG_PPL, LONG_PPL_BEYOND_TRAIN, SPARSITY, TRAIN_LOSS, VAL_LOSS
 from gatelab.report.claims_file import Claim, PaperGain, group_name, parse_group
 from gatelab.report.tables import PPL, RunRecord, paper_reference
 
@@ -18,9 +19,10 @@ from gatelab.report.tables import PPL, RunRecord, paper_reference
 
 def _long_context(metrics: Mapping[str, float]) -> float:
     """ln of how much perplexity grows from the training length to the positions beyond it at 8x."""
-    if "long_ppl_beyond_train/x8" not in metrics or "long_ppl/x1" not in metrics:
+    beyond, at_length = LONG_PPL_BEYOND_TRAIN.format(multiplier=8), LONG_PPL.format(multiplier=1)
+    if beyond not in metrics or at_length not in metrics:
         return math.nan
-    return math.log(metrics["long_ppl_beyond_train/x8"] / metrics["long_ppl/x1"])
+    return math.log(metrics[beyond] / metrics[at_length])
 
 
 def _ln_ppl(metrics: Mapping[str, float]) -> float:
@@ -31,8 +33,8 @@ def _ln_ppl(metrics: Mapping[str, float]) -> float:
 def _sparsity_over_mean_gate(metrics: Mapping[str, float]) -> float:
     """App. A.3: the share of gated SDPA output values below 1e-2, minus that share of the ungated output scaled by
     the layer's mean gate score (the paper's control: as small on average, but not input-dependent)."""
-    return metrics.get("probe/sparsity_gated_output_below_0.01", math.nan) - \
-        metrics.get("probe/sparsity_control_output_below_0.01", math.nan)
+    gated, control = (SPARSITY.format(measure=f"{output}_output_below_0.01") for output in ("gated", "control"))
+    return metrics.get(gated, math.nan) - metrics.get(control, math.nan)
 
 
 DERIVED: dict[str, Callable[[Mapping[str, float]], float]] = {
@@ -91,7 +93,7 @@ def worst_value(record: RunRecord, metric: str) -> float:
         return math.nan
     if metric.startswith("ppl/"):
         return float(vocab)
-    if metric in ("val/loss", "train/loss", "ln_ppl"):
+    if metric in (VAL_LOSS, TRAIN_LOSS, "ln_ppl"):
         return math.log(vocab)
     return math.nan
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from gatelab.eval import INIT_SCALE_METRIC
+from gatelab.metrics import INIT_SCALE
 from gatelab.paper import missing_note
 from gatelab.report.claims import (
     BOOTSTRAP_RESAMPLES,
@@ -50,7 +50,7 @@ VERDICT_RULES = [
     "inconclusive at this scale, with the way our figures point (the paper's direction, or the other way). The MDE "
     "(80% power at p < 0.05) describes the test and decides nothing. Change (paired t on each seed's change of the "
     "metric between two settings): the same, without the paper's size.",
-    f"Init scale: a direction row that would hold, whose two groups' mean {INIT_SCALE_METRIC} (the attention "
+    f"Init scale: a direction row that would hold, whose two groups' mean {INIT_SCALE} (the attention "
     f"sublayer's output RMS at step 0, mean over layers) are in a ratio outside [{INIT_SCALE_RATIO[0]:g}, "
     f"{INIT_SCALE_RATIO[1]:g}], is init-scale confounded (its test figures shown), unless it names a scale-matched "
     "control row (a direction row about the same group against one that starts at its scale) and that row holds. "

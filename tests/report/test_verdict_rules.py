@@ -43,7 +43,7 @@ def _paired_runs(sweep: str, b: str, others: dict[str, dict[int, float]], scale=
     def value(variant, settings, seed):
         metrics = {"ppl/avg": 100.0 + SHARED[seed] + others.get(variant, {}).get(seed, 0.0)}
         if scale is not None:
-            metrics[C.INIT_SCALE_METRIC] = scale.get(variant, 1.0)
+            metrics[C.INIT_SCALE] = scale.get(variant, 1.0)
         return metrics
 
     return _records(sweep, value)
