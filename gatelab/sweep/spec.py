@@ -117,15 +117,6 @@ class Sweep:
     def search(self) -> SearchSpace | None:
         return self.file.search
 
-    @property
-    def description(self) -> str | None:
-        return self.file.description
-
-
-def search_space(sweep: Sweep) -> SearchSpace | None:
-    """The sweep's Optuna search block, already checked against every cell (`SearchParam.checked_values`)."""
-    return sweep.file.search
-
 
 def expand(sweep: Sweep) -> list[RunSpec]:
     """The sweep's runs in expansion order, duplicates removed (validation happened in `load_sweep`)."""
@@ -534,6 +525,5 @@ def _cell_report(source: str, problems: list[tuple[int, dict[str, Any], str]], n
 
 
 __all__ = [
-    "Duplicate", "RunSpec", "Sweep", "expand", "format_cell", "format_value", "load_sweep", "search_space",
-    "with_values",
+    "Duplicate", "RunSpec", "Sweep", "expand", "format_cell", "format_value", "load_sweep", "with_values",
 ]
