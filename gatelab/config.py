@@ -538,14 +538,6 @@ def flatten(config: BaseModel | dict[str, Any], prefix: str = "") -> dict[str, A
     return flat
 
 
-__all__ = [
-    "ATTENTION_KINDS", "AttentionKind", "AttentionKindTraits", "BigramBackcopyConfig", "CorpusFields", "DataConfig",
-    "EvalConfig", "ExperimentConfig", "FilesSourceConfig", "GateConfig", "GatePosition", "HFSourceConfig",
-    "ModelConfig", "MoEConfig", "SwitchHeadConfig", "TrackingConfig", "TrainConfig", "flatten",
-    "format_validation_error", "validate_experiment",
-]
-
-
 def setting_warnings(experiment: ExperimentConfig) -> list[str]:
     """Settings that a run accepts but that make it mean less than its user thinks, each with its fix. Warnings, not
     errors: a deliberate short run (a smoke test, a timing) may want them."""

@@ -223,6 +223,3 @@ def names_for(domains: list[str], multipliers: list[int], n_layers: int) -> list
         else:
             names.append(metric.name)
     return names
-
-
-__all__ = ["CATALOGUE", "KEY_METRICS", "PLACEHOLDERS", "Metric", "find", "matching", "names_for"]

@@ -518,12 +518,3 @@ def sweep_measurements(specs: Sequence[RunSpec], tracking_uri: str | None,
         except Exception as error:  # a store that is down costs the measured estimate, never the plan
             notes.append(f"no measured step times from {redact(uri)}: {redact(str(error).splitlines()[0])}")
     return found, notes
-
-
-__all__ = [
-    "CPU_EVAL_FLOPS", "CPU_FLOPS", "DEFAULT_MFU", "EVAL_FIXED_S", "EVAL_TF32_UTILISATION", "FP32_UTILISATION",
-    "GPU_FLOPS", "RATE_SETTINGS", "STEP_SHAPE", "DeviceDefaults", "MeasuredRate", "MeasuredRun", "MeasuredStep",
-    "ParameterCounter", "active_parameters", "device_defaults", "evaluation_flops", "measured_rate", "measured_runs",
-    "measured_step", "on_device", "plan_device", "plan_rows", "plan_totals", "recorded_step_flops", "step_settings",
-    "step_shape", "sweep_measurements", "training_flops", "wall_seconds",
-]

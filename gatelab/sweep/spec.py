@@ -522,8 +522,3 @@ def _cell_report(source: str, problems: list[tuple[int, dict[str, Any], str]], n
         lines += block
         shown += 1
     return "\n".join(lines)
-
-
-__all__ = [
-    "Duplicate", "RunSpec", "Sweep", "expand", "format_cell", "format_value", "load_sweep", "with_values",
-]
