@@ -15,6 +15,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from gatelab.bench.machine import synchronize
 from gatelab.bench.profiling import kineto_markers_dropped
@@ -189,8 +190,6 @@ def kernel_profile(step: Callable[[], None], steps: int = 3) -> dict:
     if not torch.cuda.is_available():
         raise RuntimeError(f"kernel_profile reads CUDA kernels: torch {torch.__version__} sees no CUDA GPU "
                            "(torch.cuda.is_available() is False)")
-    from torch.profiler import ProfilerActivity, profile
-
     step()
     synchronize()
     with kineto_markers_dropped(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as trace:
@@ -212,8 +211,6 @@ class LightningKernelProfile:
         self._open = ExitStack()  # the profiler inside kineto_markers_dropped, across two callbacks
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
-        from torch.profiler import ProfilerActivity, profile
-
         if batch_idx == self.first:
             torch.cuda.synchronize()
             self._open.enter_context(kineto_markers_dropped())

@@ -41,6 +41,9 @@ from gatelab.config import ExperimentConfig
 from gatelab.data.resolve import load_experiment
 from gatelab.errors import GatelabError
 from gatelab.host import resolve_precision
+from gatelab.model import resolve_model
+from gatelab.sweep.spec import load_sweep
+from gatelab.variants import variant_ids
 
 DEFAULT_PRESETS = ("experiments/tiny.yaml", "experiments/tiny-moe.yaml")
 # `gatelab bench`'s options on a CUDA machine, for those the user does not give (`with_gpu_defaults`): the GPU preset
@@ -129,10 +132,6 @@ class PresetUnderTest:
 
 def validate(presets: list[Path], variants: list[str], sweep: Path | None) -> None:
     """Every preset, variant and the sweep file load before anything is measured (errors name file and key)."""
-    from gatelab.model import resolve_model
-    from gatelab.sweep.spec import load_sweep
-    from gatelab.variants import variant_ids
-
     if "baseline" not in variants:
         raise GatelabError(f"--variants must include baseline (the ratios are to it), got {', '.join(variants)}")
     for preset in presets:

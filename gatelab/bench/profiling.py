@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from gatelab.bench.machine import synchronize
 
@@ -78,8 +79,6 @@ def op_group(name: str) -> str:
 def op_profile(step: Callable[[], None], steps: int = 3) -> list[dict]:
     """Self time of every op over `steps` profiled steps, per step: the profiler's `key_averages`, each row with
     its group (OP_GROUPS), slowest first. Self time counts an op once, whatever it calls (device time on a GPU)."""
-    from torch.profiler import ProfilerActivity, profile
-
     cuda = torch.cuda.is_available()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with kineto_markers_dropped(), profile(activities=activities) as trace:

@@ -47,15 +47,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from gatelab import paper as paper_tables
+from gatelab import tracking
 from gatelab.config import DataConfig, ExperimentConfig, ModelConfig, flatten
 from gatelab.config_files import set_dotted
 from gatelab.data.budget import CorpusCounter
 from gatelab.data.corpora import HELDOUT_FRACTION
-from gatelab.devices import gpu_peak
+from gatelab.devices import device_name, evaluation_device, gpu_peak
+from gatelab.errors import GatelabError, redact
 from gatelab.metrics import EVAL_S, IMPORT_S, SETUP_S, STEP_S
+from gatelab.model.params import count_parameters, resolve_model
 from gatelab.progress import DEVICE_TAG, HOST_TAG
 from gatelab.sweep.spec import Progress, RunSpec, format_value
+from gatelab.variants import apply_variant
 
 # A rough default for a small CPU in bf16 autocast, in the Lightning loop; measured figures live in results/bench/
 # (`gatelab bench` reports a machine's achieved FLOP/s; --flops-per-second passes one to the plan). Other processes on
@@ -106,8 +112,6 @@ class ParameterCounter:
         self._counts: dict[str, int] = {}
 
     def __call__(self, model: ModelConfig) -> int:
-        from gatelab.model.params import count_parameters
-
         key = model.model_dump_json()
         if key not in self._counts:
             self._counts[key] = count_parameters(model)
@@ -175,8 +179,6 @@ def plan_device(experiment: ExperimentConfig) -> str | None:
     """The device a run of `experiment` would train on here, named as runs tag theirs (`gatelab.devices.device_name`):
     the one `gatelab.devices.evaluation_device` picks for its train.accelerator (the GPU torch sees, Apple's GPU, or
     the CPU); None for gpu or cuda where there is no GPU (a login node planning for its GPU nodes), "mps" for mps."""
-    from gatelab.devices import device_name, evaluation_device
-
     accelerator = experiment.train.accelerator
     device = evaluation_device(None, accelerator)
     if device.type == "cpu" and accelerator in ("gpu", "cuda", "mps"):
@@ -290,11 +292,6 @@ def recorded_step_flops(params: Mapping[str, str]) -> float | None:
     """Training FLOPs of one step of a recorded run, as plan_rows counts a step: its model rebuilt from the `model.*`
     params with its variant applied, its logged `model.total_params`, `train.batch_size` and `data.seq_len`. None where
     the params do not rebuild a model (an older run, a value cut at MLflow's 500 characters, a renamed variant)."""
-    from pydantic import ValidationError
-
-    from gatelab.errors import GatelabError
-    from gatelab.variants import apply_variant
-
     try:
         fields: dict[str, Any] = {}
         for key, text in params.items():
@@ -314,8 +311,6 @@ def measured_runs(uri: str, host: str | None = None, devices: Sequence[str | Non
     Apple GPU's runs count from this machine only), in any MLflow experiment (a `gatelab train` of the preset counts
     for a sweep over it: STEP_SHAPE decides what is comparable); [] where the store does not exist (a plan never
     creates one). A store that fails raises GatelabError."""
-    from gatelab import tracking
-
     if tracking.missing_local_store(uri):
         return []
     finished = f"tags.`{tracking.STATUS_TAG}` = 'finished'"
@@ -408,8 +403,6 @@ def plan_rows(specs: Sequence[RunSpec], paper: str | None = None, flops_per_seco
 def _flops_row(spec: RunSpec, count: ParameterCounter, count_corpus: CorpusCounter, flops_per_second: float | None,
                measured: Sequence[MeasuredRun], trials: int) -> tuple[dict[str, Any], list[MeasuredRun]]:
     """A run's row priced on the FLOPs basis, and the `measured` runs of its device."""
-    from gatelab.model.params import resolve_model
-
     experiment = spec.experiment
     model = resolve_model(experiment)
     total = count(model)
@@ -506,9 +499,6 @@ def sweep_measurements(specs: Sequence[RunSpec], tracking_uri: str | None,
     """This machine's earlier finished runs, and those of the GPUs these runs would train on here from any machine, in
     the stores these runs will record in; and a note for each store that could not be read (the estimate then falls
     back to FLOPs, the plan still prints)."""
-    from gatelab import tracking
-    from gatelab.errors import redact
-
     devices = sorted({plan_device(spec.experiment) for spec in specs} - {None})
     found, notes = [], []
     for uri in sorted({tracking.run_tracking_uri(tracking_uri, spec.experiment, runs_dir, create=False)

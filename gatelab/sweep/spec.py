@@ -35,6 +35,7 @@ from gatelab.data.resolve import VocabularyTooSmall, experiment_from_dict, resol
 from gatelab.errors import GatelabError
 from gatelab.metrics import KEY_METRICS, find, names_for
 from gatelab.sweep.sweep_file import SearchParam, SearchSpace, SweepFile
+from gatelab.variants import variant_ids
 
 MAX_LISTED_LINES = 20  # an error listing longer than this ends in "and N more"
 MAX_COMBINATIONS = 4096  # searched values checked together; beyond, the corners of the space (each range's ends)
@@ -349,7 +350,6 @@ class _CellChecker:
 
     def _check(self, tree: dict[str, Any], model_too: bool) -> tuple[ExperimentConfig | None, list[str]]:
         from gatelab.model.params import resolve_model  # torch: imported only once a sweep is being resolved
-        from gatelab.variants import variant_ids
 
         found = []
         if isinstance(tree.get("variant"), str):

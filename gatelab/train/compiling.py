@@ -21,6 +21,8 @@ from pathlib import Path
 import lightning as L
 import torch
 
+from gatelab.progress import is_verbose
+
 CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
 CACHE_FOLDER = "compile-cache"
 # CompileReport's line, as a run's log says it: seconds, graphs loaded from the cache, graphs compiled
@@ -30,8 +32,6 @@ COMPILED_LINE = re.compile(r"compiled in ([\d.]+) s: (\d+) graph\(s\) loaded fro
 def share_cache(runs_dir: Path) -> Path:
     """Inductor's cache folder for this process: the user's TORCHINDUCTOR_CACHE_DIR, else `runs_dir/compile-cache`."""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
-    from gatelab.progress import is_verbose
 
     # Inductor writes its default into the variable the first time it reads it (torch's imports may already have)
     if os.environ.get(CACHE_VARIABLE) in (None, "", os.path.abspath(default_cache_dir())):
