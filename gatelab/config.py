@@ -204,10 +204,8 @@ class ModelConfig(StrictModel):
     def _check(self) -> ModelConfig:
         if self.n_heads % self.n_kv_heads:
             valid = [k for k in range(1, self.n_heads + 1) if self.n_heads % k == 0]
-            raise ValueError(
-                f"n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.n_kv_heads}): "
-                f"valid n_kv_heads are {', '.join(map(str, valid))}"
-            )
+            raise ValueError(f"n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.n_kv_heads}): "
+                             f"valid n_kv_heads are {', '.join(map(str, valid))}")
         if self.ffn == "moe" and self.moe is None:
             raise ValueError("ffn is 'moe' but the moe block is missing (n_experts, top_k, expert_hidden)")
         if self.ffn == "dense" and self.ffn_hidden is None:
@@ -439,11 +437,10 @@ class ExperimentConfig(StrictModel):
         if self.data.task == "bigram_backcopy":
             n_triggers = self.data.bigram_backcopy.n_triggers
             if self.model.vocab_size - 2 <= n_triggers + 2:
-                raise ValueError(
-                    f"model.vocab_size ({self.model.vocab_size}) is too small for data.task 'bigram_backcopy' with "
-                    f"data.bigram_backcopy.n_triggers {n_triggers}: ids 0 and 1 are BOS and EOS, and more than "
-                    f"n_triggers + 2 ordinary tokens are needed, so vocab_size must be at least {n_triggers + 5}"
-                )
+                raise ValueError(f"model.vocab_size ({self.model.vocab_size}) is too small for data.task "
+                                 f"'bigram_backcopy' with data.bigram_backcopy.n_triggers {n_triggers}: ids 0 and 1 "
+                                 "are BOS and EOS, and more than n_triggers + 2 ordinary tokens are needed, so "
+                                 f"vocab_size must be at least {n_triggers + 5}")
             if self.eval.blimp_path is not None:
                 raise ValueError("eval.blimp_path must be unset with data.task 'bigram_backcopy': BLiMP scores English "
                                  "sentences through a text tokenizer, and the synthetic task has neither")

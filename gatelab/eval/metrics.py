@@ -52,19 +52,15 @@ def token_nll(model: nn.Module, input_ids_BT: Tensor, targets_BT: Tensor, ignore
     with evaluation_mode(model):
         logits_BTV = model(input_ids_BT.to(device))
     if logits_BTV.shape[:2] != input_ids_BT.shape:
-        raise ValueError(
-            f"model returned logits of shape {tuple(logits_BTV.shape)} for input of shape {tuple(input_ids_BT.shape)}; "
-            "expected (B, T, V)"
-        )
-    nll_BT = F.cross_entropy(
-        logits_BTV.float().transpose(1, 2), targets_BT.to(device), ignore_index=ignore_index, reduction="none"
-    )
+        raise ValueError(f"model returned logits of shape {tuple(logits_BTV.shape)} for input of shape "
+                         f"{tuple(input_ids_BT.shape)}; expected (B, T, V)")
+    nll_BT = F.cross_entropy(logits_BTV.float().transpose(1, 2), targets_BT.to(device), ignore_index=ignore_index,
+                             reduction="none")
     return nll_BT.cpu().double()
 
 
-def sequence_nll(
-    model: nn.Module, input_ids_BT: Tensor, targets_BT: Tensor, ignore_index: int = IGNORE_INDEX
-) -> tuple[float, int]:
+def sequence_nll(model: nn.Module, input_ids_BT: Tensor, targets_BT: Tensor,
+                 ignore_index: int = IGNORE_INDEX) -> tuple[float, int]:
     """Summed NLL (nats) over the targets that are not `ignore_index`, and how many there were."""
     nll_BT = token_nll(model, input_ids_BT, targets_BT, ignore_index)
     return nll_BT.sum().item(), int((targets_BT != ignore_index).sum())
@@ -119,9 +115,8 @@ def perplexity_of(nll_N: Tensor, tokens_N: Tensor) -> float:
     return math.exp(nll_N.sum().item() / n_tokens)
 
 
-def domain_window_nlls(
-    model: nn.Module, windows_by_domain: Mapping[str, Tensor], batch_size: int = 16
-) -> dict[str, tuple[Tensor, Tensor]]:
+def domain_window_nlls(model: nn.Module, windows_by_domain: Mapping[str, Tensor],
+                       batch_size: int = 16) -> dict[str, tuple[Tensor, Tensor]]:
     """`window_nlls` of each held-out domain's windows."""
     if not windows_by_domain:
         raise ValueError("domain_perplexities: no domain given")
@@ -141,21 +136,16 @@ def perplexities_by_domain(nlls_by_domain: Mapping[str, tuple[Tensor, Tensor]]) 
     return ppl_by_domain
 
 
-def domain_perplexities(
-    model: nn.Module, windows_by_domain: Mapping[str, Tensor], batch_size: int = 16
-) -> dict[str, float]:
+def domain_perplexities(model: nn.Module, windows_by_domain: Mapping[str, Tensor],
+                        batch_size: int = 16) -> dict[str, float]:
     """Perplexity per held-out domain (a tensor (N, T+1) of windows each) plus "avg", the arithmetic mean of the
     domain PPLs (`perplexities_by_domain`)."""
     return perplexities_by_domain(domain_window_nlls(model, windows_by_domain, batch_size))
 
 
-def long_context_perplexity(
-    model: nn.Module,
-    documents: Sequence[Tensor],
-    train_seq_len: int,
-    multipliers: Sequence[int] = (1, 2, 4, 8),
-    batch_size: int = 1,
-) -> dict[int, dict[str, float | None] | None]:
+def long_context_perplexity(model: nn.Module, documents: Sequence[Tensor], train_seq_len: int,
+                            multipliers: Sequence[int] = (1, 2, 4, 8),
+                            batch_size: int = 1) -> dict[int, dict[str, float | None] | None]:
     """Perplexity on windows of m x the training length, to see how a model extrapolates past what it was trained on.
 
     For each multiplier m, every document (1-D token tensor) is cut into non-overlapping windows of
@@ -174,11 +164,8 @@ def long_context_perplexity(
         if multiplier < 1:
             raise ValueError(f"long_context_perplexity: multipliers must be >= 1, got {multiplier}")
         window_len = multiplier * train_seq_len + 1
-        windows = [
-            doc[: (len(doc) // window_len) * window_len].reshape(-1, window_len)
-            for doc in documents
-            if len(doc) >= window_len
-        ]
+        windows = [doc[: (len(doc) // window_len) * window_len].reshape(-1, window_len)
+                   for doc in documents if len(doc) >= window_len]
         if not windows:
             results[multiplier] = None
             continue
@@ -190,8 +177,6 @@ def long_context_perplexity(
             beyond_nll += nll_BT[:, train_seq_len:].sum().item()
         n_windows = windows_NL.size(0)
         n_beyond = n_windows * (multiplier - 1) * train_seq_len
-        results[multiplier] = {
-            "ppl": math.exp(total_nll / (n_windows * multiplier * train_seq_len)),
-            "ppl_beyond_train_len": math.exp(beyond_nll / n_beyond) if n_beyond else None,
-        }
+        results[multiplier] = {"ppl": math.exp(total_nll / (n_windows * multiplier * train_seq_len)),
+                               "ppl_beyond_train_len": math.exp(beyond_nll / n_beyond) if n_beyond else None}
     return results

@@ -11,12 +11,7 @@ import torch
 
 from gatelab import metrics as catalogue
 from gatelab.config import ExperimentConfig
-from gatelab.data.datasets import (
-    domain_with_long_documents,
-    heldout_windows,
-    long_context_windows,
-    unigram_perplexity,
-)
+from gatelab.data.datasets import domain_with_long_documents, heldout_windows, long_context_windows, unigram_perplexity
 from gatelab.data.synthetic import DOMAIN as BIGRAM_BACKCOPY
 from gatelab.data.synthetic import BigramBackcopy
 from gatelab.devices import evaluation_batch_size, evaluation_precision, rows_for_length
