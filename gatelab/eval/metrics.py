@@ -1,5 +1,4 @@
-"""Language-model metrics: perplexity (overall, per domain, at 1x-8x the training length). Loss spikes are defined
-once, by `gatelab.train.module.SpikeRule`.
+"""Language-model metrics: perplexity (overall, per domain, at 1x-8x the training length).
 
 The model contract is the whole package's: `logits_BTV = model(input_ids_BT)` gives next-token logits. Every metric runs
 batched under `torch.no_grad()` in eval mode on the device of the model's parameters, and accumulates negative
@@ -81,12 +80,8 @@ def _batches(windows: Windows, batch_size: int) -> Iterator[tuple[Tensor, Tensor
 
 
 def perplexity(model: nn.Module, windows: Windows, batch_size: int = 16) -> float:
-    """exp(mean NLL per scored token) over all windows.
-
-    `windows` is either a tensor (N, T+1) of token windows (inputs are the first T tokens, targets the last T) or an
-    iterable of (input_ids, targets) pairs, each (T,) or (B, T), with `ignore_index` (-100) targets skipped.
-    `batch_size` caps the rows of one forward pass; larger pre-made batches are split.
-    """
+    """exp(mean NLL per scored token) over all windows (either `Windows` format; IGNORE_INDEX targets skipped), at
+    most `batch_size` rows a forward pass."""
     total_nll, n_tokens = 0.0, 0
     for input_ids_BT, targets_BT in _batches(windows, batch_size):
         batch_nll, batch_tokens = sequence_nll(model, input_ids_BT, targets_BT)
@@ -138,27 +133,17 @@ def perplexities_by_domain(nlls_by_domain: Mapping[str, tuple[Tensor, Tensor]]) 
 
 def domain_perplexities(model: nn.Module, windows_by_domain: Mapping[str, Tensor],
                         batch_size: int = 16) -> dict[str, float]:
-    """Perplexity per held-out domain (a tensor (N, T+1) of windows each) plus "avg", the arithmetic mean of the
-    domain PPLs (`perplexities_by_domain`)."""
+    """`perplexities_by_domain` of each held-out domain's (N, T+1) windows."""
     return perplexities_by_domain(domain_window_nlls(model, windows_by_domain, batch_size))
 
 
 def long_context_perplexity(model: nn.Module, documents: Sequence[Tensor], train_seq_len: int,
                             multipliers: Sequence[int] = (1, 2, 4, 8),
                             batch_size: int = 1) -> dict[int, dict[str, float | None] | None]:
-    """Perplexity on windows of m x the training length, to see how a model extrapolates past what it was trained on.
-
-    For each multiplier m, every document (1-D token tensor) is cut into non-overlapping windows of
-    m * train_seq_len + 1 tokens from its start (a trailing remainder, and a document shorter than one window, is
-    skipped).
-    Per m it reports
-      - "ppl": the plain exp(mean NLL) over ALL m * train_seq_len predicted positions of every window;
-      - "ppl_beyond_train_len": the same restricted to input positions >= train_seq_len, the extrapolation region
-        (None for m = 1, which has none).
-    A multiplier for which no document is long enough maps to None rather than failing the whole evaluation.
-    `batch_size` counts windows of the training length: a batch holds batch_size // m windows of m x that length
-    (at least one), so every multiplier runs about the same number of tokens a forward pass.
-    """
+    """How a model extrapolates past its training length: per multiplier m, over every document's non-overlapping
+    windows of m * train_seq_len + 1 tokens from its start, "ppl" of all their predicted positions and
+    "ppl_beyond_train_len" of those at input positions >= train_seq_len (None at m = 1); None where no document is that
+    long. `batch_size` counts windows of the training length, so every m runs about as many tokens a forward pass."""
     results: dict[int, dict[str, float | None] | None] = {}
     for multiplier in multipliers:
         if multiplier < 1:

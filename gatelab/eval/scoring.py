@@ -7,11 +7,8 @@ settings they were made with (task version, few-shot count, limit). The tag is w
 whose tag matches is not scored again, and a scorer killed before the tag is written leaves the task to score again,
 never a tag over missing metrics.
 
-Why plain processes for `--workers` rather than the sweep's Optuna ledger: scoring writes only to finished runs and is
-keyed by that tag, so two processes that happened to score the same run would log the same values twice, not corrupt
-anything; a ledger would add a study per scoring pass for no safety gained. The runs are dealt out round-robin, and
-each process gets a GPU of its own as the sweep's local workers do (`gatelab.devices.worker_gpus`): without one every
-process scored on cuda:0.
+Plain processes for `--workers`, not the sweep's Optuna ledger: scoring is keyed by that tag, so two processes that
+scored the same run would log the same values twice, not corrupt anything. Each gets a GPU of its own, as sweep workers.
 """
 
 from __future__ import annotations

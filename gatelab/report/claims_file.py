@@ -191,7 +191,7 @@ class ClaimsFile(StrictModel):
 
 
 def group_name(variant: str, settings: Mapping[str, Any]) -> str:
-    """'g1_elem_sig train.lr=0.002': the variant, then each setting sorted by key, exactly as `RunRecord.group`."""
+    """'g1_elem_sig train.lr=0.002': the variant, then each setting sorted by key (`RunRecord.group`)."""
     text = " ".join(f"{key}={value}" for key, value in sorted(settings.items()))
     return f"{variant}{' ' + text if text else ''}"
 
@@ -467,11 +467,8 @@ def _check_claim(claim: Claim, grid: _SweepGrid, where: str, problems: list[str]
 
 
 def load_claims(path: str | Path, sweeps: Mapping[str, Any] | None = None) -> list[Claim]:
-    """Read a claims file and check it against the sweeps it names; one GatelabError lists every problem.
-
-    The sweeps are the files in the claims file's parent folder (sweeps/ for sweeps/claims/tiny.yaml), by their
-    `name:` key; `sweeps` ({name: a loaded gatelab.sweep.spec.Sweep}) are used as given instead of loading them again.
-    """
+    """Read a claims file and check it against the sweeps it names (module docstring); one GatelabError lists every
+    problem. `sweeps` ({name: a loaded Sweep}) are used as given instead of loading their files again."""
     path = Path(path)
     source = str(path)
     try:

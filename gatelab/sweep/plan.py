@@ -200,10 +200,8 @@ class DeviceDefaults:
 
 
 def device_defaults(device: str | None, precision: str = "auto") -> DeviceDefaults:
-    """The defaults of the module docstring's "flops" basis for `device` (a `plan_device` name). A GPU trains at
-    DEFAULT_MFU of its dense bf16 peak, or at FP32_UTILISATION of its fp32 peak in `32-true`, and evaluates at
-    EVAL_TF32_UTILISATION of its TF32 peak; a GPU not in GPU_PEAKS, or none here, is priced as an H100 SXM and says
-    so."""
+    """The defaults of the module docstring's "flops" basis for `device` (a `plan_device` name); in `32-true` a GPU
+    trains at FP32_UTILISATION of its fp32 peak instead."""
     if device in ("cpu", "mps"):
         return DeviceDefaults(CPU_FLOPS, CPU_EVAL_FLOPS, CPU_IMPORT_S, CPU_SETUP_S,
                               "assumed for a small CPU; `gatelab bench` measures this one's",
@@ -307,10 +305,8 @@ def recorded_step_flops(params: Mapping[str, str]) -> float | None:
 
 def measured_runs(uri: str, host: str | None = None, devices: Sequence[str | None] = ()) -> list[MeasuredRun]:
     """The newest thousand finished, timed runs of the store that `host` (this machine) trained, and the newest
-    thousand tagged with one of the GPUs in `devices` from any machine (a GPU sets the pace, not its host; a CPU's or
-    Apple GPU's runs count from this machine only), in any MLflow experiment (a `gatelab train` of the preset counts
-    for a sweep over it: STEP_SHAPE decides what is comparable); [] where the store does not exist (a plan never
-    creates one). A store that fails raises GatelabError."""
+    thousand from any machine tagged with one of the GPUs in `devices` (module docstring), in any MLflow experiment
+    (STEP_SHAPE decides what is comparable); [] where the store does not exist (a plan never creates one)."""
     if tracking.missing_local_store(uri):
         return []
     finished = f"tags.`{tracking.STATUS_TAG}` = 'finished'"
@@ -374,15 +370,9 @@ def plan_rows(specs: Sequence[RunSpec], paper: str | None = None, flops_per_seco
               trials: int = 1, measured: Sequence[MeasuredRun] = ()) -> list[dict[str, Any]]:
     """One row per run. `paper` adds the paper's added-parameter figure (table1, table6); `trials` > 1 for a search
     sweep, where each row is one cell searched `trials` times (row figures are per trial, totals count them all).
-
-    `seconds` is a run's training (`train_s`) plus the time around it, priced by the module docstring's bases
-    (`basis`): "measured" from `measured` runs of the same shape on the run's `device` (`measured_step_s`,
-    `measured_overhead_s`, `measured_runs`), "measured rate" from runs of other shapes there (`flops_per_second`,
-    `measured_runs`, `setup_s`, `eval_s`), else "flops" (`flops_per_second`, `setup_s`, `eval_s`). `flops_per_second`
-    given (--flops-per-second) sets the training rate of the FLOPs basis, and no measured rate replaces it.
-    `rate_source` says where the rate came from, `setup_basis` whether set-up is measured or a default. `import_s` is
-    a process's, counted once a worker by estimate_lines (measured where runs of the device recorded it,
-    `import_basis`)."""
+    `seconds` is a run's training (`train_s`) plus the time around it, priced on one of the module docstring's bases
+    (`basis`); `flops_per_second` given (--flops-per-second) sets the FLOPs basis's rate, and no measured rate replaces
+    it. `import_s` is a process's: estimate_lines counts it once a worker."""
     count = ParameterCounter()
     count_corpus = CorpusCounter()
     paper_added = paper_tables.added_params(paper)
@@ -491,7 +481,6 @@ def wall_seconds(rows: Sequence[dict[str, Any]], workers: int = 1) -> float:
         return 0.0
     seconds = sum(row["seconds"] * row["trials"] for row in rows)
     return max(seconds / workers, max(row["seconds"] for row in rows)) + max(row["import_s"] for row in rows)
-
 
 
 def sweep_measurements(specs: Sequence[RunSpec], tracking_uri: str | None,
