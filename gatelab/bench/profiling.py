@@ -99,14 +99,15 @@ def op_profile(step: Callable[[], None], steps: int = 3) -> list[dict]:
     return sorted(rows, key=lambda row: -row["ms_per_step"])
 
 
-def profile_groups(rows: list[dict]) -> list[dict]:
-    """The op profile summed by group, slowest first, each with its three slowest ops."""
+def profile_groups(rows: list[dict], name: str = "op", names: str = "ops") -> list[dict]:
+    """The profile's rows (slowest first) summed by group, slowest first, each with its three slowest `name`s listed
+    under `names` (an op profile's, or gpu_profile's kernel rows)."""
     groups: dict[str, dict] = {}
     for row in rows:
-        group = groups.setdefault(row["group"], {"group": row["group"], "ms_per_step": 0.0, "share": 0.0, "ops": []})
+        group = groups.setdefault(row["group"], {"group": row["group"], "ms_per_step": 0.0, "share": 0.0, names: []})
         group["ms_per_step"] += row["ms_per_step"]
         group["share"] += row["share"]
-        group["ops"].append(row["op"])
+        group[names].append(row[name])
     for group in groups.values():
-        group["ops"] = group["ops"][:3]
+        group[names] = group[names][:3]
     return sorted(groups.values(), key=lambda group: -group["ms_per_step"])
