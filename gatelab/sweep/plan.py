@@ -15,9 +15,8 @@ What a run will see: `corpus_tokens`, the training tokens its corpus holds (`cor
 an estimate or unknown: `gatelab.data.budget`), and `passes` = tokens / corpus_tokens. A run above one pass repeats
 its training data, and gets a warning line under the table.
 
-Estimated seconds, measured where it can be. Every run records its mean seconds a training step (`time/step_s`), its
-set-up, evaluation and import seconds, the machine it ran on (`gatelab.host`) and the device it trained on
-(`gatelab.device`: "NVIDIA H200", "cpu"). A run is priced by the first of:
+Estimated seconds, measured where earlier runs recorded them (`time/*`, tagged with their host and device, e.g.
+"NVIDIA H200" or "cpu"). A run is priced by the first of:
 
 - "measured": runs of the same shape (`STEP_SHAPE`) on this device: their median step time x max_steps, plus their
   median seconds of set-up and evaluation;
@@ -33,8 +32,7 @@ runs it trains (a sweep worker trains many): those seconds (`import_s`) are adde
 run.
 
 A run of this device counts when its device tag names the device a run of the experiment would train on here
-(`plan_device`); a GPU's runs count from any machine (the GPU sets the pace), a CPU's from this machine only. A run
-recorded before the device tag existed counts for the machine it ran on.
+(`plan_device`); a GPU's runs count from any machine (the GPU sets the pace), a CPU's from this machine only.
 """
 
 from __future__ import annotations
