@@ -3,10 +3,9 @@
 Every component choice is a `Literal` string so a config stays YAML-serialisable and a typo is answered with the valid
 values. Unknown keys are errors with a "did you mean". Errors name the file and the dotted key path.
 
-Validation here checks values and types only and reads no file: the YAML and `--set` are read by `gatelab.config_files`.
-What only the data's files can tell (a `data.tokenizer` file that loads, `model.vocab_size: auto`) is settled by
-`gatelab.data.resolve`, whose `load_experiment` and `experiment_from_dict` give the resolved config every run starts
-from, and a run's identity (`spec_hash`) is in `gatelab.data.identity`: it hashes the data's files.
+Validation checks values and types and reads no file: the YAML and `--set` are read by `gatelab.config_files`, what
+only the data's files can tell (a `data.tokenizer` that loads, `model.vocab_size: auto`) is settled by
+`gatelab.data.resolve`, and a run's identity (`spec_hash`), which hashes those files, is `gatelab.data.identity`'s.
 """
 
 from __future__ import annotations
@@ -42,8 +41,7 @@ class AttentionKindTraits:
     doc: str  # how a query's scaled causal scores s_j become the weights of the values
 
 
-# The attention kinds, declared once (gatelab.model.attention_kinds computes them): the config's allowed values and
-# their order in its error message, the model's flags, the docs' list.
+# Declared once: the config's valid values (in its error's order), the flags of gatelab.model.attention_kinds, the docs.
 ATTENTION_KINDS: dict[str, AttentionKindTraits] = {
     "softmax": AttentionKindTraits(fused=True, sink=False, doc="exp(s_j) / sum_j exp(s_j)"),
     "off_by_one": AttentionKindTraits(
@@ -67,8 +65,7 @@ AttentionKind = Literal[tuple(ATTENTION_KINDS)]
 
 
 class StrictModel(BaseModel):
-    # allow_inf_nan=False: `.inf` and `.nan` are YAML floats, and no gatelab setting means anything at either (a rate
-    # of .inf trained and exited 0; betas of .nan failed inside AdamW's constructor).
+    # allow_inf_nan=False: `.inf` and `.nan` are YAML floats, and no gatelab setting means anything at either.
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
@@ -183,8 +180,6 @@ class ModelConfig(StrictModel):
     switch_head: SwitchHeadConfig | None = None
     # Dense rows of the paper keep the parameter count by narrowing the FFN; off by default (MoE rows are not matched).
     match_params: bool = False
-    # How a query's scaled causal scores s_j become the weights of the values: one of ATTENTION_KINDS, whose docs say
-    # how (gatelab.model.attention_kinds computes them).
     attention: AttentionKind = "softmax"
     # A learned key and value per KV head (zero at init), without position, that every query attends to beside the
     # tokens: a sink slot that is not a token (Gu et al. 2025, section 7.3, "K and V biases"). Composes with any kind.
@@ -204,10 +199,8 @@ class ModelConfig(StrictModel):
     def _check(self) -> ModelConfig:
         if self.n_heads % self.n_kv_heads:
             valid = [k for k in range(1, self.n_heads + 1) if self.n_heads % k == 0]
-            raise ValueError(
-                f"n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.n_kv_heads}): "
-                f"valid n_kv_heads are {', '.join(map(str, valid))}"
-            )
+            raise ValueError(f"n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.n_kv_heads}): "
+                             f"valid n_kv_heads are {', '.join(map(str, valid))}")
         if self.ffn == "moe" and self.moe is None:
             raise ValueError("ffn is 'moe' but the moe block is missing (n_experts, top_k, expert_hidden)")
         if self.ffn == "dense" and self.ffn_hidden is None:
@@ -362,26 +355,22 @@ class TrainConfig(StrictModel):
     divergence_factor: PositiveFloat = 3.0  # loss above this multiple of its EMA (or non-finite): the run diverged
     threads: PositiveInt | None = None
     # torch.compile each block and the head loss for training (evaluation and probes stay eager), with inductor's
-    # cache shared by the runs of a runs folder (gatelab.train.compiling). A speed setting, not part of a run's
-    # identity (spec_hash): the same batches and model, losses equal to float rounding. Off by default; tiny.yaml
-    # turns it on, where `gatelab bench` measured it to pay (results/bench/).
+    # cache shared by a runs folder's runs (gatelab.train.compiling). A speed setting, not in a run's identity
+    # (spec_hash): losses equal to float rounding. tiny.yaml turns it on, where `gatelab bench` measured it to pay.
     compile: bool = False
-    # torch.compile's mode for those regions: "reduce-overhead" adds CUDA graphs (each compiled block replayed as one
-    # graph launch: pays where the GPU waits on kernel launches; `gatelab bench` times it beside the default on a GPU),
-    # "max-autotune-no-cudagraphs" benchmarks GEMM and Triton configurations while compiling (minutes). A speed
-    # setting like `compile`, not part of a run's identity.
+    # "reduce-overhead" adds CUDA graphs (pays where the GPU waits on kernel launches); "max-autotune-no-cudagraphs"
+    # benchmarks GEMM and Triton configurations while compiling (minutes). Not in spec_hash either.
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
+    # Weight decay on input-independent gate logits pulls them to 0, a score of 0.5, unlike the paper's "no weight
+    # decay on gates": off, they join the norms' group without decay. The first-pass sweeps of results/tiny set it true.
+    decay_gate_logits: bool = False
+
     @model_validator(mode="after")
     def _check_schedule(self) -> TrainConfig:
         if self.min_lr > self.lr:
             raise ValueError(f"min_lr ({self.min_lr:g}) is above lr ({self.lr:g}): the schedule decays from lr to "
                              "min_lr; set min_lr at most lr (e.g. lr / 100)")
         return self
-
-    # Weight decay on input-independent gate logits (a 2-D (H, D) tensor, decayed by an ndim rule until the fix; decay
-    # pulls them to 0, a score of 0.5, which is not what the paper's "no weight decay on gates" set-up does). Off: the
-    # logits go with the norms into the group without decay. The first-pass sweeps of results/tiny set it true.
-    decay_gate_logits: bool = False
 
 
 class LmEvalConfig(StrictModel):
@@ -439,11 +428,10 @@ class ExperimentConfig(StrictModel):
         if self.data.task == "bigram_backcopy":
             n_triggers = self.data.bigram_backcopy.n_triggers
             if self.model.vocab_size - 2 <= n_triggers + 2:
-                raise ValueError(
-                    f"model.vocab_size ({self.model.vocab_size}) is too small for data.task 'bigram_backcopy' with "
-                    f"data.bigram_backcopy.n_triggers {n_triggers}: ids 0 and 1 are BOS and EOS, and more than "
-                    f"n_triggers + 2 ordinary tokens are needed, so vocab_size must be at least {n_triggers + 5}"
-                )
+                raise ValueError(f"model.vocab_size ({self.model.vocab_size}) is too small for data.task "
+                                 f"'bigram_backcopy' with data.bigram_backcopy.n_triggers {n_triggers}: ids 0 and 1 "
+                                 "are BOS and EOS, and more than n_triggers + 2 ordinary tokens are needed, so "
+                                 f"vocab_size must be at least {n_triggers + 5}")
             if self.eval.blimp_path is not None:
                 raise ValueError("eval.blimp_path must be unset with data.task 'bigram_backcopy': BLiMP scores English "
                                  "sentences through a text tokenizer, and the synthetic task has neither")
@@ -506,8 +494,7 @@ def _describe(error: dict[str, Any], root: type[BaseModel]) -> str:
 
 
 def _shortened(text: str, limit: int = 200) -> str:
-    """A value as a message quotes it: a YAML file can hold a value whose text runs to megabytes (a list built from
-    nested aliases printed a 52 MB error)."""
+    """A value as a message quotes it: a YAML value's text can run to megabytes."""
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
 
 
@@ -536,14 +523,6 @@ def flatten(config: BaseModel | dict[str, Any], prefix: str = "") -> dict[str, A
         else:
             flat[name] = value
     return flat
-
-
-__all__ = [
-    "ATTENTION_KINDS", "AttentionKind", "AttentionKindTraits", "BigramBackcopyConfig", "CorpusFields", "DataConfig",
-    "EvalConfig", "ExperimentConfig", "FilesSourceConfig", "GateConfig", "GatePosition", "HFSourceConfig",
-    "ModelConfig", "MoEConfig", "SwitchHeadConfig", "TrackingConfig", "TrainConfig", "flatten",
-    "format_validation_error", "validate_experiment",
-]
 
 
 def setting_warnings(experiment: ExperimentConfig) -> list[str]:

@@ -62,11 +62,9 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             first_line.setdefault(key, line)
         return super().construct_mapping(node, deep=deep)
 
-
     def get_single_node(self):
-        # An alias is a reference, not a copy, yet a value built of nested aliases (`&a [*a, *a, ...]` a few levels
-        # deep) expands to billions of elements wherever it is walked or printed (a 52 MB error message): refuse a
-        # document whose expanded size is beyond any config's, before anything reads it.
+        # Nested aliases (`&a [*a, *a, ...]` a few levels deep) expand to billions of elements wherever the value is
+        # walked or printed: refuse a document beyond any config's size before anything reads it.
         node = super().get_single_node()
         if node is not None and _expanded_size(node, {}) > MAX_YAML_NODES:
             raise _DuplicateKey(f"the document expands to more than {MAX_YAML_NODES:,} values through its aliases "

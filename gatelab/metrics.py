@@ -14,10 +14,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 Better = Literal["lower", "higher", "none"]
-# Which part of gatelab logs a metric: the Lightning module's training and validation steps (gatelab.train.module),
-# the run around it (gatelab.train.run: time, memory, spikes, how it ended), the end-of-run evaluation
-# (gatelab.train.evaluate), its probes (gatelab.eval.probes), lm-evaluation-harness (gatelab.eval.scoring: `gatelab
-# eval`, or eval.lm_eval during a run), or Lightning itself.
+# Which part of gatelab logs a metric: gatelab.train.module's steps, gatelab.train.run around them, the end-of-run
+# evaluation (gatelab.train.evaluate) and its probes (gatelab.eval.probes), gatelab.eval.scoring, or Lightning itself.
 Part = Literal["train", "run", "eval", "probes", "lm_eval", "lightning"]
 
 # What a placeholder of a family's name stands for, as a regular expression. A domain is any name but `avg`, which is
@@ -223,6 +221,3 @@ def names_for(domains: list[str], multipliers: list[int], n_layers: int) -> list
         else:
             names.append(metric.name)
     return names
-
-
-__all__ = ["CATALOGUE", "KEY_METRICS", "PLACEHOLDERS", "Metric", "find", "matching", "names_for"]

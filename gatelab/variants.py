@@ -314,10 +314,9 @@ def apply_variant(base: ModelConfig, spec: str) -> ModelConfig:
             node = tree
             for part in parents:
                 if node.get(part) is None:
-                    raise GatelabError(
-                        f"variant '{variant_id}' changes model.{dotted}, but this experiment's model has no "
-                        f"'{part}' block (it needs an MoE preset such as experiments/tiny-moe.yaml)"
-                    )
+                    raise GatelabError(f"variant '{variant_id}' changes model.{dotted}, but this experiment's model "
+                                       f"has no '{part}' block (it needs an MoE preset such as "
+                                       "experiments/tiny-moe.yaml)")
                 node = node[part]
             change.apply_to(tree, node, leaf)
     try:

@@ -14,10 +14,9 @@ What it measures, per experiment preset (tiny and tiny-moe by default):
 
 On a CUDA machine it is the GPU check of issue 30, which must end within 8 minutes on one H100 or H200: the options a
 user does not give take GPU_DEFAULTS (the small preset, every G1 variant and one of each other gate, shorter
-warm-ups), fp32 steps run on a cut
-batch, the compile-cache runs happen whatever the preset says, and the targets end with the GPU's own: MFU of the
-Lightning step, seconds of a run's evaluation, peak GPU memory of a run, and compiling from the cache (`gpu_figures`,
-`acceptance_checks`). `bench`'s docstring has the seconds each part is expected to take there.
+warm-ups), fp32 steps run on a cut batch, the compile-cache runs happen whatever the preset says, and the targets end
+with the GPU's own: MFU of the Lightning step, seconds of a run's evaluation, peak GPU memory of a run, and compiling
+from the cache (`gpu_figures`, `acceptance_checks`).
 
 The modules: `machine` (the machine and its device), `timing` (interleaved rounds, ratio intervals), `steps` (the
 steps timed), `profiling`, `flops` and `gpu_profile` (where a step's time goes), `runs` (real runs in child

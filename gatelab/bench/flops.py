@@ -7,11 +7,14 @@ import statistics
 from collections.abc import Callable
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from gatelab.bench.machine import bench_device
 from gatelab.bench.profiling import GEMM_OPS, kineto_markers_dropped
 from gatelab.bench.timing import time_interleaved
 from gatelab.config import ExperimentConfig
+from gatelab.model import count_parameters, resolve_model
+from gatelab.sweep.plan import active_parameters, training_flops
 
 
 def gemm_shapes(step: Callable[[], None],
@@ -19,8 +22,6 @@ def gemm_shapes(step: Callable[[], None],
     """(op, shape A, shape B, dtype) of every matrix multiply one training step runs, forward and backward.
 
     The profiler records shapes, not dtypes: `dtype` is the step's matmul dtype (bf16 under bf16 autocast)."""
-    from torch.profiler import ProfilerActivity, profile
-
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     with kineto_markers_dropped(), profile(activities=activities, record_shapes=True) as trace:
         step()
@@ -62,9 +63,6 @@ def square_gemm_flops(dtype: torch.dtype = torch.float32, size: int = 1024) -> f
 
 
 def model_flops_per_step(experiment: ExperimentConfig) -> float:
-    from gatelab.model import count_parameters, resolve_model
-    from gatelab.sweep.plan import active_parameters, training_flops
-
     model = resolve_model(experiment)
     tokens = experiment.train.batch_size * experiment.data.seq_len
     return training_flops(model, active_parameters(model, count_parameters(model)), tokens, experiment.data.seq_len)
@@ -81,8 +79,6 @@ def gpu_estimate(experiment: ExperimentConfig, peak_flops: float = 989e12, utili
     does not store) with SwiGLU's wider hidden counted as 2 * 3 * ffn bytes, plus the logits (bf16 and their fp32
     copy for the loss: 6 * vocab bytes a token). MoE: routed experts' activations at top_k of them.
     """
-    from gatelab.model import count_parameters, resolve_model
-
     model = resolve_model(experiment)
     params = count_parameters(model)
     tokens = experiment.train.batch_size * experiment.data.seq_len

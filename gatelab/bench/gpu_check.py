@@ -19,6 +19,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from gatelab.metrics import EVAL_S, PEAK_GPU_GB
+from gatelab.tracking import default_tracking_uri, sqlite_file
+
 SWEEP_LIMIT_S = 240.0  # the quick-start sweep's 3 runs on small, after the data is prepared
 EVAL_LIMIT_S = 20.0  # a run's evaluation
 EVAL_MEDIAN_UTILIZATION = 50.0  # nvidia-smi's utilization.gpu, %, median of the samples during an evaluation
@@ -196,9 +199,6 @@ def pytest_verdict(step: StepResult) -> Verdict:
 
 def read_runs(runs_dir: Path) -> list[RunRecord]:
     """The quick-start sweep's runs, oldest first, from the runs folder's SQLite MLflow store."""
-    from gatelab.metrics import EVAL_S, PEAK_GPU_GB
-    from gatelab.tracking import default_tracking_uri, sqlite_file
-
     uri = default_tracking_uri(runs_dir, create=False, as_written=True)
     if not sqlite_file(uri).exists():
         return []

@@ -15,9 +15,10 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from gatelab.bench.machine import synchronize
-from gatelab.bench.profiling import kineto_markers_dropped
+from gatelab.bench.profiling import kineto_markers_dropped, profile_groups
 
 # A kernel launch costs ~2-5 us of GPU idle time even when the host keeps ahead of the GPU: shorter gaps are launch
 # latency, longer ones the GPU waiting for the host.
@@ -123,21 +124,6 @@ def _rows_by_name(intervals: list[KernelInterval], steps: int) -> list[dict]:
     return sorted(rows.values(), key=lambda row: -row["ms_per_step"])
 
 
-def _group_rows(kernel_rows: list[dict]) -> list[dict]:
-    """The kernel rows summed by group, slowest first, each with its three slowest kernels (as
-    profiling.profile_groups)."""
-    groups: dict[str, dict] = {}
-    for row in kernel_rows:
-        group = groups.setdefault(row["group"], {"group": row["group"], "ms_per_step": 0.0, "share": 0.0,
-                                                 "kernels": []})
-        group["ms_per_step"] += row["ms_per_step"]
-        group["share"] += row["share"]
-        group["kernels"].append(row["kernel"])
-    for group in groups.values():
-        group["kernels"] = group["kernels"][:3]
-    return sorted(groups.values(), key=lambda group: -group["ms_per_step"])
-
-
 def kernel_summary(intervals: Iterable[KernelInterval], steps: int, gap_threshold_us: float = GAP_THRESHOLD_US) -> dict:
     """Per step of `steps` profiled back to back: the window from the first kernel's start to the last one's end,
     the time some kernel ran in it (busy) and the rest (idle), the kernels and their groups by summed time, and the
@@ -156,7 +142,7 @@ def kernel_summary(intervals: Iterable[KernelInterval], steps: int, gap_threshol
         "idle_ms_per_step": (window_us - busy_us) / 1e3 / steps,
         "idle_share": (window_us - busy_us) / window_us if window_us > 0 else 0.0,
         "kernels": kernel_rows,
-        "groups": _group_rows(kernel_rows),
+        "groups": profile_groups(kernel_rows, "kernel", "kernels"),
         "gaps": {"threshold_us": gap_threshold_us, "count_per_step": len(gaps) / steps,
                  "ms_per_step": sum(gap for gap, _, _ in gaps) / 1e3 / steps,
                  "largest": [{"ms": gap / 1e3, "after": short_kernel_name(after), "before": short_kernel_name(before)}
@@ -189,8 +175,6 @@ def kernel_profile(step: Callable[[], None], steps: int = 3) -> dict:
     if not torch.cuda.is_available():
         raise RuntimeError(f"kernel_profile reads CUDA kernels: torch {torch.__version__} sees no CUDA GPU "
                            "(torch.cuda.is_available() is False)")
-    from torch.profiler import ProfilerActivity, profile
-
     step()
     synchronize()
     with kineto_markers_dropped(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as trace:
@@ -212,8 +196,6 @@ class LightningKernelProfile:
         self._open = ExitStack()  # the profiler inside kineto_markers_dropped, across two callbacks
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
-        from torch.profiler import ProfilerActivity, profile
-
         if batch_idx == self.first:
             torch.cuda.synchronize()
             self._open.enter_context(kineto_markers_dropped())

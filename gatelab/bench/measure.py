@@ -41,6 +41,9 @@ from gatelab.config import ExperimentConfig
 from gatelab.data.resolve import load_experiment
 from gatelab.errors import GatelabError
 from gatelab.host import resolve_precision
+from gatelab.model import resolve_model
+from gatelab.sweep.spec import load_sweep
+from gatelab.variants import variant_ids
 
 DEFAULT_PRESETS = ("experiments/tiny.yaml", "experiments/tiny-moe.yaml")
 # `gatelab bench`'s options on a CUDA machine, for those the user does not give (`with_gpu_defaults`): the GPU preset
@@ -129,10 +132,6 @@ class PresetUnderTest:
 
 def validate(presets: list[Path], variants: list[str], sweep: Path | None) -> None:
     """Every preset, variant and the sweep file load before anything is measured (errors name file and key)."""
-    from gatelab.model import resolve_model
-    from gatelab.sweep.spec import load_sweep
-    from gatelab.variants import variant_ids
-
     if "baseline" not in variants:
         raise GatelabError(f"--variants must include baseline (the ratios are to it), got {', '.join(variants)}")
     for preset in presets:
@@ -150,27 +149,10 @@ def bench(presets: list[Path], variants: list[str], warmup: int, measured: int, 
     `save` gets the report so far after each part (marked partial), so a bench cut off by a time limit keeps what it
     measured.
 
-    On a GPU it must end within 8 minutes (issue 30; issue 31's acceptance script gives it 7.5 of its 9). Expected
-    seconds of each part on one H100 or H200 for the small preset with GPU_DEFAULTS (15 variants, compiled), from:
-    process start and imports 10-15 s, CUDA and cuBLAS start 2-5 s, an eager bf16 step 0.25 s, a compiled one 0.21 s
-    after a first compile of about 13 s (4 graphs; another variant's blocks about 8 s: the head loss's graphs come from
-    the cache; 3 s all from the cache), an fp32 step 0.8 s (0.2 s on GPU_FP32_ROWS rows), an evaluation of at most
-    20 s, a 90M-parameter model built on the CPU about 0.7 s (measured on an H200 at 9f6aa79, eager; the rest
-    estimated, not yet measured):
-
-        start, imports, CUDA                                                                      20
-        graphs of 15 variants' blocks (torch._dynamo.explain: traced, not compiled; estimated)     15
-        15 variants, 3 untimed rounds (the first compiles each) + 10 timed                       150
-        CUDA kernel profiles of 6 variants (one per gate family and baseline), 4 steps each         10
-        Lightning against the plain loop: 3 blocks of 10 + 10 steps, a Trainer each (~3 s)       25
-        eager against compiled: compiled from the cache, then 13 rounds of 3 steps                15
-        bf16 against fp32 on 16 rows: 11 rounds                                                    5
-        loss curves: 3 x 20 fp32 steps on 16 rows (GPU_CURVE_STEPS), a 15 s fp32 compile          27
-        op profile; GEMM shapes, and the GEMMs interleaved with 12 steps                          12
-        two compiled child runs of 20 steps: 50 with LIGHT_EVALUATION, then from the cache
-          with the full evaluation, which is also the one real run (start 20, setup 10, 5, 20)   105
-        sweep plan (a child process), GPU estimates                                               15
-        total                                                                           about 400 (6.7 min)
+    On a GPU it must end within 8 minutes (issue 30; issue 31's acceptance script gives it 7.5 of its 9): about 400 s
+    for the small preset with GPU_DEFAULTS, estimated from figures measured on an H200 at 9f6aa79: start and imports
+    10-15 s, CUDA 2-5 s, an eager bf16 step 0.25 s, a compiled one 0.21 s after a first compile of about 13 s (3 s
+    from the cache), an fp32 step 0.8 s (0.2 s on GPU_FP32_ROWS rows), an evaluation of at most 20 s.
     """
     validate(presets, variants, sweep)
     # Every variant's compiled blocks stay live here, side by side: more graphs of Block.forward than dynamo keeps by

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from gatelab.bench.machine import synchronize
 
@@ -78,8 +79,6 @@ def op_group(name: str) -> str:
 def op_profile(step: Callable[[], None], steps: int = 3) -> list[dict]:
     """Self time of every op over `steps` profiled steps, per step: the profiler's `key_averages`, each row with
     its group (OP_GROUPS), slowest first. Self time counts an op once, whatever it calls (device time on a GPU)."""
-    from torch.profiler import ProfilerActivity, profile
-
     cuda = torch.cuda.is_available()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with kineto_markers_dropped(), profile(activities=activities) as trace:
@@ -100,14 +99,15 @@ def op_profile(step: Callable[[], None], steps: int = 3) -> list[dict]:
     return sorted(rows, key=lambda row: -row["ms_per_step"])
 
 
-def profile_groups(rows: list[dict]) -> list[dict]:
-    """The op profile summed by group, slowest first, each with its three slowest ops."""
+def profile_groups(rows: list[dict], name: str = "op", names: str = "ops") -> list[dict]:
+    """The profile's rows (slowest first) summed by group, slowest first, each with its three slowest `name`s listed
+    under `names` (an op profile's, or gpu_profile's kernel rows)."""
     groups: dict[str, dict] = {}
     for row in rows:
-        group = groups.setdefault(row["group"], {"group": row["group"], "ms_per_step": 0.0, "share": 0.0, "ops": []})
+        group = groups.setdefault(row["group"], {"group": row["group"], "ms_per_step": 0.0, "share": 0.0, names: []})
         group["ms_per_step"] += row["ms_per_step"]
         group["share"] += row["share"]
-        group["ops"].append(row["op"])
+        group[names].append(row[name])
     for group in groups.values():
-        group["ops"] = group["ops"][:3]
+        group[names] = group[names][:3]
     return sorted(groups.values(), key=lambda group: -group["ms_per_step"])

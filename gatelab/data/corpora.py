@@ -41,32 +41,7 @@ from gatelab.data.documents import (
     sha256_file,
     writes_into,
 )
-from gatelab.data.sources import SOURCES, Fetched, Source
-
-__all__ = [
-    "DOMAINS",
-    "SOURCES",
-    "SPLITS",
-    "Artifact",
-    "CorpusManifest",
-    "DataError",
-    "Document",
-    "DomainRecord",
-    "DomainWriter",
-    "Fetched",
-    "Log",
-    "MissingRecord",
-    "Source",
-    "SourceRecord",
-    "SplitRecord",
-    "atomic_write_text",
-    "default_data_dir",
-    "domains_from_files",
-    "heldout_score",
-    "prepare_corpora",
-    "sha256_file",
-    "split_documents",
-]
+from gatelab.data.sources import SOURCES
 
 FORMAT_VERSION = 1
 SPLITS = ("train", "heldout")

@@ -44,29 +44,24 @@ class Tokenizer(Protocol):
 # --------------------------------------------------------------------------------------------------------------- BLiMP
 
 
-def load_blimp(
-    path: str | Path = PACKAGED_BLIMP, paradigms: Iterable[str] | None = None, per_paradigm: int | None = None,
-    seed: int = 0,
-) -> list[dict[str, Any]]:
+def load_blimp(path: str | Path = PACKAGED_BLIMP, paradigms: Iterable[str] | None = None,
+               per_paradigm: int | None = None, seed: int = 0) -> list[dict[str, Any]]:
     """BLiMP pairs (each file's records as they are) from one `<paradigm>.jsonl` per paradigm, as the official release
     lays them out; by default the package's 100 pairs a paradigm. `per_paradigm` keeps a random subset of each, in file
     order, which depends only on (seed, paradigm), so adding a paradigm does not reshuffle the others.
     """
     directory = Path(path)
     if not directory.is_dir():
-        raise FileNotFoundError(
-            f"BLiMP data directory not found: {directory} (expected one <paradigm>.jsonl file per paradigm)"
-        )
+        raise FileNotFoundError(f"BLiMP data directory not found: {directory} (expected one <paradigm>.jsonl file per "
+                                "paradigm)")
     available = sorted(file.stem for file in directory.glob("*.jsonl"))
     if not available:
         raise FileNotFoundError(f"no BLiMP <paradigm>.jsonl files in {directory}")
     wanted = available if paradigms is None else list(paradigms)
     missing = [paradigm for paradigm in wanted if paradigm not in available]
     if missing:
-        raise FileNotFoundError(
-            f"BLiMP paradigm file(s) {', '.join(f'{p}.jsonl' for p in missing)} not in {directory}; "
-            f"available: {', '.join(available)}"
-        )
+        raise FileNotFoundError(f"BLiMP paradigm file(s) {', '.join(f'{p}.jsonl' for p in missing)} not in "
+                                f"{directory}; available: {', '.join(available)}")
     pairs: list[dict[str, Any]] = []
     for paradigm in wanted:
         records = _read_blimp_file(directory / f"{paradigm}.jsonl")
@@ -110,13 +105,8 @@ def sentence_logprobs(model: nn.Module, sequences: Sequence[Sequence[int]], batc
     return logprobs_N
 
 
-def score_blimp(
-    model: nn.Module,
-    tokenizer: Tokenizer,
-    pairs: Sequence[dict[str, Any]],
-    bos_id: int | None = None,
-    batch_size: int = 32,
-) -> dict[str, Any]:
+def score_blimp(model: nn.Module, tokenizer: Tokenizer, pairs: Sequence[dict[str, Any]], bos_id: int | None = None,
+                batch_size: int = 32) -> dict[str, Any]:
     """Zero-shot BLiMP: a pair is right when the good sentence has the strictly higher total log-probability.
 
     Without `bos_id` the first token is only context (a causal LM does not know its unconditional probability).
@@ -126,10 +116,8 @@ def score_blimp(
     if not pairs:
         raise ValueError("score_blimp: no pairs to score")
     prefix = [] if bos_id is None else [bos_id]
-    sequences = [
-        prefix + tokenizer.encode(pair[field], add_special_tokens=False).ids
-        for pair in pairs for field in ("sentence_good", "sentence_bad")
-    ]
+    sequences = [prefix + tokenizer.encode(pair[field], add_special_tokens=False).ids
+                 for pair in pairs for field in ("sentence_good", "sentence_bad")]
     logprobs_N2 = sentence_logprobs(model, sequences, batch_size).view(-1, 2)
     correct_N = (logprobs_N2[:, 0] > logprobs_N2[:, 1]).tolist()
     outcomes_by_paradigm: dict[str, list[bool]] = defaultdict(list)
@@ -159,10 +147,8 @@ def _usable_ids(vocab_size: int, reserved_ids: Iterable[int], needed: int, task:
     reserved = set(reserved_ids)
     usable = torch.tensor([i for i in range(vocab_size) if i not in reserved], dtype=torch.long)
     if len(usable) < needed:
-        raise ValueError(
-            f"{task}: needs {needed} usable token ids but vocab_size={vocab_size} minus {len(reserved)} reserved "
-            f"ids leaves {len(usable)}"
-        )
+        raise ValueError(f"{task}: needs {needed} usable token ids but vocab_size={vocab_size} minus {len(reserved)} "
+                         f"reserved ids leaves {len(usable)}")
     return usable
 
 
@@ -170,15 +156,13 @@ def _task_batch(input_ids_NT: Tensor, score_mask_NT: Tensor, expected_NT: Tensor
     return InContextBatch(input_ids_NT, score_mask_NT, expected_NT.masked_fill(~score_mask_NT, IGNORE_INDEX))
 
 
-def generate_induction(
-    n_examples: int, seq_len: int, span_len: int, vocab_size: int, seed: int, reserved_ids: Iterable[int] = ()
-) -> InContextBatch:
+def generate_induction(n_examples: int, seq_len: int, span_len: int, vocab_size: int, seed: int,
+                       reserved_ids: Iterable[int] = ()) -> InContextBatch:
     """Induction copying: a random span of `span_len` distinct tokens, which the filler never uses, in the first half,
     repeated in the second; scored: the predictions inside the second copy after its first token."""
     if span_len < 2 or seq_len // 2 < span_len:
-        raise ValueError(
-            f"generate_induction: need 2 <= span_len <= seq_len // 2, got span_len={span_len}, seq_len={seq_len}"
-        )
+        raise ValueError(f"generate_induction: need 2 <= span_len <= seq_len // 2, got span_len={span_len}, "
+                         f"seq_len={seq_len}")
     usable = _usable_ids(vocab_size, reserved_ids, span_len + 1, "generate_induction")
     generator = torch.Generator().manual_seed(seed)
     half = seq_len // 2
@@ -198,9 +182,8 @@ def generate_induction(
     return _task_batch(input_ids_NT, score_mask_NT, expected_NT)
 
 
-def generate_mqar(
-    n_examples: int, n_pairs: int, vocab_size: int, seed: int, reserved_ids: Iterable[int] = ()
-) -> InContextBatch:
+def generate_mqar(n_examples: int, n_pairs: int, vocab_size: int, seed: int,
+                  reserved_ids: Iterable[int] = ()) -> InContextBatch:
     """Multi-query associative recall (Arora et al. 2023, Zoology): k1 v1 ... kK vK, then q1 v(q1) ... qK v(qK).
 
     Distinct keys from the lower half of the usable ids, values (repeats allowed, as in Zoology) from the upper half,
@@ -224,9 +207,8 @@ def generate_mqar(
     return _task_batch(input_ids_NT, score_mask_NT, expected_NT)
 
 
-def generate_needle(
-    n_examples: int, context_len: int, vocab_size: int, seed: int, reserved_ids: Iterable[int] = ()
-) -> InContextBatch:
+def generate_needle(n_examples: int, context_len: int, vocab_size: int, seed: int,
+                    reserved_ids: Iterable[int] = ()) -> InContextBatch:
     """Needle retrieval: random filler with a (marker, key, value) needle at a uniformly random depth, ending in
     (marker, key); scored: predicting the value at the last position.
 
@@ -275,15 +257,9 @@ def score_in_context(model: nn.Module, task_batch: InContextBatch, batch_size: i
     return n_correct / n_scored
 
 
-def run_in_context_suite(
-    model: nn.Module,
-    vocab_size: int,
-    seq_len: int,
-    seed: int = 0,
-    reserved_ids: Iterable[int] = (),
-    n_examples: int = 64,
-    batch_size: int = 16,
-) -> dict[str, float]:
+def run_in_context_suite(model: nn.Module, vocab_size: int, seq_len: int, seed: int = 0,
+                         reserved_ids: Iterable[int] = (), n_examples: int = 64,
+                         batch_size: int = 16) -> dict[str, float]:
     """Accuracy on every synthetic task sized to a model trained at `seq_len`: "induction", "mqar" and "needle@<L>"
     for L in seq_len // 4, seq_len // 2, seq_len, each task with its own seed derived from `seed`."""
     reserved = tuple(reserved_ids)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +15,6 @@ from gatelab.errors import GatelabError
 def load_checkpoint(path: str | Path) -> tuple[dict[str, Any] | None, dict[str, torch.Tensor]]:
     """(the `gatelab` description that `GatedLM.on_save_checkpoint` stores, or None in an older checkpoint; the
     model's state dict) of a Lightning checkpoint, on the CPU."""
-    import pickle
-
     path = Path(path)
     try:
         try:

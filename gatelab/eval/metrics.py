@@ -1,5 +1,4 @@
-"""Language-model metrics: perplexity (overall, per domain, at 1x-8x the training length). Loss spikes are defined
-once, by `gatelab.train.module.SpikeRule`.
+"""Language-model metrics: perplexity (overall, per domain, at 1x-8x the training length).
 
 The model contract is the whole package's: `logits_BTV = model(input_ids_BT)` gives next-token logits. Every metric runs
 batched under `torch.no_grad()` in eval mode on the device of the model's parameters, and accumulates negative
@@ -52,19 +51,15 @@ def token_nll(model: nn.Module, input_ids_BT: Tensor, targets_BT: Tensor, ignore
     with evaluation_mode(model):
         logits_BTV = model(input_ids_BT.to(device))
     if logits_BTV.shape[:2] != input_ids_BT.shape:
-        raise ValueError(
-            f"model returned logits of shape {tuple(logits_BTV.shape)} for input of shape {tuple(input_ids_BT.shape)}; "
-            "expected (B, T, V)"
-        )
-    nll_BT = F.cross_entropy(
-        logits_BTV.float().transpose(1, 2), targets_BT.to(device), ignore_index=ignore_index, reduction="none"
-    )
+        raise ValueError(f"model returned logits of shape {tuple(logits_BTV.shape)} for input of shape "
+                         f"{tuple(input_ids_BT.shape)}; expected (B, T, V)")
+    nll_BT = F.cross_entropy(logits_BTV.float().transpose(1, 2), targets_BT.to(device), ignore_index=ignore_index,
+                             reduction="none")
     return nll_BT.cpu().double()
 
 
-def sequence_nll(
-    model: nn.Module, input_ids_BT: Tensor, targets_BT: Tensor, ignore_index: int = IGNORE_INDEX
-) -> tuple[float, int]:
+def sequence_nll(model: nn.Module, input_ids_BT: Tensor, targets_BT: Tensor,
+                 ignore_index: int = IGNORE_INDEX) -> tuple[float, int]:
     """Summed NLL (nats) over the targets that are not `ignore_index`, and how many there were."""
     nll_BT = token_nll(model, input_ids_BT, targets_BT, ignore_index)
     return nll_BT.sum().item(), int((targets_BT != ignore_index).sum())
@@ -85,12 +80,8 @@ def _batches(windows: Windows, batch_size: int) -> Iterator[tuple[Tensor, Tensor
 
 
 def perplexity(model: nn.Module, windows: Windows, batch_size: int = 16) -> float:
-    """exp(mean NLL per scored token) over all windows.
-
-    `windows` is either a tensor (N, T+1) of token windows (inputs are the first T tokens, targets the last T) or an
-    iterable of (input_ids, targets) pairs, each (T,) or (B, T), with `ignore_index` (-100) targets skipped.
-    `batch_size` caps the rows of one forward pass; larger pre-made batches are split.
-    """
+    """exp(mean NLL per scored token) over all windows (either `Windows` format; IGNORE_INDEX targets skipped), at
+    most `batch_size` rows a forward pass."""
     total_nll, n_tokens = 0.0, 0
     for input_ids_BT, targets_BT in _batches(windows, batch_size):
         batch_nll, batch_tokens = sequence_nll(model, input_ids_BT, targets_BT)
@@ -119,9 +110,8 @@ def perplexity_of(nll_N: Tensor, tokens_N: Tensor) -> float:
     return math.exp(nll_N.sum().item() / n_tokens)
 
 
-def domain_window_nlls(
-    model: nn.Module, windows_by_domain: Mapping[str, Tensor], batch_size: int = 16
-) -> dict[str, tuple[Tensor, Tensor]]:
+def domain_window_nlls(model: nn.Module, windows_by_domain: Mapping[str, Tensor],
+                       batch_size: int = 16) -> dict[str, tuple[Tensor, Tensor]]:
     """`window_nlls` of each held-out domain's windows."""
     if not windows_by_domain:
         raise ValueError("domain_perplexities: no domain given")
@@ -141,44 +131,26 @@ def perplexities_by_domain(nlls_by_domain: Mapping[str, tuple[Tensor, Tensor]]) 
     return ppl_by_domain
 
 
-def domain_perplexities(
-    model: nn.Module, windows_by_domain: Mapping[str, Tensor], batch_size: int = 16
-) -> dict[str, float]:
-    """Perplexity per held-out domain (a tensor (N, T+1) of windows each) plus "avg", the arithmetic mean of the
-    domain PPLs (`perplexities_by_domain`)."""
+def domain_perplexities(model: nn.Module, windows_by_domain: Mapping[str, Tensor],
+                        batch_size: int = 16) -> dict[str, float]:
+    """`perplexities_by_domain` of each held-out domain's (N, T+1) windows."""
     return perplexities_by_domain(domain_window_nlls(model, windows_by_domain, batch_size))
 
 
-def long_context_perplexity(
-    model: nn.Module,
-    documents: Sequence[Tensor],
-    train_seq_len: int,
-    multipliers: Sequence[int] = (1, 2, 4, 8),
-    batch_size: int = 1,
-) -> dict[int, dict[str, float | None] | None]:
-    """Perplexity on windows of m x the training length, to see how a model extrapolates past what it was trained on.
-
-    For each multiplier m, every document (1-D token tensor) is cut into non-overlapping windows of
-    m * train_seq_len + 1 tokens from its start (a trailing remainder, and a document shorter than one window, is
-    skipped).
-    Per m it reports
-      - "ppl": the plain exp(mean NLL) over ALL m * train_seq_len predicted positions of every window;
-      - "ppl_beyond_train_len": the same restricted to input positions >= train_seq_len, the extrapolation region
-        (None for m = 1, which has none).
-    A multiplier for which no document is long enough maps to None rather than failing the whole evaluation.
-    `batch_size` counts windows of the training length: a batch holds batch_size // m windows of m x that length
-    (at least one), so every multiplier runs about the same number of tokens a forward pass.
-    """
+def long_context_perplexity(model: nn.Module, documents: Sequence[Tensor], train_seq_len: int,
+                            multipliers: Sequence[int] = (1, 2, 4, 8),
+                            batch_size: int = 1) -> dict[int, dict[str, float | None] | None]:
+    """How a model extrapolates past its training length: per multiplier m, over every document's non-overlapping
+    windows of m * train_seq_len + 1 tokens from its start, "ppl" of all their predicted positions and
+    "ppl_beyond_train_len" of those at input positions >= train_seq_len (None at m = 1); None where no document is that
+    long. `batch_size` counts windows of the training length, so every m runs about as many tokens a forward pass."""
     results: dict[int, dict[str, float | None] | None] = {}
     for multiplier in multipliers:
         if multiplier < 1:
             raise ValueError(f"long_context_perplexity: multipliers must be >= 1, got {multiplier}")
         window_len = multiplier * train_seq_len + 1
-        windows = [
-            doc[: (len(doc) // window_len) * window_len].reshape(-1, window_len)
-            for doc in documents
-            if len(doc) >= window_len
-        ]
+        windows = [doc[: (len(doc) // window_len) * window_len].reshape(-1, window_len)
+                   for doc in documents if len(doc) >= window_len]
         if not windows:
             results[multiplier] = None
             continue
@@ -190,8 +162,6 @@ def long_context_perplexity(
             beyond_nll += nll_BT[:, train_seq_len:].sum().item()
         n_windows = windows_NL.size(0)
         n_beyond = n_windows * (multiplier - 1) * train_seq_len
-        results[multiplier] = {
-            "ppl": math.exp(total_nll / (n_windows * multiplier * train_seq_len)),
-            "ppl_beyond_train_len": math.exp(beyond_nll / n_beyond) if n_beyond else None,
-        }
+        results[multiplier] = {"ppl": math.exp(total_nll / (n_windows * multiplier * train_seq_len)),
+                               "ppl_beyond_train_len": math.exp(beyond_nll / n_beyond) if n_beyond else None}
     return results

@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import to_hex
 from matplotlib.figure import Figure
 from matplotlib.ticker import PercentFormatter
 
@@ -28,9 +30,6 @@ class VariantColours(dict):
     no baseline, as in the plots that do. Missing: matplotlib's own cycle, plot by plot."""
 
     def __missing__(self, name: str) -> str:
-        from matplotlib import colormaps
-        from matplotlib.colors import to_hex
-
         palette = [to_hex(c) for c in colormaps["tab10"].colors] + [to_hex(c) for c in colormaps["tab20"].colors[1::2]]
         self[name] = palette[len(self) % len(palette)]
         return self[name]

@@ -246,7 +246,6 @@ def probe_model(model: nn.Module, batches: Iterable[Tensor]) -> ProbeReport:
     )
 
 
-
 class _AttentionOutputRms:
     """A probe that keeps only the sum of squares of each layer's attention output (what the residual stream gets)."""
 

@@ -6,11 +6,9 @@ Per-tensor symmetric int8 (round to nearest, scale = max|x| / 127, integers in [
 input: one outlier in a tensor widens the scale for every other value in it, which is how outliers hurt 8-bit
 inference (Bondarenko et al., NeurIPS 2023, "Quantizable Transformers: Removing Outliers by Helping Attention Heads
 Do Nothing", section 2, whose Tables 1-3 report "W8A8 ppl."). Like theirs, the final linear layer (`lm_head`) stays in
-full precision (their section 5: all weights and activations "except the final linear layer"). Theirs differs in
-ways that make it a deployment estimate rather than a probe: static activation ranges from calibration batches
-(running min-max, or percentiles for OPT), asymmetric activations, and quantisers on every layer's input and output,
-not only the linear layers'. Here the activation scale of a call is that call's own maximum, so the result depends on
-which sequences share a forward call: callers keep the batch size fixed.
+full precision (their section 5). Theirs is a deployment estimate (static calibrated activation ranges, asymmetric
+activations, quantisers on every layer's input and output); here a call's activation scale is its own maximum, so the
+result depends on which sequences share a forward call: callers keep the batch size fixed.
 
 What this does not reach: weights used outside an `nn.Linear` call (MoE experts' batched matrices, the embedding),
 and the inputs of matrix products that are not `nn.Linear` calls (attention's QK^T and PV).

@@ -7,11 +7,8 @@ settings they were made with (task version, few-shot count, limit). The tag is w
 whose tag matches is not scored again, and a scorer killed before the tag is written leaves the task to score again,
 never a tag over missing metrics.
 
-Why plain processes for `--workers` rather than the sweep's Optuna ledger: scoring writes only to finished runs and is
-keyed by that tag, so two processes that happened to score the same run would log the same values twice, not corrupt
-anything; a ledger would add a study per scoring pass for no safety gained. The runs are dealt out round-robin, and
-each process gets a GPU of its own as the sweep's local workers do (`gatelab.devices.worker_gpus`): without one every
-process scored on cuda:0.
+Plain processes for `--workers`, not the sweep's Optuna ledger: scoring is keyed by that tag, so two processes that
+scored the same run would log the same values twice, not corrupt anything. Each gets a GPU of its own, as sweep workers.
 """
 
 from __future__ import annotations
@@ -24,9 +21,15 @@ import os
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
+from importlib import metadata
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
+from tqdm import tqdm
+
+from gatelab.data.hub import hub_unreachable
 from gatelab.errors import GatelabError
 from gatelab.metrics import LM_EVAL, LM_EVAL_STDERR
 from gatelab.tracking import RunStore
@@ -115,8 +118,6 @@ def metrics_of(task: str, task_results: dict[str, Any]) -> dict[str, float]:
 
 
 def _offline_error(task: str, error: BaseException) -> GatelabError:
-    from gatelab.data.hub import hub_unreachable
-
     reason = hub_unreachable()
     if reason is None:
         return GatelabError(f"task {task!r} could not be loaded ({type(error).__name__}: "
@@ -132,8 +133,6 @@ def load_tasks(settings: HarnessSettings, manager) -> dict:
     """lm-eval's task objects by the name asked for (a task, a group whose scores lm-eval aggregates, or a tag's
     tasks as a list), loaded once (datasets included) before any model is: a task whose data cannot be had fails
     here, as one message. TaskManager.load, not get_task_dict, which lm-eval deprecates."""
-    from gatelab.data.hub import hub_unreachable
-
     if hub_unreachable() is not None:
         os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # fail at once rather than retry the network
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -179,11 +178,7 @@ def _drop_metadata_hint(record: logging.LogRecord) -> bool:
 def _labelled_request_bar():
     """lm-eval (0.4.13) builds each task's requests under a progress bar with no label (`0%| | 0/40`): this one
     says what it counts, for the length of one evaluation."""
-    from functools import partial
-    from unittest import mock
-
     import lm_eval.api.task
-    from tqdm import tqdm
 
     return mock.patch.object(lm_eval.api.task, "tqdm", partial(tqdm, desc="lm-eval: building requests"))
 
@@ -195,19 +190,13 @@ def record(store: RunStore, run_id: str, results: dict[str, Any], tags: dict[str
         metrics = metrics_of(task, results["results"].get(task, {}))
         payload = {key: results.get(key, {}).get(task) for key in ("results", "versions", "n-shot", "configs",
                                                                      "n-samples", "higher_is_better")}
-        payload["lm_eval_version"] = results.get("lm_eval_version") or _lm_eval_version()
+        payload["lm_eval_version"] = results.get("lm_eval_version") or metadata.version("lm_eval")
         with tempfile.TemporaryDirectory() as folder:
             path = Path(folder) / f"{task}.json"
             path.write_text(json.dumps(payload, indent=1, default=str))
             store.log_scores(run_id, metrics, {TAG_PREFIX + task: tag}, [path], ARTIFACT_FOLDER)
         logged |= metrics
     return logged
-
-
-def _lm_eval_version() -> str:
-    from importlib.metadata import version
-
-    return version("lm_eval")
 
 
 @dataclass(frozen=True)

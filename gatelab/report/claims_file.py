@@ -24,6 +24,8 @@ from gatelab.config import StrictModel, format_validation_error
 from gatelab.config_files import read_yaml
 from gatelab.errors import GatelabError
 from gatelab.metrics import PPL_AVG
+from gatelab.paper import SWEEP_TABLES, missing_files, model_kinds, reference
+from gatelab.sweep.spec import expand, load_sweep
 
 Kind = Literal["direction", "closeness", "level", "change", "rank", "lr sensitivity", "stable rate", "not addressed"]
 Direction = Literal["lower", "higher"]
@@ -189,7 +191,7 @@ class ClaimsFile(StrictModel):
 
 
 def group_name(variant: str, settings: Mapping[str, Any]) -> str:
-    """'g1_elem_sig train.lr=0.002': the variant, then each setting sorted by key, exactly as `RunRecord.group`."""
+    """'g1_elem_sig train.lr=0.002': the variant, then each setting sorted by key (`RunRecord.group`)."""
     text = " ".join(f"{key}={value}" for key, value in sorted(settings.items()))
     return f"{variant}{' ' + text if text else ''}"
 
@@ -249,8 +251,6 @@ class _SweepGrid:
     """What a claim may name in one sweep: its variants, its swept keys and their values, and its groups."""
 
     def __init__(self, sweep: Any) -> None:
-        from gatelab.sweep.spec import expand
-
         self.name = sweep.name
         self.path = sweep.path
         self.specs = expand(sweep)
@@ -332,8 +332,6 @@ def sweep_files(folder: Path) -> dict[str, Path]:
 def _paper_rows(table: str, column: str, where: str, problems: list[str]) -> list[str] | None:
     """The row ids of the paper's `table` (a SWEEP_TABLES key) that has `column`; None where there is nothing to
     check ids against (a problem added, or the paper's file missing: the table prints a note that it is)."""
-    from gatelab.paper import SWEEP_TABLES, missing_files, reference
-
     if table not in SWEEP_TABLES:
         problems.append(f"{where}.table: '{table}' is not a paper table{_hint(table, list(SWEEP_TABLES))}; valid: "
                         f"{', '.join(SWEEP_TABLES)}")
@@ -378,8 +376,6 @@ def _check_paper(claim: Claim, where: str, problems: list[str]) -> None:
 
 def _check_margin(margin: Margin, grid: _SweepGrid, where: str, problems: list[str]) -> None:
     """A margin from the paper names real rows of a table of the paper's model of the sweep's kind (dense or MoE)."""
-    from gatelab.paper import model_kinds
-
     gain = margin.paper_gain
     if gain is None:
         return
@@ -471,13 +467,8 @@ def _check_claim(claim: Claim, grid: _SweepGrid, where: str, problems: list[str]
 
 
 def load_claims(path: str | Path, sweeps: Mapping[str, Any] | None = None) -> list[Claim]:
-    """Read a claims file and check it against the sweeps it names; one GatelabError lists every problem.
-
-    The sweeps are the files in the claims file's parent folder (sweeps/ for sweeps/claims/tiny.yaml), by their
-    `name:` key; `sweeps` ({name: a loaded gatelab.sweep.spec.Sweep}) are used as given instead of loading them again.
-    """
-    from gatelab.sweep.spec import load_sweep
-
+    """Read a claims file and check it against the sweeps it names (module docstring); one GatelabError lists every
+    problem. `sweeps` ({name: a loaded Sweep}) are used as given instead of loading their files again."""
     path = Path(path)
     source = str(path)
     try:

@@ -1,6 +1,5 @@
-"""The figures of a sweep's report, shaped like the paper's: each function writes one PNG and returns its path.
-`gatelab table` draws them over a sweep's groups, beside one run's figures, drawn with the same kit (Agg canvas, no
-pyplot): both live in `gatelab.eval.plots`, one layer down, where the end-of-run evaluation reaches them."""
+"""The figures of a sweep's report, shaped like the paper's: each function writes one PNG and returns its path. The
+drawing kit, and one run's figures `gatelab table` draws beside them, are in `gatelab.eval.plots`."""
 
 from __future__ import annotations
 

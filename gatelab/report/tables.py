@@ -17,12 +17,10 @@ import pandas as pd
 
 from gatelab import metrics as catalogue
 from gatelab import paper as paper_tables
+from gatelab.report.claims_file import group_name
 from gatelab.report.stats import PAIRED, Comparison, compare, mean_std, rank_agreement, sign_agreement
 from gatelab.tracking import SPEC_HASH_TAG, STATUS_TAG, RunStore
 
-# The paper's columns that our probes measure (Table 4), as gatelab.paper registers them.
-PAPER_PROBES = paper_tables.PROBE_METRICS
-PAPER_BENCHMARKS = paper_tables.BENCHMARK_TASKS
 PPL = catalogue.PPL_AVG
 # The probes that tell "do-nothing" attention mechanisms apart (issue 33; gatelab.eval.probes and .quantization): Gu et
 # al.'s sink rate, Bondarenko et al.'s kurtosis and largest |activation| of the blocks' outputs, and the perplexity
@@ -51,13 +49,11 @@ class RunRecord:
 
     @property
     def group(self) -> str:
-        settings = " ".join(f"{k}={v}" for k, v in sorted(self.spec.settings().items()))
-        return f"{self.spec.experiment.variant}{' ' + settings if settings else ''}"
+        return group_name(self.spec.experiment.variant, self.spec.settings())
 
     @property
     def baseline_group(self) -> str:
-        settings = " ".join(f"{k}={v}" for k, v in sorted(self.spec.settings().items()))
-        return f"baseline{' ' + settings if settings else ''}"
+        return group_name("baseline", self.spec.settings())
 
 
 def collect_runs(specs, store: RunStore, sweep_name: str, ledger_states=None) -> list[RunRecord]:
@@ -173,8 +169,8 @@ def _shown_metrics(records: list[RunRecord]) -> list[str]:
     domain_metrics = sorted({m for r in records for m in r.metrics if m.startswith("ppl/") and m != PPL})
     long_metrics = sorted({m for r in records for m in r.metrics if m.startswith("long_ppl/x")},
                           key=lambda m: int(m.rsplit("x", 1)[1]))
-    extra = [catalogue.BLIMP_ACCURACY, *PAPER_PROBES.values(), catalogue.M_ACT_MAX_AT_FIRST_TOKEN, *OUTLIER_PROBES,
-             *sorted({m for r in records for m in r.metrics if m.startswith("bb/")})]
+    extra = [catalogue.BLIMP_ACCURACY, *paper_tables.PROBE_METRICS.values(), catalogue.M_ACT_MAX_AT_FIRST_TOKEN,
+             *OUTLIER_PROBES, *sorted({m for r in records for m in r.metrics if m.startswith("bb/")})]
     return domain_metrics + long_metrics + extra + _benchmark_metrics(records)
 
 
@@ -188,9 +184,7 @@ def comparison_numbers(records: list[RunRecord], reference: pd.DataFrame, metric
     groups: dict[str, list[RunRecord]] = {}
     for record in records:
         groups.setdefault(record.group, []).append(record)
-    by_seed = {g: {r.spec.experiment.seed: r.metrics[metric] for r in rs
-                   if r.status == "finished" and metric in r.metrics}
-               for g, rs in groups.items()}
+    by_seed = {g: _by_seed(rs, metric) for g, rs in groups.items()}
     paper_ppl = reference["ppl"] if "ppl" in reference else None
     paper_baseline = paper_ppl.get("baseline", math.nan) if paper_ppl is not None else math.nan
     shown = _shown_metrics(records)
@@ -202,7 +196,8 @@ def comparison_numbers(records: list[RunRecord], reference: pd.DataFrame, metric
         comparison = compare(by_seed[group], baseline) if variant != "baseline" and by_seed[group] and baseline \
             else None
         paper_value = paper_ppl.get(variant, math.nan) if paper_ppl is not None else math.nan
-        paper_probes = {c: reference[c].get(variant, math.nan) for c in PAPER_PROBES if c in reference.columns}
+        paper_probes = {c: reference[c].get(variant, math.nan) for c in paper_tables.PROBE_METRICS
+                        if c in reference.columns}
         extra = {name: [r.metrics[name] for r in members if r.status == "finished" and name in r.metrics]
                  for name in shown}
         score_comparisons = {}
@@ -213,7 +208,7 @@ def comparison_numbers(records: list[RunRecord], reference: pd.DataFrame, metric
                     score_comparisons[name] = compare(ours, base)
         # The paper's benchmark columns stand beside benchmark scores of ours: without any they would only widen the
         # table.
-        paper_benchmarks = {c: reference[c].get(variant, math.nan) for c in PAPER_BENCHMARKS
+        paper_benchmarks = {c: reference[c].get(variant, math.nan) for c in paper_tables.BENCHMARK_TASKS
                             if c in reference.columns and len(scores) > 1}
         rows.append(GroupNumbers(group, variant, members, list(by_seed[group].values()), comparison, paper_value,
                                  paper_value - paper_baseline, paper_probes, {k: v for k, v in extra.items() if v},

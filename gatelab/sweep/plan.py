@@ -15,9 +15,8 @@ What a run will see: `corpus_tokens`, the training tokens its corpus holds (`cor
 an estimate or unknown: `gatelab.data.budget`), and `passes` = tokens / corpus_tokens. A run above one pass repeats
 its training data, and gets a warning line under the table.
 
-Estimated seconds, measured where it can be. Every run records its mean seconds a training step (`time/step_s`), its
-set-up, evaluation and import seconds, the machine it ran on (`gatelab.host`) and the device it trained on
-(`gatelab.device`: "NVIDIA H200", "cpu"). A run is priced by the first of:
+Estimated seconds, measured where earlier runs recorded them (`time/*`, tagged with their host and device, e.g.
+"NVIDIA H200" or "cpu"). A run is priced by the first of:
 
 - "measured": runs of the same shape (`STEP_SHAPE`) on this device: their median step time x max_steps, plus their
   median seconds of set-up and evaluation;
@@ -33,8 +32,7 @@ runs it trains (a sweep worker trains many): those seconds (`import_s`) are adde
 run.
 
 A run of this device counts when its device tag names the device a run of the experiment would train on here
-(`plan_device`); a GPU's runs count from any machine (the GPU sets the pace), a CPU's from this machine only. A run
-recorded before the device tag existed counts for the machine it ran on.
+(`plan_device`); a GPU's runs count from any machine (the GPU sets the pace), a CPU's from this machine only.
 """
 
 from __future__ import annotations
@@ -47,15 +45,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from gatelab import paper as paper_tables
+from gatelab import tracking
 from gatelab.config import DataConfig, ExperimentConfig, ModelConfig, flatten
 from gatelab.config_files import set_dotted
 from gatelab.data.budget import CorpusCounter
 from gatelab.data.corpora import HELDOUT_FRACTION
-from gatelab.devices import gpu_peak
+from gatelab.devices import device_name, evaluation_device, gpu_peak
+from gatelab.errors import GatelabError, redact
 from gatelab.metrics import EVAL_S, IMPORT_S, SETUP_S, STEP_S
+from gatelab.model.params import count_parameters, resolve_model
 from gatelab.progress import DEVICE_TAG, HOST_TAG
 from gatelab.sweep.spec import Progress, RunSpec, format_value
+from gatelab.variants import apply_variant
 
 # A rough default for a small CPU in bf16 autocast, in the Lightning loop; measured figures live in results/bench/
 # (`gatelab bench` reports a machine's achieved FLOP/s; --flops-per-second passes one to the plan). Other processes on
@@ -106,8 +110,6 @@ class ParameterCounter:
         self._counts: dict[str, int] = {}
 
     def __call__(self, model: ModelConfig) -> int:
-        from gatelab.model.params import count_parameters
-
         key = model.model_dump_json()
         if key not in self._counts:
             self._counts[key] = count_parameters(model)
@@ -175,8 +177,6 @@ def plan_device(experiment: ExperimentConfig) -> str | None:
     """The device a run of `experiment` would train on here, named as runs tag theirs (`gatelab.devices.device_name`):
     the one `gatelab.devices.evaluation_device` picks for its train.accelerator (the GPU torch sees, Apple's GPU, or
     the CPU); None for gpu or cuda where there is no GPU (a login node planning for its GPU nodes), "mps" for mps."""
-    from gatelab.devices import device_name, evaluation_device
-
     accelerator = experiment.train.accelerator
     device = evaluation_device(None, accelerator)
     if device.type == "cpu" and accelerator in ("gpu", "cuda", "mps"):
@@ -198,10 +198,8 @@ class DeviceDefaults:
 
 
 def device_defaults(device: str | None, precision: str = "auto") -> DeviceDefaults:
-    """The defaults of the module docstring's "flops" basis for `device` (a `plan_device` name). A GPU trains at
-    DEFAULT_MFU of its dense bf16 peak, or at FP32_UTILISATION of its fp32 peak in `32-true`, and evaluates at
-    EVAL_TF32_UTILISATION of its TF32 peak; a GPU not in GPU_PEAKS, or none here, is priced as an H100 SXM and says
-    so."""
+    """The defaults of the module docstring's "flops" basis for `device` (a `plan_device` name); in `32-true` a GPU
+    trains at FP32_UTILISATION of its fp32 peak instead."""
     if device in ("cpu", "mps"):
         return DeviceDefaults(CPU_FLOPS, CPU_EVAL_FLOPS, CPU_IMPORT_S, CPU_SETUP_S,
                               "assumed for a small CPU; `gatelab bench` measures this one's",
@@ -290,11 +288,6 @@ def recorded_step_flops(params: Mapping[str, str]) -> float | None:
     """Training FLOPs of one step of a recorded run, as plan_rows counts a step: its model rebuilt from the `model.*`
     params with its variant applied, its logged `model.total_params`, `train.batch_size` and `data.seq_len`. None where
     the params do not rebuild a model (an older run, a value cut at MLflow's 500 characters, a renamed variant)."""
-    from pydantic import ValidationError
-
-    from gatelab.errors import GatelabError
-    from gatelab.variants import apply_variant
-
     try:
         fields: dict[str, Any] = {}
         for key, text in params.items():
@@ -310,12 +303,8 @@ def recorded_step_flops(params: Mapping[str, str]) -> float | None:
 
 def measured_runs(uri: str, host: str | None = None, devices: Sequence[str | None] = ()) -> list[MeasuredRun]:
     """The newest thousand finished, timed runs of the store that `host` (this machine) trained, and the newest
-    thousand tagged with one of the GPUs in `devices` from any machine (a GPU sets the pace, not its host; a CPU's or
-    Apple GPU's runs count from this machine only), in any MLflow experiment (a `gatelab train` of the preset counts
-    for a sweep over it: STEP_SHAPE decides what is comparable); [] where the store does not exist (a plan never
-    creates one). A store that fails raises GatelabError."""
-    from gatelab import tracking
-
+    thousand from any machine tagged with one of the GPUs in `devices` (module docstring), in any MLflow experiment
+    (STEP_SHAPE decides what is comparable); [] where the store does not exist (a plan never creates one)."""
     if tracking.missing_local_store(uri):
         return []
     finished = f"tags.`{tracking.STATUS_TAG}` = 'finished'"
@@ -379,15 +368,9 @@ def plan_rows(specs: Sequence[RunSpec], paper: str | None = None, flops_per_seco
               trials: int = 1, measured: Sequence[MeasuredRun] = ()) -> list[dict[str, Any]]:
     """One row per run. `paper` adds the paper's added-parameter figure (table1, table6); `trials` > 1 for a search
     sweep, where each row is one cell searched `trials` times (row figures are per trial, totals count them all).
-
-    `seconds` is a run's training (`train_s`) plus the time around it, priced by the module docstring's bases
-    (`basis`): "measured" from `measured` runs of the same shape on the run's `device` (`measured_step_s`,
-    `measured_overhead_s`, `measured_runs`), "measured rate" from runs of other shapes there (`flops_per_second`,
-    `measured_runs`, `setup_s`, `eval_s`), else "flops" (`flops_per_second`, `setup_s`, `eval_s`). `flops_per_second`
-    given (--flops-per-second) sets the training rate of the FLOPs basis, and no measured rate replaces it.
-    `rate_source` says where the rate came from, `setup_basis` whether set-up is measured or a default. `import_s` is
-    a process's, counted once a worker by estimate_lines (measured where runs of the device recorded it,
-    `import_basis`)."""
+    `seconds` is a run's training (`train_s`) plus the time around it, priced on one of the module docstring's bases
+    (`basis`); `flops_per_second` given (--flops-per-second) sets the FLOPs basis's rate, and no measured rate replaces
+    it. `import_s` is a process's: estimate_lines counts it once a worker."""
     count = ParameterCounter()
     count_corpus = CorpusCounter()
     paper_added = paper_tables.added_params(paper)
@@ -408,8 +391,6 @@ def plan_rows(specs: Sequence[RunSpec], paper: str | None = None, flops_per_seco
 def _flops_row(spec: RunSpec, count: ParameterCounter, count_corpus: CorpusCounter, flops_per_second: float | None,
                measured: Sequence[MeasuredRun], trials: int) -> tuple[dict[str, Any], list[MeasuredRun]]:
     """A run's row priced on the FLOPs basis, and the `measured` runs of its device."""
-    from gatelab.model.params import resolve_model
-
     experiment = spec.experiment
     model = resolve_model(experiment)
     total = count(model)
@@ -500,15 +481,11 @@ def wall_seconds(rows: Sequence[dict[str, Any]], workers: int = 1) -> float:
     return max(seconds / workers, max(row["seconds"] for row in rows)) + max(row["import_s"] for row in rows)
 
 
-
 def sweep_measurements(specs: Sequence[RunSpec], tracking_uri: str | None,
                        runs_dir: Path) -> tuple[list[MeasuredRun], list[str]]:
     """This machine's earlier finished runs, and those of the GPUs these runs would train on here from any machine, in
     the stores these runs will record in; and a note for each store that could not be read (the estimate then falls
     back to FLOPs, the plan still prints)."""
-    from gatelab import tracking
-    from gatelab.errors import redact
-
     devices = sorted({plan_device(spec.experiment) for spec in specs} - {None})
     found, notes = [], []
     for uri in sorted({tracking.run_tracking_uri(tracking_uri, spec.experiment, runs_dir, create=False)
@@ -518,12 +495,3 @@ def sweep_measurements(specs: Sequence[RunSpec], tracking_uri: str | None,
         except Exception as error:  # a store that is down costs the measured estimate, never the plan
             notes.append(f"no measured step times from {redact(uri)}: {redact(str(error).splitlines()[0])}")
     return found, notes
-
-
-__all__ = [
-    "CPU_EVAL_FLOPS", "CPU_FLOPS", "DEFAULT_MFU", "EVAL_FIXED_S", "EVAL_TF32_UTILISATION", "FP32_UTILISATION",
-    "GPU_FLOPS", "RATE_SETTINGS", "STEP_SHAPE", "DeviceDefaults", "MeasuredRate", "MeasuredRun", "MeasuredStep",
-    "ParameterCounter", "active_parameters", "device_defaults", "evaluation_flops", "measured_rate", "measured_runs",
-    "measured_step", "on_device", "plan_device", "plan_rows", "plan_totals", "recorded_step_flops", "step_settings",
-    "step_shape", "sweep_measurements", "training_flops", "wall_seconds",
-]

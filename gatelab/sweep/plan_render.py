@@ -10,6 +10,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+from rich.table import Table
+
 from gatelab.data.budget import format_tokens, repeat_warning
 from gatelab.progress import DONE, format_duration, step_time
 from gatelab.sweep.plan import EVAL_FIXED_S, plan_rows, plan_totals, sweep_measurements, wall_seconds
@@ -88,9 +91,6 @@ def render_plan(rows: Sequence[dict[str, Any]], as_json: bool = False, *, title:
     if as_json:
         print(json.dumps(plan_json(rows, **(extra or {})), indent=2), file=getattr(console, "file", sys.stdout))
         return
-    from rich.console import Console
-    from rich.table import Table
-
     console = console or (Console(markup=False) if sys.stdout.isatty() else Console(width=200, markup=False))
     with_paper = any("paper_added_m" in row for row in rows)
     with_trials = any(row["trials"] > 1 for row in rows)

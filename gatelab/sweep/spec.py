@@ -35,6 +35,7 @@ from gatelab.data.resolve import VocabularyTooSmall, experiment_from_dict, resol
 from gatelab.errors import GatelabError
 from gatelab.metrics import KEY_METRICS, find, names_for
 from gatelab.sweep.sweep_file import SearchParam, SearchSpace, SweepFile
+from gatelab.variants import variant_ids
 
 MAX_LISTED_LINES = 20  # an error listing longer than this ends in "and N more"
 MAX_COMBINATIONS = 4096  # searched values checked together; beyond, the corners of the space (each range's ends)
@@ -116,15 +117,6 @@ class Sweep:
     @property
     def search(self) -> SearchSpace | None:
         return self.file.search
-
-    @property
-    def description(self) -> str | None:
-        return self.file.description
-
-
-def search_space(sweep: Sweep) -> SearchSpace | None:
-    """The sweep's Optuna search block, already checked against every cell (`SearchParam.checked_values`)."""
-    return sweep.file.search
 
 
 def expand(sweep: Sweep) -> list[RunSpec]:
@@ -358,7 +350,6 @@ class _CellChecker:
 
     def _check(self, tree: dict[str, Any], model_too: bool) -> tuple[ExperimentConfig | None, list[str]]:
         from gatelab.model.params import resolve_model  # torch: imported only once a sweep is being resolved
-        from gatelab.variants import variant_ids
 
         found = []
         if isinstance(tree.get("variant"), str):
@@ -531,9 +522,3 @@ def _cell_report(source: str, problems: list[tuple[int, dict[str, Any], str]], n
         lines += block
         shown += 1
     return "\n".join(lines)
-
-
-__all__ = [
-    "Duplicate", "RunSpec", "Sweep", "expand", "format_cell", "format_value", "load_sweep", "search_space",
-    "with_values",
-]

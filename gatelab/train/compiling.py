@@ -1,11 +1,10 @@
 """`train.compile`: inductor's on-disk caches shared by every run of a runs folder, and a line saying what compiling
 cost.
 
-A compiled graph is cached by inductor under a key of the graph, its input shapes and dtypes, the torch version and
-the inductor settings (its FX graph and AOT autograd caches, both on by default). Pointing the cache at the runs
-folder, not at /tmp, lets every run and worker of a sweep share it, on one machine or on a shared file system, so only
-the first run of each variant and shape compiles: the next ones load the kernels in seconds (`gatelab bench` measures
-both). A TORCHINDUCTOR_CACHE_DIR the user set is kept.
+Inductor caches a compiled graph under a key of the graph, its input shapes and dtypes, the torch version and its
+settings. A cache in the runs folder, not /tmp, is shared by every run and worker of a sweep, on one machine or a
+shared file system, so only the first run of each variant and shape compiles: the next load the kernels in seconds.
+A TORCHINDUCTOR_CACHE_DIR the user set is kept.
 """
 
 from __future__ import annotations
@@ -21,6 +20,8 @@ from pathlib import Path
 import lightning as L
 import torch
 
+from gatelab.progress import is_verbose
+
 CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
 CACHE_FOLDER = "compile-cache"
 # CompileReport's line, as a run's log says it: seconds, graphs loaded from the cache, graphs compiled
@@ -30,8 +31,6 @@ COMPILED_LINE = re.compile(r"compiled in ([\d.]+) s: (\d+) graph\(s\) loaded fro
 def share_cache(runs_dir: Path) -> Path:
     """Inductor's cache folder for this process: the user's TORCHINDUCTOR_CACHE_DIR, else `runs_dir/compile-cache`."""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
-    from gatelab.progress import is_verbose
 
     # Inductor writes its default into the variable the first time it reads it (torch's imports may already have)
     if os.environ.get(CACHE_VARIABLE) in (None, "", os.path.abspath(default_cache_dir())):

@@ -11,12 +11,7 @@ import torch
 
 from gatelab import metrics as catalogue
 from gatelab.config import ExperimentConfig
-from gatelab.data.datasets import (
-    domain_with_long_documents,
-    heldout_windows,
-    long_context_windows,
-    unigram_perplexity,
-)
+from gatelab.data.datasets import domain_with_long_documents, heldout_windows, long_context_windows, unigram_perplexity
 from gatelab.data.synthetic import DOMAIN as BIGRAM_BACKCOPY
 from gatelab.data.synthetic import BigramBackcopy
 from gatelab.devices import evaluation_batch_size, evaluation_precision, rows_for_length
@@ -121,13 +116,10 @@ def w8a8_rows(n_windows: int) -> slice:
 
 def quantization_metrics(model, windows: dict[str, torch.Tensor], nlls: dict[str, tuple[torch.Tensor, torch.Tensor]],
                          batch_size: int, log) -> dict[str, float]:
-    """`eval/w8a8_ppl`: the held-out perplexity (mean over domains, as ppl/avg) of `w8a8_rows` of each domain's
-    windows, with every linear layer but lm_head computing on int8 fake-quantised weights and inputs
-    (gatelab.eval.quantization); `eval/w8a8_ppl_ratio`: that over the full-precision perplexity of the same windows
-    (from `nlls`, the held-out pass's), 1.0 where quantising costs nothing. Where a domain has more windows than
-    W8A8_WINDOWS_PER_DOMAIN, eval/w8a8_ppl is of a subset and only the ratio compares with ppl/avg.
-    Per-tensor activation scales depend on which windows share a forward pass, so the batch is eval.batch_size on
-    every device, not the larger GPU batch the other metrics use."""
+    """`eval/w8a8_ppl`: the held-out perplexity (mean over domains) of `w8a8_rows` of each domain's windows under W8A8
+    fake quantisation (gatelab.eval.quantization); `eval/w8a8_ppl_ratio`: that over the full-precision perplexity of
+    the same windows (from the held-out pass's `nlls`), the figure that compares with ppl/avg. Per-tensor activation
+    scales depend on which windows share a forward pass, so the batch is eval.batch_size on every device."""
     rows = {d: w8a8_rows(len(w)) for d, w in windows.items()}
     subset = {d: w[rows[d]] for d, w in windows.items()}
     log(f"evaluating: W8A8 fake-quantised perplexity, {sum(len(w) for w in subset.values())} windows")

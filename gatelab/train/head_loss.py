@@ -60,17 +60,13 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
     has no `F.linear_cross_entropy`.
 
     Where the logit gradient is made, by dtype:
-    - bf16 and fp32: in the forward pass, with the chunk's logits at hand (three matmuls a chunk). (softmax - one_hot)
-      / N is rounded to bf16 there, before backward's `grad_loss` arrives; bf16 has fp32's exponent range, so the
-      1/N costs it nothing.
+    - bf16 and fp32: in the forward pass, with the chunk's logits at hand (three matmuls a chunk), (softmax - one_hot)
+      / N rounded to bf16 there: bf16 has fp32's exponent range, so the 1/N costs it nothing.
     - fp16: in the backward pass, from the logits made again (four matmuls a chunk), as (softmax - one_hot) *
-      grad_loss / N in fp32 rounded to fp16 only then. fp16's smallest value is 6e-8: rounded in the forward pass,
-      (softmax - one_hot) / N lost every entry below it, all but the targets' at a near-uniform softmax once N * V
-      passes 2^25 (at 16,384 tokens and V = 4,096 the head's gradients were 102% and 140% off fp64's).
-      `grad_loss` carries 16-mixed's GradScaler factor, there to lift such gradients into fp16's range and lowered by
-      the scaler where they overflow: rounded after it, as autograd rounds whole logits' gradient, they are 0.05% off.
-      Keeping (softmax - one_hot) unscaled in fp16 from the forward pass would save the matmul but fix the factor at
-      1: a chunk's weight gradient that overflowed would stay inf however far the scaler backed off."""
+      grad_loss / N in fp32 rounded to fp16 only then (0.05% off, as autograd's whole logits). Rounded in the forward
+      pass, (softmax - one_hot) / N lost every entry below fp16's 6e-8 (at 16,384 tokens and V = 4,096 the head's
+      gradients were 102% and 140% off fp64's), and without `grad_loss`, which carries 16-mixed's GradScaler factor, a
+      chunk's weight gradient that overflowed would stay inf however far the scaler backed off."""
 
     @staticmethod
     def forward(ctx, hidden_ND: torch.Tensor, weight_VD: torch.Tensor, targets_N: torch.Tensor, rows: int,
@@ -154,10 +150,8 @@ def torch_has_linear_cross_entropy() -> bool:
 
 
 def head_loss(hidden_BTD: torch.Tensor, head_weight_VD: torch.Tensor, targets_BT: torch.Tensor) -> torch.Tensor:
-    """`next_token_loss(hidden_BTD @ head_weight_VD.T, targets_BT)` in chunks, never with whole fp32 logits: under
-    autocast `ChunkedLinearCrossEntropy` in the autocast dtype, else torch's chunked linear cross-entropy (on CPU with
-    `chunk_rows` tokens a chunk, on GPUs torch's own chunking), or `ChunkedLinearCrossEntropy` in fp32 where torch has
-    none."""
+    """`next_token_loss(hidden_BTD @ head_weight_VD.T, targets_BT)` in chunks, never with whole fp32 logits, by the
+    module docstring's paths (torch's op chunks `chunk_rows` tokens at a time on CPU, its own way on GPUs)."""
     device_type = hidden_BTD.device.type
     hidden_ND, targets_N = hidden_BTD.flatten(0, 1), targets_BT.flatten()
     rows = chunk_rows(head_weight_VD.shape[0], hidden_BTD.device)

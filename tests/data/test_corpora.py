@@ -20,13 +20,12 @@ from gatelab.data.corpora import (
     CorpusManifest,
     DataError,
     Document,
-    Fetched,
-    Source,
     domains_from_files,
     prepare_corpora,
     sha256_file,
     split_documents,
 )
+from gatelab.data.sources import Fetched, Source
 from gatelab.data.sources.brown import strip_brown_tags
 from gatelab.data.sources.kjv import kjv_chapters
 from gatelab.data.sources.moby_dick import split_moby_dick_chapters

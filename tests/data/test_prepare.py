@@ -22,10 +22,11 @@ import pytest
 import yaml
 
 from gatelab.data import corpora
-from gatelab.data.corpora import CorpusManifest, Fetched, Source
+from gatelab.data.corpora import CorpusManifest
 from gatelab.data.identity import spec_hash
 from gatelab.data.prepare import load_data
 from gatelab.data.resolve import experiment_from_dict
+from gatelab.data.sources import Fetched, Source
 from gatelab.errors import GatelabError
 from tests.data.test_corpora import synthetic_docs
 from tests.helpers import MICRO

@@ -9,7 +9,7 @@ import pytest
 
 from gatelab.data.identity import spec_hash
 from gatelab.errors import GatelabError
-from gatelab.sweep.spec import expand, load_sweep, search_space, with_values
+from gatelab.sweep.spec import expand, load_sweep, with_values
 from gatelab.variants import VARIANTS
 from tests.helpers import MOE, REPO, SHIPPED_SWEEPS, write_sweep
 
@@ -88,7 +88,7 @@ def test_experiment_override_replaces_the_preset():
 
 
 def test_shipped_search_sweep_has_a_search_space():
-    space = search_space(load_sweep(REPO / "sweeps" / "lr-stability.yaml"))
+    space = load_sweep(REPO / "sweeps" / "lr-stability.yaml").search
     assert space is not None and space.n_trials == 6 and space.pruner == "median"
     lr = space.params["train.lr"]
     assert lr.type == "float" and lr.log and (lr.low, lr.high) == (1e-3, 3e-2)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gatelab.sweep.spec import expand, load_sweep, search_space, with_values
+from gatelab.sweep.spec import expand, load_sweep, with_values
 from tests.helpers import write_sweep
 from tests.sweep.test_spec import error_of
 
@@ -29,7 +29,7 @@ def test_search_space_suggests_through_optuna(tmp_path):
         "variant": {"type": "categorical", "choices": ["baseline", "g1_elem_sig"]}}, "n_trials": 3}})
     sweep = load_sweep(path)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
-    values = search_space(sweep).suggest(study.ask())
+    values = sweep.search.suggest(study.ask())
     assert 1e-4 <= values["train.lr"] <= 1e-2 and values["model.n_layers"] in (1, 2, 3)
     trial = with_values(expand(sweep)[0], values)
     assert trial.experiment.variant == values["variant"]

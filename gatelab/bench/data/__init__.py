@@ -22,14 +22,9 @@ figure and whether it holds, whatever the outcome.
    state (`peak_rss`: the 1e9-token corpus evicted, and a fresh copy of it as a prepare leaves it; a small corpus of
    the same form; the real tiny corpus where it is prepared), each reporting its own peak RSS (VmHWM).
 
-Beside gatelab's reader the bench sets a memory-mapped one (`MemmapStream`, how `TokenStream` read before it took
-positioned reads), in the loader table, in one peak-RSS child and in a probe of how many resident MB a random window
-maps: on kernels that cache files in large folios and map a whole folio on a fault, a mapped window can cost up to
-2 MB of RSS, so a mapping reader's RSS grows with the part of the corpus it has touched.
-
-Part 1 also replays `shards._write_shard`'s steps one at a time (where the tokenize stage's time goes), and runs
-`write_split` and the bare loop in short back-to-back pairs on a 3 MB slice, which see nearly the same machine load
-where whole passes a minute apart do not.
+Beside gatelab's reader the bench sets a memory-mapped one (`loader.MemmapStream`) and probes how many resident MB a
+random window maps (`loader.folio_probe`); part 1 also replays `shards._write_shard`'s steps one at a time and runs
+short back-to-back pairs on a slice (`tokenizing.tokenize_profile`, `tokenizing.paired_tokenize`).
 
 `measure` runs the parts in order (`bench_data`) and reads off the targets; `render` writes data.md and data.json.
 """

@@ -14,11 +14,18 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
+import torch
+from torch.utils.data import DataLoader
 
 from gatelab.bench.data.page_cache import evict_page_cache, resident_fraction, warm_page_cache
 from gatelab.bench.data.report import GATELAB_READER, MEMMAP_READER, Sizes, fmt
 from gatelab.bench.data.synthetic import SYNTH_DOMAIN, load_synthetic, shard_paths
 from gatelab.bench.data.system import smaps_rollup, status_kb
+from gatelab.bench.steps import plain_step
+from gatelab.bench.timing import time_interleaved
+from gatelab.data.datasets import PackedDataset, train_dataset
+from gatelab.data.resolve import load_experiment
+from gatelab.host import repo_root
 
 Log = Callable[[str], None]
 
@@ -55,16 +62,12 @@ class MemmapStream:
 
 def memmap_windows(corpus, seq_len: int, seed: int):
     """The corpus's training windows, in gatelab's order, over `MemmapStream`s."""
-    from gatelab.data.datasets import PackedDataset
-
     return PackedDataset({d: MemmapStream(corpus.tokens(d, "train")) for d in corpus.domains}, seq_len, seed)
 
 
 def maps_shards(corpus) -> bool | None:
     """Whether reading a window through gatelab's `TokenStream` leaves a shard mapped into this process (read off
     /proc/self/maps); None without /proc."""
-    from gatelab.data.datasets import train_dataset
-
     windows = train_dataset(corpus, 16, 0)
     windows[0]
     try:
@@ -77,9 +80,6 @@ def maps_shards(corpus) -> bool | None:
 def time_loader(windows, batch_size: int, batches: int, epoch: int, workers: int | None) -> dict:
     """Windows/s of `StepBatches` over steps ``[epoch * batches, (epoch + 1) * batches)``: called directly
     (`workers` None) or through a DataLoader as `TextData` builds it (batch_size=None, `workers` processes)."""
-    import torch
-    from torch.utils.data import DataLoader
-
     from gatelab.train.module import StepBatches
 
     stream = StepBatches(windows, batch_size, batches, epoch * batches)
@@ -109,11 +109,6 @@ def time_loader(windows, batch_size: int, batches: int, epoch: int, workers: int
 def training_rate(sizes: Sizes, log: Log = print) -> dict:
     """Windows/s the tiny preset's model trains on in fp32 eager on this CPU: a plain forward/backward/AdamW loop
     (`steps.plain_step`), median step of `train_steps` after `train_warmup`."""
-    from gatelab.bench.steps import plain_step
-    from gatelab.bench.timing import time_interleaved
-    from gatelab.data.resolve import load_experiment
-    from gatelab.host import repo_root
-
     experiment = load_experiment(repo_root() / "experiments" / "tiny.yaml", ["train.precision=32-true"])
     step = plain_step(experiment, "32-true")
     times = time_interleaved({"tiny": step}, sizes.train_warmup, sizes.train_steps)["tiny"]
@@ -129,8 +124,6 @@ def bench_loader(folder: Path, sizes: Sizes, seq_len: int, batch_size: int, seed
     """Loader rows over the synthetic corpus in `folder`: with its shards in the page cache, then evicted from it
     (a fresh corpus object, so no mapping of this process holds pages back), each also with the memory-mapped
     comparison reader."""
-    from gatelab.data.datasets import train_dataset
-
     rows, epoch = [], 0
 
     def measure(label: str, reader: str, cache: str, windows, workers: int | None, batches: int) -> None:

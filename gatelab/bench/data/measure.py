@@ -21,6 +21,7 @@ from gatelab.bench.data.system import load_average, read_ahead_kb
 from gatelab.bench.data.tokenizing import bench_tokenize
 from gatelab.bench.machine import machine_facts
 from gatelab.config import ExperimentConfig
+from gatelab.data.corpora import default_data_dir
 from gatelab.data.resolve import load_experiment
 from gatelab.host import repo_root
 
@@ -28,8 +29,6 @@ Log = Callable[[str], None]
 
 
 def default_scratch() -> Path:
-    from gatelab.data.corpora import default_data_dir
-
     return default_data_dir().parent / "bench-data"
 
 

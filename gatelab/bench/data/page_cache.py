@@ -3,6 +3,8 @@ writes them."""
 
 from __future__ import annotations
 
+import ctypes
+import mmap as mmap_module
 import os
 import shutil
 import time
@@ -40,9 +42,6 @@ def evict_page_cache(paths: list[Path]) -> bool:
 
 def resident_fraction(paths: list[Path]) -> float | None:
     """The share of these files' pages in the page cache (mincore(2) on a fresh mapping); None where it cannot tell."""
-    import ctypes
-    import mmap as mmap_module
-
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.mmap.restype = ctypes.c_void_p

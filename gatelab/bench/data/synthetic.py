@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from gatelab.bench.data.system import atomic_write
+from gatelab.data.datasets import TokenCorpus, TokenSplit
+from gatelab.data.shards import SHARD_BYTES, ShardRecord, SplitShards, load_split, write_manifest
 from gatelab.errors import GatelabError
 
 Log = Callable[[str], None]
@@ -51,8 +53,6 @@ def _doc_lengths(rng: np.random.Generator, total: int, low: int = 2048, high: in
 
 
 def _write_synthetic_split(folder: Path, split: str, tokens: int, spec: dict, source_sha256: str, log: Log):
-    from gatelab.data.shards import SHARD_BYTES, ShardRecord, SplitShards
-
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     vocab, framing = spec["vocab"], SYNTH_FRAMING
@@ -117,9 +117,6 @@ def _split_sha(spec: dict, split: str) -> str:
 
 def load_synthetic(folder: Path):
     """The synthetic corpus in `folder` as a `TokenCorpus` (memory-mapped), or None unless it is whole."""
-    from gatelab.data.datasets import TokenCorpus, TokenSplit
-    from gatelab.data.shards import load_split
-
     try:
         spec = json.loads((folder / SYNTH_SPEC_FILE).read_text())
     except (OSError, ValueError):
@@ -136,8 +133,6 @@ def load_synthetic(folder: Path):
 
 def write_synthetic(folder: Path, spec: dict, log: Log = print) -> dict:
     """The synthetic corpus of `spec` in `folder`, written unless it is there and whole; what it took."""
-    from gatelab.data.shards import write_manifest
-
     try:
         if json.loads((folder / SYNTH_SPEC_FILE).read_text()) == spec and load_synthetic(folder) is not None:
             return {"cached": True, "seconds": 0.0}

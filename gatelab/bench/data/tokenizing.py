@@ -7,17 +7,29 @@ from __future__ import annotations
 import gc
 import hashlib
 import json
+import os
 import re
 import shutil
 import statistics
+import sysconfig
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
+from tokenizers import Tokenizer
 
 from gatelab.bench.data.report import Sizes
 from gatelab.bench.data.system import atomic_write
+from gatelab.config_files import read_yaml
+from gatelab.data.corpora import CorpusManifest, default_data_dir
+from gatelab.data.external import corpus_dir
+from gatelab.data.prepare import load_data
+from gatelab.data.resolve import experiment_from_dict
+from gatelab.data.shards import _batches, write_split
+from gatelab.data.tokenizer import _train_tokenizer
+from gatelab.host import repo_root
 
 Log = Callable[[str], None]
 
@@ -31,10 +43,6 @@ def real_texts(target_bytes: int, data_dir: Path | None = None) -> Iterator[tupl
     """(source, id, text) of real text, `target_bytes` of UTF-8 in all: the built-in corpora already prepared in the
     data directory (nothing is fetched), then the running Python's standard-library .py files (site-packages and tests
     included), in sorted order."""
-    import sysconfig
-
-    from gatelab.data.corpora import CorpusManifest, default_data_dir
-
     total = 0
     try:
         manifest = CorpusManifest.load(data_dir or default_data_dir())
@@ -106,11 +114,7 @@ def write_text_corpus(folder: Path, target_mb: float, log: Log = print) -> dict:
 def make_tokenizer(folder: Path, parquet: list[Path], vocab: int, sample_bytes: int = TOKENIZER_SAMPLE_BYTES) -> Path:
     """A byte-level BPE of `vocab` tokens, gatelab's own trainer and settings, trained on the first `sample_bytes` of
     the corpus; saved once as tokenizer.json."""
-    import os
-
     import pyarrow.parquet as pq
-
-    from gatelab.data.tokenizer import _train_tokenizer
 
     path = folder / f"bpe-{vocab}" / "tokenizer.json"
     if path.is_file():
@@ -167,10 +171,6 @@ class TimedLog:
 
 def files_experiment(parquet_glob: str, tokenizer: Path, data_dir: Path, vocab: int):
     """tiny.yaml reading the parquet shards through `data.source: files`, tokenized with `tokenizer`."""
-    from gatelab.config_files import read_yaml
-    from gatelab.data.resolve import experiment_from_dict
-    from gatelab.host import repo_root
-
     raw = read_yaml(repo_root() / "experiments" / "tiny.yaml")
     raw["model"]["vocab_size"] = vocab
     raw["data"] = {"source": "files", "files": {"paths": [parquet_glob], "id_field": "id", "text_field": "text",
@@ -182,9 +182,6 @@ def files_experiment(parquet_glob: str, tokenizer: Path, data_dir: Path, vocab: 
 def gatelab_prepare(experiment, whole: bool) -> dict:
     """One `load_data`: with `whole`, from parquet (its source folder removed first), else the tokenize stage alone
     (only the token cache removed)."""
-    from gatelab.data.external import corpus_dir
-    from gatelab.data.prepare import load_data
-
     root = corpus_dir(experiment.data)
     shutil.rmtree(root if whole else root / "tokens", ignore_errors=True)
     log = TimedLog()
@@ -199,8 +196,6 @@ def gatelab_prepare(experiment, whole: bool) -> dict:
 
 def corpus_texts(root: Path) -> list[str]:
     """Every document's text in the split files gatelab tokenized, in their order."""
-    from gatelab.data.corpora import CorpusManifest
-
     manifest = CorpusManifest.load(root)
     return [doc.text for domain in manifest.available_domains for split in ("train", "heldout")
             for doc in manifest.documents(domain, split)]
@@ -222,12 +217,6 @@ def tokenize_profile(tokenizer, jsonl: Path, max_bytes: int = 6_000_000) -> dict
     """Seconds of each stage of `shards._write_shard`, replayed stage by stage on the documents in the first
     `max_bytes` of one split file: reading lines and parsing their JSON (gatelab's own reader), encoding, assembling the
     framed uint16 block (three `Encoding.ids` reads a document), sha256 and writing, and the unigram count."""
-    import tempfile
-
-    from tokenizers import Tokenizer
-
-    from gatelab.data.shards import _batches
-
     encoder = Tokenizer.from_str(tokenizer.to_str())
     encoder.encode_special_tokens = True
     bos, eos = 0, 1
@@ -272,8 +261,6 @@ def tokenize_profile(tokenizer, jsonl: Path, max_bytes: int = 6_000_000) -> dict
 def bench_tokenize(scratch: Path, sizes: Sizes, log: Log = print) -> dict:
     """Part 1: gatelab's whole prepare from parquet, then rounds of its tokenize stage and the bare loop; the pairs on
     one slice; the replayed stages of `_write_shard`."""
-    from tokenizers import Tokenizer
-
     folder = scratch / "text"
     corpus = write_text_corpus(folder / "parquet", sizes.text_mb, log)
     parquet = [folder / "parquet" / f for f in corpus["files"]]
@@ -356,8 +343,6 @@ def tokenize_figures(texts: list[str], sources: dict, whole: dict, gatelab_runs:
 def paired_tokenize(tokenizer, jsonl: Path, folder: Path, mb: float, pairs: int) -> dict:
     """gatelab's `shards.write_split` and the bare loop on the documents of the first `mb` MB of a split file, in
     `pairs` back-to-back pairs (alternating which goes first): each pair's two runs see nearly the same machine load."""
-    from gatelab.data.shards import write_split
-
     lines, size = [], 0
     with jsonl.open("rb") as f:
         for line in f:
