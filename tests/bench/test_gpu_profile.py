@@ -272,8 +272,7 @@ def test_the_lightning_callback_profiles_the_steps_it_names_in_a_real_fit(tmp_pa
     `first + steps` starts, and the summary covers `steps` steps (no CUDA kernels here: zero of them)."""
     import lightning as L
 
-    from gatelab import bench
-    from gatelab.bench import gpu_profile
+    from gatelab.bench import gpu_profile, steps
     from gatelab.data.resolve import load_experiment
     from tests.helpers import write_micro_experiment
 
@@ -293,6 +292,6 @@ def test_the_lightning_callback_profiles_the_steps_it_names_in_a_real_fit(tmp_pa
                         real_stop(self))
     experiment = load_experiment(write_micro_experiment(tmp_path))
     kernels = gpu_profile.lightning_kernel_profile(first=2, steps=3)
-    bench.lightning_steps(experiment, "32-true", 7, tmp_path, callbacks=[Steps(), kernels])
+    steps.lightning_steps(experiment, "32-true", 7, tmp_path, callbacks=[Steps(), kernels])
     assert (started_at, stopped_at) == ([2], [5])
     assert kernels.summary["steps"] == 3 and kernels.summary["kernels"] == []

@@ -149,7 +149,7 @@ class _NoSyncInSteps(L.Callback):
 def test_a_training_step_on_the_gpu_never_waits_for_the_gpu_between_logging_steps(tmp_path, compile_mode):
     """Issue 31: no host synchronisation in the step (Lightning's loop, gatelab's module, clipping, fused AdamW, the
     stability monitor), eager, compiled, and compiled with CUDA graphs."""
-    from gatelab.bench import random_windows
+    from gatelab.bench.steps import random_windows
     from gatelab.data.resolve import load_experiment
     from gatelab.model import resolve_model
     from gatelab.train.module import GatedLM, StabilityMonitor, TextData
