@@ -30,11 +30,11 @@ class _NoValuesToInitialise(TorchFunctionMode):
 
 def count_parameters(config: ModelConfig) -> int:
     """Total parameters (tied embeddings once), counted on the meta device: a 15B model costs no memory. Counted once
-    per distinct model: a run asks for its count in three places, a plan for every cell."""
+    per distinct model: a run asks twice, a plan once a cell."""
     return _count_parameters(config.model_dump_json())
 
 
-@functools.lru_cache(maxsize=256)
+@functools.cache
 def _count_parameters(config_json: str) -> int:
     with torch.device("meta"), _NoValuesToInitialise():
         model = GatedTransformer(ModelConfig.model_validate_json(config_json))

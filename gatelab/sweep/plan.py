@@ -103,19 +103,6 @@ BLIMP_PARADIGMS, BLIMP_PACKAGED_PAIRS, BLIMP_RELEASE_PAIRS, BLIMP_SENTENCE_TOKEN
 IN_CONTEXT_MAX_PAIRS = 32
 
 
-class ParameterCounter:
-    """count_parameters with a cache per distinct model config: a paper-scale plan counts each model once."""
-
-    def __init__(self) -> None:
-        self._counts: dict[str, int] = {}
-
-    def __call__(self, model: ModelConfig) -> int:
-        key = model.model_dump_json()
-        if key not in self._counts:
-            self._counts[key] = count_parameters(model)
-        return self._counts[key]
-
-
 def active_parameters(model: ModelConfig, total: int) -> int:
     """N_active of the module docstring: no input embedding table, routed experts at top_k / n_experts."""
     embedding = model.vocab_size * model.d_model
@@ -371,14 +358,13 @@ def plan_rows(specs: Sequence[RunSpec], paper: str | None = None, flops_per_seco
     `seconds` is a run's training (`train_s`) plus the time around it, priced on one of the module docstring's bases
     (`basis`); `flops_per_second` given (--flops-per-second) sets the FLOPs basis's rate, and no measured rate replaces
     it. `import_s` is a process's: estimate_lines counts it once a worker."""
-    count = ParameterCounter()
     count_corpus = CorpusCounter()
     paper_added = paper_tables.added_params(paper)
     rows = []
     progress = Progress("pricing the runs", len(specs), unit="runs")
     for done, spec in enumerate(specs):
         progress(done)
-        row, here = _flops_row(spec, count, count_corpus, flops_per_second, measured, trials)
+        row, here = _flops_row(spec, count_corpus, flops_per_second, measured, trials)
         step = _price_measured(row, spec.experiment, here, flops_per_second)
         around = row["measured_overhead_s"] if step is not None else row["setup_s"] + row["eval_s"]
         row["seconds"] = row["train_s"] + around
@@ -388,13 +374,13 @@ def plan_rows(specs: Sequence[RunSpec], paper: str | None = None, flops_per_seco
     return rows
 
 
-def _flops_row(spec: RunSpec, count: ParameterCounter, count_corpus: CorpusCounter, flops_per_second: float | None,
+def _flops_row(spec: RunSpec, count_corpus: CorpusCounter, flops_per_second: float | None,
                measured: Sequence[MeasuredRun], trials: int) -> tuple[dict[str, Any], list[MeasuredRun]]:
     """A run's row priced on the FLOPs basis, and the `measured` runs of its device."""
     experiment = spec.experiment
     model = resolve_model(experiment)
-    total = count(model)
-    added = total - count(resolve_model(experiment, "baseline"))
+    total = count_parameters(model)
+    added = total - count_parameters(resolve_model(experiment, "baseline"))
     active = active_parameters(model, total)
     tokens = experiment.train.max_steps * experiment.train.batch_size * experiment.data.seq_len
     flops = training_flops(model, active, tokens, experiment.data.seq_len)
