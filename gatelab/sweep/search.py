@@ -39,7 +39,7 @@ def pruning_callback(trial: optuna.Trial, monitor: str = VAL_LOSS):
     `optuna.TrialPruned`: the training code stops a pruned run as a result without knowing Optuna."""
     from optuna_integration import PyTorchLightningPruningCallback
 
-    from gatelab.train.run import RunPruned
+    from gatelab.train.result import RunPruned
 
     class PruneRun(PyTorchLightningPruningCallback):
         def on_validation_end(self, trainer, pl_module) -> None:

@@ -36,7 +36,7 @@ from gatelab.train.ownership import RunInProgress, RunTakenOver
 from gatelab.workspace import Workspace
 
 if TYPE_CHECKING:  # the training code is imported once per worker, in `work`
-    from gatelab.train.run import RunResult
+    from gatelab.train.result import RunResult
 
 
 def use_cores(cores: Sequence[int]) -> None:
@@ -90,7 +90,7 @@ def run_in_child(experiment, *, tracking_uri: str | None, runs_dir: Path):
     worker that line is `gatelab sweep worker`, whose copies would claim other runs of the ledger. The child's line is
     `gatelab train` of this run's resolved config, which every rank can re-run.
     """
-    from gatelab.train.run import recorded_result
+    from gatelab.train.recording import recorded_result
 
     folder = runs_dir / experiment.name / "launch"
     folder.mkdir(parents=True, exist_ok=True)

@@ -47,20 +47,14 @@ from gatelab.train.ownership import Lease, OwnershipFence, RunOwnership, RunTake
 from gatelab.train.phases import PhaseClock
 from gatelab.train.rank_agreement import AlreadyRecorded, RankAgreement, alone_until_fit
 from gatelab.train.recording import (
-    log_spikes,
     open_run,
     record_diverged,
     record_finished,
     record_pruned,
     recorded_outcome,
-    recorded_result,
 )
 from gatelab.train.result import RunPruned, RunResult
 from gatelab.train.step_progress import StepBar, StepProgress, above_the_bar
-
-# Imported from here by the sweep, the commands and the tests.
-__all__ = ["Run", "RunPruned", "RunResult", "StepProgress", "build_trainer", "initial_attention_scale", "load_data",
-           "log_spikes", "recorded_result", "run"]
 
 
 def run(experiment: ExperimentConfig, tracking_uri: str | None = None, runs_dir: Path = Path("runs"),

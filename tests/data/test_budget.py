@@ -14,9 +14,9 @@ from gatelab.data import budget
 from gatelab.data.budget import PREPARE_HINT, CorpusCounter, repeat_warning
 from gatelab.data.corpora import CorpusManifest, domains_from_files
 from gatelab.data.datasets import tokenize_corpus
+from gatelab.data.prepare import load_data
 from gatelab.data.synthetic import DOMAIN as BIGRAM_BACKCOPY
 from gatelab.data.tokenizer import load_or_train_tokenizer
-from gatelab.train.run import load_data
 from tests.helpers import DENSE
 
 VOCAB = 300

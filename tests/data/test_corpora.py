@@ -313,9 +313,9 @@ def test_cli_prepare_without_npm_reports_and_exits_0(no_tools: Path) -> None:
 
 
 def test_training_stops_when_a_domain_is_missing(no_tools: Path, tmp_path: Path) -> None:
+    from gatelab.data.prepare import load_data
     from gatelab.data.resolve import load_experiment
     from gatelab.errors import GatelabError
-    from gatelab.train.run import load_data
 
     notes = []
     for i, doc in enumerate(synthetic_docs("u", 8, 4)):

@@ -235,8 +235,8 @@ def test_config_checks_the_source_keys(data: dict, message: str) -> None:
 
 def test_load_data_tokenizes_a_files_source_and_yields_batches(tmp_path: Path, shards) -> None:
     from gatelab.data.budget import CorpusCounter
+    from gatelab.data.prepare import load_data
     from gatelab.train.module import StepBatches
-    from gatelab.train.run import load_data
 
     config = experiment({"source": "files", "data_dir": str(tmp_path / "data"), "seq_len": 16, "domains": [],
                          "files": {"paths": [str(shards["jsonl"] / "*.jsonl.gz")], "id_field": "id",

@@ -261,8 +261,8 @@ def test_a_hub_name_offline_is_one_line_with_the_fix(tmp_path: Path, monkeypatch
 
 def test_load_data_tokenizes_with_the_file_tokenizer(tmp_path: Path, foreign: Path) -> None:
     from gatelab.data.budget import CorpusCounter
+    from gatelab.data.prepare import load_data
     from gatelab.data.resolve import load_experiment
-    from gatelab.train.run import load_data
 
     files = {"prose": [str(p) for p in write_domain(tmp_path / "in", "prose", "river stone quiet".split(), 12, 4)]}
     path = write_experiment(tmp_path, str(foreign), domains=["prose"], data_dir=str(tmp_path / "data"),
