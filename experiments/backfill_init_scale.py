@@ -18,8 +18,10 @@ import mlflow
 
 from gatelab.errors import GatelabError
 from gatelab.eval import INIT_SCALE_METRIC
+from gatelab.store_checks import check_store
+from gatelab.store_uris import default_tracking_uri
 from gatelab.sweep.spec import expand, load_sweep
-from gatelab.tracking import RunStore, check_store, default_tracking_uri
+from gatelab.tracking import RunStore
 from gatelab.train.run import initial_attention_scale
 
 

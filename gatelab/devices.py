@@ -204,8 +204,3 @@ def worker_gpus(n_workers: int, environ: Mapping[str, str] = os.environ) -> Work
     """`assign_gpus` for this process: its CUDA_VISIBLE_DEVICES and the GPUs torch sees. One rule for every launcher
     of local workers: `gatelab sweep run --workers` and `gatelab eval --workers`."""
     return assign_gpus(n_workers, environ.get(VISIBLE_ENV), gpu_count())
-
-
-__all__ = ["GPU_PEAKS", "VISIBLE_ENV", "GpuPeak", "WorkerGpus", "assign_gpus", "device_name", "evaluation_batch_size",
-           "evaluation_device", "evaluation_precision", "gpu_count", "gpu_peak", "rows_for_length", "visible_entries",
-           "worker_gpus"]

@@ -5,10 +5,13 @@ Every reader degrades where /proc is missing (macOS): the caller gets None, Fals
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import time
 from pathlib import Path
+
+import gatelab
 
 
 def repo_root() -> Path:
@@ -49,8 +52,6 @@ def thread_ids() -> list[int]:
 def seconds_since_start() -> float:
     """Wall seconds since this program first imported gatelab (`gatelab.STARTED`): the imports, set-up and whatever
     else it did before now, without what the process ran before it became this Python program."""
-    import gatelab
-
     return time.perf_counter() - gatelab.STARTED
 
 
@@ -115,8 +116,6 @@ def cuda_has_native_bf16() -> bool:
     """Whether the current CUDA device computes in bf16 itself (compute capability 8.0 on, Ampere; ROCm's GPUs).
     `torch.cuda.is_bf16_supported()` also says yes where CUDA emulates bf16 in fp32 (V100, T4), slower than fp16 there;
     its `including_emulation` argument leaves emulation out, and where a torch lacks it, compute capability decides."""
-    import inspect
-
     import torch
 
     if "including_emulation" in inspect.signature(torch.cuda.is_bf16_supported).parameters:

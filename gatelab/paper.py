@@ -220,10 +220,3 @@ def rows_standing_for_variants(paper: str | None) -> list[str]:
         lines.append(f"{table.name} rows {', '.join(labels.get(i, i) for _, i in table.variant_rows)} as "
                      f"{', '.join(v for v, _ in table.variant_rows)}")
     return lines
-
-
-__all__ = [
-    "BENCHMARK_TASKS", "CATALOGUE", "PAPER_DIR_ENV", "PROBE_METRICS", "SWEEP_TABLES", "TABLES", "PaperTable",
-    "added_params", "missing_files", "missing_note", "model_kinds", "paper_dir", "paper_file", "read_frame",
-    "read_rows", "reference", "rows_standing_for_variants", "title",
-]

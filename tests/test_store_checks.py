@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from gatelab import store_checks, tracked_run, tracking
-from gatelab.errors import GatelabError
+from gatelab import store_checks, tracked_run
+from gatelab.errors import GatelabError, redact
 from gatelab.report.ui import find_free_port
+from gatelab.store_checks import check_store, describe_store_failure
 from tests.helpers import sqlite_uri
 
 # --- the pre-flight check: every unusable store is one message, in seconds ------------------------------------------
@@ -39,10 +40,10 @@ def _refused(uri: str, *expected: str) -> str:
     """check_store's message for `uri`, which must name the URI and each `expected` text, and come within seconds."""
     started = time.monotonic()
     with pytest.raises(GatelabError) as raised:
-        tracking.check_store(uri)
+        check_store(uri)
     assert time.monotonic() - started < 10
     message = str(raised.value)
-    assert tracking.redact(uri) in message and all(text in message for text in expected), message
+    assert redact(uri) in message and all(text in message for text in expected), message
     return message
 
 
@@ -174,13 +175,13 @@ def test_store_failures_are_said_without_the_orms_wrapping(tmp_path):
     database.write_bytes(b"")
     uri = sqlite_uri(tmp_path)
     wrapped = sqlalchemy.exc.OperationalError("UPDATE tags ...", {}, sqlite3.OperationalError("database is locked"))
-    assert tracking.describe_store_failure(uri, wrapped) == "another process holds its lock"
+    assert describe_store_failure(uri, wrapped) == "another process holds its lock"
     database.chmod(0o444)
     try:
-        assert tracking.describe_store_failure(uri, wrapped) == f"its database file {database} is read-only" \
+        assert describe_store_failure(uri, wrapped) == f"its database file {database} is read-only" \
             or os.geteuid() == 0
     finally:
         database.chmod(0o644)
     postgres = "postgresql://dave:pw@127.0.0.1/db"
     refused = sqlalchemy.exc.OperationalError("SELECT 1", {}, RuntimeError("connection refused"))
-    assert tracking.describe_store_failure(postgres, refused) == "connection refused"
+    assert describe_store_failure(postgres, refused) == "connection refused"

@@ -8,8 +8,10 @@ import time
 import pytest
 
 from gatelab import tracked_run, tracking
-from gatelab.errors import GatelabError
+from gatelab.errors import GatelabError, redact
 from gatelab.report.ui import find_free_port
+from gatelab.store_checks import check_store
+from gatelab.store_uris import default_tracking_uri
 from tests.helpers import open_tracked_run, sqlite_uri
 
 
@@ -23,13 +25,13 @@ def test_sweep_runs_lays_out_metrics_and_tags_like_search_runs(tmp_path):
     assert row["metrics.ppl/avg"] == 12.5 and row[f"tags.{tracking.SPEC_HASH_TAG}"] == "hash-1"
     assert row[f"tags.{tracking.STATUS_TAG}"] == "finished" and str(row["end_time"].tz) == "UTC"
     assert tracking.RunStore(sqlite_uri(runs), runs).sweep_runs("no-such-experiment").empty
-    assert tracking.redact("postgresql://user:hunter2@host/db") == "postgresql://user:***@host/db"
+    assert redact("postgresql://user:hunter2@host/db") == "postgresql://user:***@host/db"
 
 
 def test_prepare_store_checks_the_store_first(tmp_path):
     with pytest.raises(GatelabError, match="not a SQLite file URI"):
         tracking.prepare_store("sqlite://x.db")
-    tracking.check_store(sqlite_uri(tmp_path))  # a new store in an existing folder is fine, and not made yet
+    check_store(sqlite_uri(tmp_path))  # a new store in an existing folder is fine, and not made yet
     assert not (tmp_path / "mlflow.db").exists()
 
 
@@ -44,7 +46,7 @@ def test_an_unreachable_server_is_not_reported_as_a_missing_run():
 
 def test_finished_run_metrics_can_be_read_for_one_seed(tmp_path):
     """`gatelab bench` reads the second of two runs in one folder (seed 1) as its one real run."""
-    uri = tracking.default_tracking_uri(tmp_path)
+    uri = default_tracking_uri(tmp_path)
     for seed, eval_s in ((0, 1.0), (1, 17.0)):
         tracked = tracked_run.TrackedRun(uri, tmp_path, "bench", f"hash{seed}")
         tracked.open(resuming=False, tags={tracking.SEED_TAG: str(seed)}, run_name=f"s{seed}")

@@ -8,22 +8,24 @@ Each module imports what its command needs inside its functions: gatelab.cli imp
 
 from __future__ import annotations
 
+import shlex
+import sys
 from collections.abc import Iterable
 from pathlib import Path
+
+from rich.console import Console
+from typer import echo
+
+from gatelab.progress import fit_line, set_verbose, silence_noise, terminal_columns
 
 
 def command_line(name: str) -> str:
     """The `gatelab <name>` command line as the user typed it, for the files it writes."""
-    import shlex
-    import sys
-
     return f"gatelab {name} " + " ".join(shlex.quote(a) for a in sys.argv[2:])
 
 
 def quiet_noise(verbose: bool) -> None:
     """--verbose, or not: for this process and every worker or rank it starts (`gatelab.progress`)."""
-    from gatelab.progress import set_verbose, silence_noise
-
     set_verbose(verbose)
     silence_noise()
 
@@ -32,10 +34,6 @@ def stdout_console():
     """A rich console for stdout, as wide as the terminal where stdout is one (gatelab.progress.terminal_columns).
     markup=False: a table cell (a path, a run's error) holding `[red]` or `[/bold]` is printed as written; a pipe gets
     whole rows."""
-    from rich.console import Console
-
-    from gatelab.progress import terminal_columns
-
     return Console(width=terminal_columns() or 200, markup=False)
 
 
@@ -46,8 +44,4 @@ def comma_list(text: str) -> list[str]:
 
 def say_written(written: Iterable[Path]) -> None:
     """The closing line of a command that writes files: which."""
-    from typer import echo
-
-    from gatelab.progress import fit_line, terminal_columns
-
     echo(fit_line("wrote " + ", ".join(str(path) for path in written), terminal_columns()))

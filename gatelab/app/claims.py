@@ -11,6 +11,8 @@ from typer import echo
 from gatelab.app import comma_list, say_written
 from gatelab.errors import GatelabError
 from gatelab.metrics import TRAIN_LOSS
+from gatelab.store_uris import missing_local_store
+from gatelab.tracking import RunStore
 from gatelab.workspace import Workspace
 
 DEFAULT_CLAIMS = Path("sweeps/claims/tiny.yaml")  # relative to the repository root, where gatelab is run from
@@ -26,7 +28,6 @@ def make_claims(sweep_paths: Sequence[Path], *, out_dir: Path, formats: Sequence
     from gatelab.report.tables import collect_runs
     from gatelab.sweep.queue import ledger_states
     from gatelab.sweep.spec import expand, load_sweep
-    from gatelab.tracking import RunStore, missing_local_store
 
     check_formats(formats)
     sweeps = {}

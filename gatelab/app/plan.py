@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gatelab import paper as paper_tables
 from gatelab.workspace import Workspace
 
 
@@ -11,7 +12,6 @@ def show_plan(sweep_path: Path, *, experiment: Path | None = None, as_json: bool
               flops_per_second: float | None = None, workspace: Workspace | None = None) -> None:
     """Load and validate the sweep (GatelabError on any bad cell), then print its plan. With a `workspace` and no
     `flops_per_second`, times are measured where its store holds earlier runs of the same shape from this machine."""
-    from gatelab import paper as paper_tables
     from gatelab.sweep.plan import plan_rows, sweep_measurements
     from gatelab.sweep.plan_render import corpus_warnings, render_plan
     from gatelab.sweep.spec import load_sweep

@@ -10,6 +10,9 @@ from typer import echo
 
 from gatelab.app import comma_list, say_written
 from gatelab.errors import GatelabError
+from gatelab.output_folders import require_writable_folder
+from gatelab.store_uris import missing_local_store, read_only_store
+from gatelab.tracking import RunStore
 from gatelab.workspace import Workspace
 
 
@@ -17,13 +20,11 @@ def make_report(sweep_path: Path, *, experiment: Path | None, formats: list[str]
                 workspace: Workspace, log=print, command: str | None = None) -> list[Path]:
     """The report of a sweep's runs under `out_dir`, by default <runs_dir>/reports/<sweep name>/ (git ignores runs/,
     so a report never overwrites the shipped references under results/ unless --out names them)."""
-    from gatelab.output_folders import require_writable_folder
     from gatelab.report.export import check_formats, check_markdown_target
     from gatelab.report.report import MARKDOWN_NAME, REPORTS, write_report
     from gatelab.report.tables import collect_runs
     from gatelab.sweep.queue import ledger_states
     from gatelab.sweep.spec import expand, load_sweep
-    from gatelab.tracking import RunStore, missing_local_store, read_only_store
 
     check_formats(formats)  # a wrong format is an error before any download or plot
     sweep = load_sweep(sweep_path, experiment)

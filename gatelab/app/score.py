@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 from typer import echo
 
 from gatelab.errors import GatelabError
+from gatelab.store_uris import missing_local_store
+from gatelab.tracking import RunStore
 
 if TYPE_CHECKING:
     from gatelab.eval.scoring import Target
@@ -45,8 +47,6 @@ def targets_of(target: str, *, experiment: Path | None, store: RunStore, log=pri
 def score(target: str, *, tasks: str, num_fewshot: int | None, limit: float | None, include_path: Path | None,
           batch_size: int, workers: int, experiment: Path | None, workspace: Workspace) -> int:
     """Score the runs on the comma-separated `tasks` they lack and say how many; the exit code (130 after Ctrl-C)."""
-    from gatelab.tracking import RunStore, missing_local_store
-
     try:
         from gatelab.eval.scoring import HarnessSettings, score_in_parallel
 

@@ -4,12 +4,17 @@ worked through (`gatelab sweep run` is gatelab.app.sweep_run, `plan` gatelab.app
 from __future__ import annotations
 
 import json
+import time
+from collections import Counter
+from dataclasses import asdict
 from pathlib import Path
 
+from rich.table import Table
 from typer import echo
 
 from gatelab.app import quiet_noise, stdout_console
 from gatelab.errors import GatelabError
+from gatelab.interrupts import Interrupted, raise_on_signals
 from gatelab.metrics import PPL_AVG
 from gatelab.workspace import Workspace
 
@@ -38,7 +43,6 @@ def worker(sweep: Path, *, experiment: Path | None, workspace: Workspace, thread
            grace: float, verbose: bool) -> int:
     """Work through the sweep's shared ledger until no run is left; the exit code."""
     quiet_noise(verbose)
-    from gatelab.interrupts import Interrupted, raise_on_signals
     from gatelab.sweep.next_commands import failed_cells_line
 
     try:
@@ -80,11 +84,6 @@ def reset(sweep: Path, *, cells: list[int], failed: bool, experiment: Path | Non
 
 def print_status(sweep: Path, *, experiment: Path | None, workspace: Workspace, as_json: bool) -> None:
     """Counts and one row per run of the sweep's ledger, as a table or as JSON."""
-    from collections import Counter
-    from dataclasses import asdict
-
-    from rich.table import Table
-
     from gatelab.sweep.ledger_storage import default_storage, torn_tail_note
     from gatelab.sweep.queue import ledger_states
     from gatelab.sweep.spec import expand, load_sweep
@@ -111,8 +110,6 @@ def print_status(sweep: Path, *, experiment: Path | None, workspace: Workspace, 
 
 
 def _detail(state) -> str:
-    import time
-
     if state.status == "running":
         return f"on {state.worker} for {time.time() - (state.since or time.time()):.0f} s"
     if state.status == "diverged":

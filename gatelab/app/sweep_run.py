@@ -12,6 +12,9 @@ from typer import echo
 from gatelab.app import quiet_noise
 from gatelab.app.sweep import cells_failed_exit, interrupted_exit, print_status
 from gatelab.errors import GatelabError
+from gatelab.interrupts import Interrupted, raise_on_signals
+from gatelab.progress import closing_lines
+from gatelab.tracking import prepare_store
 from gatelab.workspace import Workspace
 
 EXECUTORS = ("local", "slurm", "submitit-local")
@@ -37,7 +40,6 @@ def run_sweep(sweep: Path, *, experiment: Path | None, workspace: Workspace, ver
     """Run the sweep, then print its ledger and what to run next; the exit code (1 where a cell failed, the signal's
     where one stopped it)."""
     quiet_noise(verbose)
-    from gatelab.interrupts import Interrupted, raise_on_signals
     from gatelab.sweep.ledger_storage import default_storage, tracking_stores
     from gatelab.sweep.next_commands import failed_cells_line
 
@@ -49,7 +51,6 @@ def run_sweep(sweep: Path, *, experiment: Path | None, workspace: Workspace, ver
     except Interrupted as interrupted:
         return interrupted_exit(interrupted)
     print_status(sweep, experiment=experiment, workspace=opened, as_json=False)
-    from gatelab.progress import closing_lines
 
     runs_dir, tracking_uri, storage = opened.runs_dir, opened.tracking_uri, opened.storage
     stores = tracking_stores(specs, tracking_uri=tracking_uri, runs_dir=runs_dir)
@@ -93,7 +94,6 @@ def _launch(plan, specs, sweep: Path, *, experiment: Path | None, workspace: Wor
              progress=sys.stdout.isatty())
         return True
     from gatelab.sweep.queue import open_ledger
-    from gatelab.tracking import prepare_store
 
     runs_dir = workspace.runs_dir
     # a bad ledger: one message, not N

@@ -7,7 +7,10 @@ from pathlib import Path
 from typer import echo
 
 from gatelab.app import quiet_noise
+from gatelab.errors import redact
+from gatelab.interrupts import Interrupted
 from gatelab.metrics import KEY_METRICS
+from gatelab.store_uris import default_tracking_uri
 from gatelab.workspace import Workspace
 
 
@@ -26,8 +29,6 @@ def train(experiment: Path, *, variant: str | None, seed: int | None, set_: list
           quiet: bool, verbose: bool) -> int:
     """Train the run and print its outcome; the exit code (that of the signal that interrupted it, else 0)."""
     quiet_noise(verbose)
-    from gatelab.errors import redact
-    from gatelab.tracking import default_tracking_uri
 
     overrides = [*set_, *([f"variant={variant}"] if variant else []), *([f"seed={seed}"] if seed is not None else [])]
     config, model_config = checked_config(experiment, overrides=overrides)
@@ -35,7 +36,6 @@ def train(experiment: Path, *, variant: str | None, seed: int | None, set_: list
 
     for warning in setting_warnings(config):
         echo(warning, err=True)
-    from gatelab.interrupts import Interrupted
     from gatelab.train.ownership import RunInProgress
     from gatelab.train.run import run
 

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gatelab.report.ui import serve_ui
 from gatelab.workspace import Workspace
 
 
 def ui(sweep: Path | None, *, workspace: Workspace, port: int, screenshot: Path | None, verbose: bool) -> None:
     """Serve the store's runs, opening on the sweep's (a wrong sweep file is an error here, not an empty UI). Only
     reads: a store or runs folder that does not exist is an error, not created."""
-    from gatelab.report.ui import serve_ui
-
     sweep_name = None
     if sweep is not None:
         from gatelab.sweep.spec import load_sweep

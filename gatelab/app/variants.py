@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from rich.table import Table
 from typer import echo
 
 from gatelab.app import stdout_console
@@ -46,8 +47,6 @@ def _millions(count: int | None, signed: bool = False) -> str:
 
 def print_variants(experiment: Path | None, *, as_json: bool) -> None:
     """The variants as a table, or as JSON."""
-    from rich.table import Table
-
     from gatelab.variants import VARIANTS
 
     rows = variant_rows(experiment)

@@ -20,7 +20,7 @@ from datetime import datetime
 from pathlib import Path
 
 from gatelab.metrics import EVAL_S, PEAK_GPU_GB
-from gatelab.tracking import default_tracking_uri, sqlite_file
+from gatelab.store_uris import default_tracking_uri, sqlite_file
 
 SWEEP_LIMIT_S = 240.0  # the quick-start sweep's 3 runs on small, after the data is prepared
 EVAL_LIMIT_S = 20.0  # a run's evaluation

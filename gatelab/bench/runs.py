@@ -17,6 +17,7 @@ from gatelab import tracking
 from gatelab.config import ExperimentConfig
 from gatelab.errors import GatelabError
 from gatelab.metrics import EVAL_S, PEAK_GPU_GB, PEAK_GPU_TRAIN_GB, PEAK_RSS_GB, TRAIN_S
+from gatelab.store_uris import default_tracking_uri
 
 PLAN_SWEEP, PLAN_EXPERIMENT = "sweeps/paper-table1.yaml", "experiments/paper-moe-15b.yaml"
 # The end-of-run evaluation cut to a few windows: the compile runs time their first steps, not their evaluation, and
@@ -43,7 +44,7 @@ def timed_child(command: list[str], cwd: Path, timeout: float = 3600,
 
 def run_timings(runs_dir: Path, seed: int | None = None) -> list[dict[str, float]]:
     """The `time/*` and `memory/*` metrics of every finished run in a runs folder's MLflow store (of one seed's)."""
-    store = tracking.RunStore(tracking.default_tracking_uri(runs_dir, create=False, as_written=True), runs_dir)
+    store = tracking.RunStore(default_tracking_uri(runs_dir, create=False, as_written=True), runs_dir)
     return store.finished_run_metrics(("time/", "memory/"), seed=seed)
 
 

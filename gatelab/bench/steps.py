@@ -17,6 +17,7 @@ from gatelab.config import ExperimentConfig
 from gatelab.data.datasets import PackedDataset
 from gatelab.model import build_model, resolve_model
 from gatelab.progress import silence_noise
+from gatelab.store_uris import default_tracking_uri
 from gatelab.train.head_loss import next_token_loss
 
 PEER_LABEL = "transformers Qwen3ForCausalLM"
@@ -181,7 +182,7 @@ def lightning_steps(experiment: ExperimentConfig, precision: str, steps: int, fo
     silence_noise()
     train = experiment.train
     timer = step_timer()
-    uri = tracking.default_tracking_uri(folder, create=False, as_written=True)
+    uri = default_tracking_uri(folder, create=False, as_written=True)
     # made here, as `gatelab train` does: Lightning's logger would make it too, with a warning line
     tracking.RunStore(uri, folder).experiment_id("bench")
     logger = tracking.lightning_logger("bench", uri)

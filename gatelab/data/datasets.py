@@ -26,14 +26,10 @@ from gatelab.data.shards import (
     SplitShards,
     id_count,
     load_split,
-    token_dtype,
     write_manifest,
     write_split,
 )
 from gatelab.data.tokenizer import bos_id, eos_id, tokenizer_fingerprint
-
-__all__ = ["PackedDataset", "TokenCorpus", "TokenSplit", "heldout_windows", "long_context_windows", "token_dtype",
-           "tokenize_corpus", "train_dataset", "unigram_perplexity"]
 
 
 @dataclass(frozen=True)

@@ -195,7 +195,3 @@ def hashed_payload(experiment: ExperimentConfig) -> dict[str, Any]:
 def spec_hash(experiment: ExperimentConfig) -> str:
     """A content hash of everything that decides a run's result (not where it is tracked): the run's identity."""
     return hashlib.sha256(json.dumps(hashed_payload(experiment), sort_keys=True).encode()).hexdigest()[:16]
-
-
-__all__ = ["HASH_RULES", "HashRule", "HashedAs", "HeldAt", "LeftOut", "LeftOutAt", "LeftOutWhen", "hashed_payload",
-           "spec_hash"]

@@ -8,12 +8,14 @@ cold cache never race: the later ones find everything made.
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import IO
 
+from gatelab import host
 from gatelab.config import ExperimentConfig
 from gatelab.data.budget import repeat_warning
 from gatelab.data.corpora import CorpusManifest, default_data_dir, prepare_corpora
@@ -133,8 +135,6 @@ _LOCK_POLL_S = 0.1
 
 def _wait_for(lock: IO, path: Path, say) -> None:
     """Take the exclusive flock on `lock`, saying what it waits for while another process holds it."""
-    import fcntl
-
     started = time.monotonic()
     next_word = started + LOCK_QUIET_S
     while True:
@@ -152,8 +152,6 @@ def _wait_for(lock: IO, path: Path, say) -> None:
 
 def _holder(path: Path) -> str:
     """Who holds the lock on `path`, and how to free it where that process is stopped."""
-    from gatelab import host
-
     pids = [pid for pid in host.lock_holders(path) if pid != os.getpid()]
     if not pids:
         return "another process (it is preparing or checking this data directory)"

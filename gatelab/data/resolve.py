@@ -66,6 +66,3 @@ def load_experiment(path: str | Path, overrides: typing.Sequence[str] = ()) -> E
     """Read an experiment preset, apply `key.path=value` overrides, validate and resolve it; errors name the file and
     key."""
     return experiment_from_dict(read_experiment_tree(path, overrides), str(path))
-
-
-__all__ = ["VOCAB_MULTIPLE", "VocabularyTooSmall", "experiment_from_dict", "load_experiment", "resolve_experiment"]

@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from gatelab.config import BigramBackcopyConfig
-from gatelab.data.datasets import TokenCorpus, TokenSplit, token_dtype
+from gatelab.data.datasets import TokenCorpus, TokenSplit
+from gatelab.data.shards import token_dtype
 
 DOMAIN = "bigram_backcopy"
 BOS, EOS, FIRST_ORDINARY = 0, 1, 2

@@ -48,6 +48,7 @@ from gatelab.eval.checkpoint import load_checkpoint
 from gatelab.eval.metrics import evaluation_mode, model_device
 from gatelab.host import resolve_precision
 from gatelab.model import build_model
+from gatelab.store_uris import default_tracking_uri, sqlite_file
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +86,8 @@ def blimp_dataset(blimp_path: str | None = None, blimp_per_paradigm: int | None 
 
 
 def _tracking_uri(tracking_uri: str | None, runs_dir: Path) -> str:
-    uri = tracking_uri or tracking.default_tracking_uri(runs_dir, create=False, as_written=True)
-    database = tracking.sqlite_file(uri)
+    uri = tracking_uri or default_tracking_uri(runs_dir, create=False, as_written=True)
+    database = sqlite_file(uri)
     # MLflow would create an empty store at a mistyped path and then report the run as missing from it.
     if database is not None and not database.is_file():
         raise GatelabError(f"no MLflow store at {database} (from tracking_uri {redact(uri)}): run from the folder that "
@@ -101,7 +102,7 @@ def _runs_dirs(runs_dir: Path, uri: str, artifact_location: str) -> list[Path]:
     candidates = [runs_dir]
     if artifact_location.startswith("file:"):
         candidates.append(Path(unquote(urlparse(artifact_location).path)).parent)
-    if (database := tracking.sqlite_file(uri)) is not None:
+    if (database := sqlite_file(uri)) is not None:
         candidates.append(database.parent)
     return list(dict.fromkeys(path.resolve() for path in candidates))
 

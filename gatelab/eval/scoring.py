@@ -257,7 +257,7 @@ def score_in_parallel(targets: Sequence[Target], settings: HarnessSettings, uri:
     if workers <= 1 or len(targets) <= 1:
         return score_runs(targets, settings, uri, runs_dir, log)
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import ProcessPoolExecutor  # looked up here, where a test stands in for it
 
     from gatelab.devices import worker_gpus
 

@@ -15,8 +15,6 @@ from gatelab.config import ModelConfig
 from gatelab.model.attention_kinds import KINDS, attend, explicit_attention
 from gatelab.model.gates import Gate
 
-__all__ = ["Attention", "Rotary", "explicit_attention", "switch_mix"]
-
 
 class Rotary(nn.Module):
     """RoPE (rotate-half layout). cos/sin are built for the length asked, so evaluation can run past training length."""

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from gatelab.metrics import LONG_PPL, LONG_PPL_BEYOND_TRAIN, SPARSITY, TRAIN_LOSS, VAL_LOSS
+from gatelab.paper import SWEEP_TABLES, TABLES, model_kinds, read_rows
 from gatelab.report.claims_file import Claim, PaperGain, group_name, parse_group
 from gatelab.report.tables import PPL, RunRecord, paper_reference
 
@@ -145,8 +146,6 @@ class PaperEffect:
 
 def row_labels(table: str) -> tuple[str, dict[str, str]]:
     """The tables of a SWEEP_TABLES key in words ("Table 2") and {id: the paper's row label, "(8)"}."""
-    from gatelab.paper import SWEEP_TABLES, TABLES, read_rows
-
     names = SWEEP_TABLES.get(table, ())
     labels = {r["id"]: r.get("row") or r["id"] for t in names for r in read_rows(t) or []}
     return " and ".join(TABLES[t].name for t in names), labels
@@ -154,8 +153,6 @@ def row_labels(table: str) -> tuple[str, dict[str, str]]:
 
 def paper_figure(claim: Claim) -> tuple[str, PaperEffect | None]:
     """The paper's figure for the claim, and its relative effect for perplexity comparisons (None otherwise)."""
-    from gatelab.paper import model_kinds
-
     figure = claim.paper
     if figure.text or figure.table is None:
         return figure.text, None

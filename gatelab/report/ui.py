@@ -31,7 +31,9 @@ from pathlib import Path
 
 from gatelab.errors import GatelabError, redact
 from gatelab.host import has_proc, live_pids, process_stat
-from gatelab.tracking import KEY_METRICS_VIEW, RunStore, check_store, missing_local_store
+from gatelab.store_checks import check_store
+from gatelab.store_uris import missing_local_store
+from gatelab.tracking import KEY_METRICS_VIEW, RunStore
 
 SERVER_SCHEMES = ("http", "https")  # a tracking URI of these is an `mlflow server`, which serves its own UI
 

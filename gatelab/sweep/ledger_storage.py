@@ -23,7 +23,7 @@ from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend
 
 from gatelab.errors import GatelabError, redact
-from gatelab.tracking import run_tracking_uri, sqlite_file
+from gatelab.store_uris import run_tracking_uri, sqlite_file
 
 
 def default_storage(runs_dir: Path, sweep_name: str) -> str:

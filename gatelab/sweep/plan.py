@@ -58,6 +58,8 @@ from gatelab.errors import GatelabError, redact
 from gatelab.metrics import EVAL_S, IMPORT_S, SETUP_S, STEP_S
 from gatelab.model.params import count_parameters, resolve_model
 from gatelab.progress import DEVICE_TAG, HOST_TAG
+from gatelab.store_checks import store_errors
+from gatelab.store_uris import missing_local_store, run_tracking_uri
 from gatelab.sweep.spec import Progress, RunSpec, format_value
 from gatelab.variants import apply_variant
 
@@ -292,14 +294,14 @@ def measured_runs(uri: str, host: str | None = None, devices: Sequence[str | Non
     """The newest thousand finished, timed runs of the store that `host` (this machine) trained, and the newest
     thousand from any machine tagged with one of the GPUs in `devices` (module docstring), in any MLflow experiment
     (STEP_SHAPE decides what is comparable); [] where the store does not exist (a plan never creates one)."""
-    if tracking.missing_local_store(uri):
+    if missing_local_store(uri):
         return []
     finished = f"tags.`{tracking.STATUS_TAG}` = 'finished'"
     queries = [f"tags.`{HOST_TAG}` = '{host or socket.gethostname()}' AND {finished}"]
     queries += [f"tags.`{DEVICE_TAG}` = '{device}' AND {finished}" for device in sorted({d for d in devices if d})
                 if device not in ("cpu", "mps") and "'" not in device]
     runs: dict[str, Any] = {}
-    with tracking.store_errors(uri):
+    with store_errors(uri):
         client = tracking.client(uri)
         ids = [experiment.experiment_id for experiment in client.search_experiments()]
         if not ids:
@@ -474,7 +476,7 @@ def sweep_measurements(specs: Sequence[RunSpec], tracking_uri: str | None,
     back to FLOPs, the plan still prints)."""
     devices = sorted({plan_device(spec.experiment) for spec in specs} - {None})
     found, notes = [], []
-    for uri in sorted({tracking.run_tracking_uri(tracking_uri, spec.experiment, runs_dir, create=False)
+    for uri in sorted({run_tracking_uri(tracking_uri, spec.experiment, runs_dir, create=False)
                        for spec in specs}):
         try:
             found += measured_runs(uri, devices=devices)

@@ -14,12 +14,16 @@ import traceback
 import optuna
 from optuna.trial import TrialState
 
+from gatelab import tracking
 from gatelab.errors import GatelabError, redact
 from gatelab.metrics import VAL_LOSS
+from gatelab.store_checks import store_errors
+from gatelab.store_uris import run_tracking_uri
 from gatelab.sweep.ledger_storage import open_storage, tracking_stores
 from gatelab.sweep.queue import set_trial_state
 from gatelab.sweep.spec import with_values
 from gatelab.tracking import STATUS_TAG
+from gatelab.train.result import RunPruned
 from gatelab.workspace import Workspace
 
 MAX_INVALID_TRIALS = 20  # suggestions that are no valid run, in one cell, before the search stops with an error
@@ -39,7 +43,6 @@ def pruning_callback(trial: optuna.Trial, monitor: str = VAL_LOSS):
     `optuna.TrialPruned`: the training code stops a pruned run as a result without knowing Optuna."""
     from optuna_integration import PyTorchLightningPruningCallback
 
-    from gatelab.train.result import RunPruned
 
     class PruneRun(PyTorchLightningPruningCallback):
         def on_validation_end(self, trainer, pl_module) -> None:
@@ -56,10 +59,9 @@ def _final_value(result, metric: str, *, experiment, workspace: Workspace) -> fl
     logged during training); +inf where the run has none."""
     if metric in result.metrics:
         return result.metrics[metric]
-    from gatelab import tracking
 
-    uri = tracking.run_tracking_uri(workspace.tracking_uri, experiment, workspace.runs_dir)
-    with tracking.store_errors(uri):
+    uri = run_tracking_uri(workspace.tracking_uri, experiment, workspace.runs_dir)
+    with store_errors(uri):
         recorded = tracking.client(uri).get_run(result.run_id).data.metrics
     return recorded.get(metric, math.inf)
 

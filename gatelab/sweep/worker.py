@@ -21,13 +21,15 @@ from typing import TYPE_CHECKING
 import lightning as L
 import torch
 
-from gatelab import host, tracking
+from gatelab import host
 from gatelab.config_files import to_yaml
 from gatelab.data.identity import spec_hash
 from gatelab.errors import GatelabError, redact
 from gatelab.interrupts import Interrupted, ignore_signals, raise_on_signals
 from gatelab.metrics import PPL_AVG
 from gatelab.progress import RunCosts, is_verbose, sweep_progress_line, sweep_time_left
+from gatelab.store_checks import StoreBusy, check_store
+from gatelab.store_uris import sqlite_file
 from gatelab.sweep.executor import LocalShare
 from gatelab.sweep.ledger_storage import tracking_stores
 from gatelab.sweep.queue import Claim, SweepLedger, open_ledger
@@ -170,12 +172,12 @@ def setup_problem(specs: Sequence[RunSpec], *, tracking_uri: str | None, runs_di
     cannot be used (a dead server, a bad URI). It is no cell's fault: checked before a claim, and again after a run
     fails, so that one worker with a bad `--tracking-uri` does not mark every cell it claims failed."""
     for uri in sorted(tracking_stores(specs, tracking_uri=tracking_uri, runs_dir=runs_dir)):
-        path = tracking.sqlite_file(uri)
+        path = sqlite_file(uri)
         if path is not None and not path.parent.is_dir():
             continue  # the embedded store under runs/, made with the first run
         try:
-            tracking.check_store(uri)
-        except tracking.StoreBusy:
+            check_store(uri)
+        except StoreBusy:
             continue  # another worker holds its lock, perhaps paused: busy, not broken
         except GatelabError as error:
             return str(error)

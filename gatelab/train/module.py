@@ -345,7 +345,3 @@ class StabilityMonitor(L.Callback):
         self.spike_losses = list(state.get("spike_losses", [math.nan] * len(self.spikes)))
         self._pending_steps = list(state.get("pending_steps", []))  # absent in checkpoints from before batching
         self._restored_losses, self._pending_losses = list(state.get("pending_losses", [])), []
-
-
-__all__ = ["GatedLM", "SpikeRule", "StabilityMonitor", "StepBatches", "TextData", "head_loss", "lr_at",
-           "next_token_loss", "whole_logits_loss"]

@@ -14,6 +14,7 @@ Two guards, because each misses a case the other catches:
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import socket
@@ -88,8 +89,6 @@ class RunOwnership:
     def acquire(self) -> None:
         """Take the run, or raise RunInProgress naming who has it. A sweep worker with a lease takes it over from a
         holder the ledger gave up on (that holder stops at its next check, seeing another token here)."""
-        import fcntl
-
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._lock_file = open(self.lock_path, "a")
         try:

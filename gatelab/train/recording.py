@@ -23,6 +23,7 @@ from gatelab.errors import redact
 from gatelab.metrics import DIVERGED_STEP, EVAL_S, PRUNED_STEP, SPIKE, TRAIN_LOSS
 from gatelab.model import count_parameters
 from gatelab.progress import DEVICE_TAG, HOST_TAG, format_duration
+from gatelab.store_uris import run_tracking_uri
 from gatelab.tracked_run import TrackedRun
 from gatelab.train.module import GatedLM, SpikeRule, StabilityMonitor
 from gatelab.train.phases import PhaseClock
@@ -30,7 +31,7 @@ from gatelab.train.result import RunResult
 
 
 def tracked_run(experiment: ExperimentConfig, tracking_uri: str | None, runs_dir: Path) -> TrackedRun:
-    return TrackedRun(tracking.run_tracking_uri(tracking_uri, experiment, runs_dir), runs_dir,
+    return TrackedRun(run_tracking_uri(tracking_uri, experiment, runs_dir), runs_dir,
                       experiment.tracking.experiment or experiment.name, spec_hash(experiment))
 
 

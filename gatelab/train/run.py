@@ -19,7 +19,6 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from tokenizers import Tokenizer
 
-from gatelab import tracking
 from gatelab.config import ExperimentConfig, ModelConfig
 from gatelab.data.datasets import TokenCorpus, heldout_windows, train_dataset
 from gatelab.data.identity import spec_hash
@@ -31,6 +30,8 @@ from gatelab.interrupts import Interrupted, raise_on_signals
 from gatelab.metrics import SETUP_S
 from gatelab.model import resolve_model
 from gatelab.progress import progress_every_s, silence_noise
+from gatelab.store_checks import check_store
+from gatelab.store_uris import run_tracking_uri
 from gatelab.tracked_run import TrackedRun
 from gatelab.train.checkpoints import (
     DurableCheckpointIO,
@@ -127,7 +128,7 @@ class Run:
             self.log(f"train.precision auto: resuming in {began_in}, the precision this run began in (here auto is "
                      f"{precision})")
 
-        uri = tracking.run_tracking_uri(tracking_uri, experiment, runs_dir, create=False)
+        uri = run_tracking_uri(tracking_uri, experiment, runs_dir, create=False)
         self.tokenizer, self.corpus, self.domains = self._data(uri, embedded=not (tracking_uri or
                                                                                    experiment.tracking.uri))
         try:
@@ -170,13 +171,13 @@ class Run:
         made = _folders_to_make(self.run_dir)
         try:
             if self.rank == 0 and not embedded:
-                tracking.check_store(uri)  # a dead server or a bad URI, in seconds, before the data is touched
+                check_store(uri)  # a dead server or a bad URI, in seconds, before the data is touched
             if self.rank == 0:
                 self.ownership.acquire()
             data = load_data(self.experiment, log=self.chatter, warn=self.log)
             if self.rank == 0 and embedded:  # made only once the data is ready, as bad input leaves no runs/ behind
                 self.runs_dir.mkdir(parents=True, exist_ok=True)
-                tracking.check_store(uri)
+                check_store(uri)
             return data
         except BaseException:
             self.release()

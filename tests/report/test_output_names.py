@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from gatelab import paper, tracking
+from gatelab import paper
 from gatelab.app import report as app_report
 from gatelab.errors import GatelabError
 from gatelab.report import report as R
@@ -83,8 +83,8 @@ class _Store:
 @pytest.fixture
 def fake_store(monkeypatch):
     def use(records: list[RunRecord]) -> None:
-        monkeypatch.setattr(tracking, "RunStore", _Store)  # where gatelab.app.report looks them up, as it runs
-        monkeypatch.setattr(tracking, "missing_local_store", lambda uri: None)  # the stand-in store is there
+        monkeypatch.setattr(app_report, "RunStore", _Store)  # the names gatelab.app.report calls
+        monkeypatch.setattr(app_report, "missing_local_store", lambda uri: None)  # the stand-in store is there
         monkeypatch.setattr(tables, "collect_runs", lambda *args, **kwargs: records)
     return use
 

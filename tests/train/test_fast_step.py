@@ -13,9 +13,10 @@ import yaml
 from gatelab.data.identity import spec_hash
 from gatelab.data.resolve import load_experiment
 from gatelab.model import build_model, resolve_model
-from gatelab.train import compiling, module
+from gatelab.train import compiling
 from gatelab.train import head_loss as head_loss_module
-from gatelab.train.module import GatedLM, head_loss, lr_at, next_token_loss
+from gatelab.train.head_loss import head_loss, next_token_loss
+from gatelab.train.module import GatedLM, lr_at
 from tests.helpers import MICRO, assert_head_loss_matches_whole_logits, write_micro_experiment
 
 
@@ -218,7 +219,7 @@ def test_a_compiled_run_takes_the_compiled_whole_logits_loss_under_autocast_and_
     lm = GatedLM(experiment, resolve_model(experiment))
     lm.train_hidden_states = lm.model.hidden_states  # the blocks eager: only the head loss's choice is under test
     calls = []
-    lm.compiled_head_loss = lambda *tensors: calls.append(tensors) or module.whole_logits_loss(*tensors)
+    lm.compiled_head_loss = lambda *tensors: calls.append(tensors) or head_loss_module.whole_logits_loss(*tensors)
     input_ids_BT, targets_BT = _batches(experiment, 1)[0]
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         loss = lm.training_loss(input_ids_BT, targets_BT)[0]

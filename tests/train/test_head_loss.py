@@ -13,7 +13,8 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 from gatelab.data.resolve import load_experiment
 from gatelab.model import build_model, resolve_model
 from gatelab.train import head_loss as head_loss_module
-from gatelab.train.module import GatedLM, head_loss
+from gatelab.train.head_loss import head_loss
+from gatelab.train.module import GatedLM
 from tests.helpers import MICRO, assert_head_loss_matches_whole_logits
 
 GRAD_SCALER_INITIAL_SCALE = 2.0**16  # torch.amp.GradScaler's init_scale: the factor 16-mixed's first backward carries

@@ -15,8 +15,9 @@ def test_a_spike_between_logging_steps_is_logged_at_its_own_step_once(tmp_path):
 
     import torch
 
+    from gatelab.store_uris import default_tracking_uri
     from gatelab.tracked_run import TrackedRun
-    from gatelab.tracking import RunStore, default_tracking_uri
+    from gatelab.tracking import RunStore
     from gatelab.train.module import StabilityMonitor
     from gatelab.train.recording import log_spikes
 

@@ -10,6 +10,7 @@ import statistics
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,8 @@ from gatelab.bench.data.loader import memmap_windows
 from gatelab.bench.data.synthetic import SYNTH_DOMAIN, load_synthetic
 from gatelab.bench.data.system import smaps_rollup, status_kb
 from gatelab.errors import GatelabError
+from gatelab.host import peak_rss_gb, repo_root
+from gatelab.progress import silence_noise
 
 CHILD_MODULE = "gatelab.bench.data"  # `python -m` runs its __main__: `child_main`
 
@@ -26,10 +29,6 @@ def rss_child(kind: str, corpus_dir: str, steps: int) -> dict:
     """In the child: build the corpus, train tiny's model `steps` steps with Lightning, report peak RSS by stage.
     `kind`: tiny (the real corpus, through `load_data`), synthetic, or synthetic-memmap (its windows read by
     `MemmapStream`, the comparison reader)."""
-    import warnings
-
-    from gatelab.host import peak_rss_gb
-
     marks = {"after_imports": None}
     import lightning as L
     import torch  # noqa: F401
@@ -37,9 +36,7 @@ def rss_child(kind: str, corpus_dir: str, steps: int) -> dict:
     from gatelab.bench.steps import step_timer
     from gatelab.data.datasets import train_dataset
     from gatelab.data.resolve import load_experiment
-    from gatelab.host import repo_root
     from gatelab.model import resolve_model
-    from gatelab.progress import silence_noise
     from gatelab.train.module import GatedLM, TextData
 
     silence_noise()
