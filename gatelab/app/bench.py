@@ -14,7 +14,10 @@ from typer import echo
 
 from gatelab import progress
 from gatelab.app import comma_list, say_written
-from gatelab.bench import data, measure, render
+from gatelab.bench import measure, render
+from gatelab.bench.data import measure as data_measure
+from gatelab.bench.data import render as data_render
+from gatelab.bench.data.report import QUICK, Sizes
 from gatelab.errors import GatelabError
 from gatelab.host import repo_root
 
@@ -47,8 +50,8 @@ def bench(options: BenchOptions, *, given: Collection[str], command: str) -> Non
     # as in `gatelab train` (GATELAB_VERBOSE=1 keeps them): no dtype warning from the first compile
     progress.silence_noise()
     if options.data:
-        sizes = data.QUICK if options.quick else data.Sizes()
-        write_and_print(data, report=data.bench_data(options.scratch, sizes, log=log), out=options.out,
+        sizes = QUICK if options.quick else Sizes()
+        write_and_print(data_render, report=data_measure.bench_data(options.scratch, sizes, log=log), out=options.out,
                         as_json=options.as_json, command=command)
         return
     presets, variants, steps, warmup, lightning_steps = options_with_gpu_defaults(options, given=given, log=log)
@@ -91,8 +94,8 @@ def chosen_parts(parts: str) -> list[str]:
 
 
 def write_and_print(renderer: ModuleType, *, report, out: Path, as_json: bool, command: str) -> None:
-    """A bench report into `out` with `renderer` (`gatelab.bench.render` or `gatelab.bench.data`), then as JSON or
-    Markdown on stdout."""
+    """A bench report into `out` with `renderer` (`gatelab.bench.render` or `gatelab.bench.data.render`), then as
+    JSON or Markdown on stdout."""
     report.command = command
     written = renderer.write(report, out)
     if as_json:

@@ -28,11 +28,3 @@ short back-to-back pairs on a slice (`tokenizing.tokenize_profile`, `tokenizing.
 
 `measure` runs the parts in order (`bench_data`) and reads off the targets; `render` writes data.md and data.json.
 """
-
-from gatelab.bench.data.measure import acceptance_checks, bench_data
-from gatelab.bench.data.render import to_markdown, write
-from gatelab.bench.data.report import QUICK, DataBenchReport, Sizes
-from gatelab.bench.data.synthetic import SYNTH_DOMAIN, load_synthetic, synthetic_spec, write_synthetic
-
-__all__ = ["QUICK", "SYNTH_DOMAIN", "DataBenchReport", "Sizes", "acceptance_checks", "bench_data", "load_synthetic",
-           "synthetic_spec", "to_markdown", "write", "write_synthetic"]
