@@ -2,8 +2,8 @@
 call here and the call's result to an exit code. A user error is a GatelabError, which the command line turns into
 one message and exit code 2; a function that can end otherwise returns the exit code.
 
-Each module imports what its command needs inside its functions: gatelab.cli imports these modules whole, and
-`gatelab --help` and a typo in an argument are still answered before torch, Lightning or MLflow are imported.
+Each module imports inside its functions what loads torch, Lightning, MLflow or Optuna: gatelab.cli imports these
+modules whole, and `gatelab --help` and a typo in an argument are still answered before any of them is imported.
 """
 
 from __future__ import annotations
