@@ -109,10 +109,8 @@ class GpuPeak:
 # words, so A10 is not A100 or A10G. `gatelab sweep plan` prices a GPU by it, `gatelab bench` reports MFU against it.
 GPU_PEAKS = (
     GpuPeak(r"\bH100\b.*\bPCIe\b", 756e12, 51e12),
-    GpuPeak(r"\bH100\b.*\bNVL\b", 835e12, 60e12),
-    GpuPeak(r"\bH100\b", 989e12, 67e12),
-    GpuPeak(r"\bH200\b.*\bNVL\b", 835e12, 60e12),
-    GpuPeak(r"\bH200\b", 989e12, 67e12),
+    GpuPeak(r"\bH[12]00\b.*\bNVL\b", 835e12, 60e12),
+    GpuPeak(r"\bH[12]00\b", 989e12, 67e12),
     GpuPeak(r"\bB200\b", 2250e12, 75e12),
     GpuPeak(r"\bA100\b", 312e12, 19.5e12),
     GpuPeak(r"\bL40S\b", 362e12, 91.6e12),
@@ -192,10 +190,8 @@ def assign_gpus(n_workers: int, user_visible: str | None, count: int) -> WorkerG
     CUDA_VISIBLE_DEVICES where it is set, so that `4,5,6,7` trains on 4-7, else from the `count` GPUs torch sees; None
     where torch sees none. Entries pass on as written (UUIDs, MIG ids), and `count` does not shorten the user's list:
     a process enumerates a single MIG instance however many the variable names, but each worker can have one."""
-    if count <= 0:
-        return WorkerGpus((), (), user_visible)
     gpus = visible_entries(user_visible) if user_visible is not None else [str(index) for index in range(count)]
-    if not gpus:  # "" or -1: torch counts no GPU then, so only a stand-in count gets here
+    if count <= 0 or not gpus:  # no GPU; "" or -1 also get here, with a stand-in count (torch then counts none)
         return WorkerGpus((), (), user_visible)
     return WorkerGpus(tuple(gpus), tuple(gpus[index % len(gpus)] for index in range(n_workers)), user_visible)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 
 class Interrupted(BaseException):
@@ -34,16 +34,21 @@ def _raise(signum: int, _frame) -> None:
     raise Interrupted(signum)
 
 
+def raise_on_signals() -> contextlib.AbstractContextManager[None]:
+    """Within the block, SIGINT and SIGTERM raise `Interrupted` in the main thread (`on_signals`)."""
+    return on_signals(_raise)
+
+
 @contextlib.contextmanager
-def raise_on_signals() -> Iterator[None]:
-    """Within the block, SIGINT and SIGTERM raise `Interrupted` in the main thread; the old handlers come back after.
-    Elsewhere than the main thread (where Python cannot set handlers) it changes nothing."""
+def on_signals(handler: Callable[[int, object], None]) -> Iterator[None]:
+    """Within the block, SIGINT and SIGTERM call `handler(signum, frame)` in the main thread; the old handlers come
+    back after. Elsewhere than the main thread (where Python cannot set handlers) it changes nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     for signum in previous:
-        signal.signal(signum, _raise)
+        signal.signal(signum, handler)
     try:
         yield
     finally:

@@ -58,20 +58,29 @@ def plain_step(experiment: ExperimentConfig, precision: str) -> Callable[[], Non
     module = GatedLM(experiment, resolve_model(experiment)).to(bench_device())
     optimizers = module.configure_optimizers()  # as Lightning's at this precision (fused AdamW where it may be)
     optimizer, schedule = optimizers["optimizer"], optimizers["lr_scheduler"]["scheduler"]
+    return scaled_step(experiment, precision, module, lambda *batch: module.training_loss(*batch)[1], optimizer,
+                       schedule)
+
+
+def scaled_step(experiment: ExperimentConfig, precision: str, model: torch.nn.Module, loss: Callable,
+                optimizer: torch.optim.Optimizer, schedule=None) -> Callable[[], None]:
+    """A step as Lightning takes it at `precision`: `loss` of the next batch under autocast, scaled where fp16,
+    clipped at `train.grad_clip`, then the optimizer's step and the schedule's, if any."""
     batches, clip = batch_stream(experiment), experiment.train.grad_clip
     scaler = torch.amp.GradScaler(enabled=precision == "16-mixed")
 
     def step() -> None:
         input_ids_BT, targets_BT = (t.to(bench_device(), non_blocking=True) for t in next(batches))
         with autocast(precision):
-            total = module.training_loss(input_ids_BT, targets_BT)[1]
+            total = loss(input_ids_BT, targets_BT)
         scaler.scale(total).backward()
         if clip:
             scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(module.parameters(), clip)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         scaler.step(optimizer)
         scaler.update()
-        schedule.step()
+        if schedule is not None:
+            schedule.step()
         optimizer.zero_grad(set_to_none=True)
 
     return step
@@ -118,7 +127,6 @@ def loss_curves(experiment: ExperimentConfig, steps: int = 50, rows: int | None 
     from gatelab.train.module import GatedLM
 
     experiment = experiment.with_train(precision="32-true", batch_size=rows or experiment.train.batch_size)
-    train = experiment.train
 
     def curve(compile: bool, before: bool) -> list[float]:
         module = GatedLM(experiment.with_train(compile=compile), resolve_model(experiment)).to(bench_device())
@@ -126,24 +134,23 @@ def loss_curves(experiment: ExperimentConfig, steps: int = 50, rows: int | None 
         optimizer, schedule = optimizers["optimizer"], optimizers["lr_scheduler"]["scheduler"]
         if before:
             groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in optimizer.param_groups]
-            optimizer = torch.optim.AdamW(groups, lr=train.lr, betas=train.betas, foreach=False)
+            optimizer = torch.optim.AdamW(groups, lr=experiment.train.lr, betas=experiment.train.betas, foreach=False)
             schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule.lr_lambdas[0])
-        batches, losses = batch_stream(experiment), []
-        for _ in range(steps):
-            input_ids_BT, targets_BT = (t.to(bench_device()) for t in next(batches))
+        losses = []
+
+        def total_loss(input_ids_BT: torch.Tensor, targets_BT: torch.Tensor) -> torch.Tensor:
             if before:
                 logits_BTV, aux = module.model.forward_with_aux(input_ids_BT)
                 loss = next_token_loss(logits_BTV, targets_BT)
                 total = module.with_aux_losses(loss, aux)
             else:
                 loss, total, _ = module.training_loss(input_ids_BT, targets_BT)
-            total.backward()
-            if train.grad_clip:
-                torch.nn.utils.clip_grad_norm_(module.parameters(), train.grad_clip)
-            optimizer.step()
-            schedule.step()
-            optimizer.zero_grad(set_to_none=True)
             losses.append(loss.item())
+            return total
+
+        step = scaled_step(experiment, "32-true", module, total_loss, optimizer, schedule)
+        for _ in range(steps):
+            step()
         return losses
 
     before = curve(compile=False, before=True)
@@ -231,19 +238,8 @@ def transformers_step(experiment: ExperimentConfig, precision: str) -> Callable[
     peer = Qwen3ForCausalLM(config).to(bench_device()).train()
     train = experiment.train
     optimizer = torch.optim.AdamW(peer.parameters(), lr=train.lr, betas=train.betas, weight_decay=train.weight_decay)
-    batches = batch_stream(experiment)
-    scaler = torch.amp.GradScaler(enabled=precision == "16-mixed")
 
-    def step() -> None:
-        input_ids_BT, targets_BT = (t.to(bench_device(), non_blocking=True) for t in next(batches))
-        with autocast(precision):
-            loss = next_token_loss(peer(input_ids=input_ids_BT).logits, targets_BT)
-        scaler.scale(loss).backward()
-        if train.grad_clip:
-            scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(peer.parameters(), train.grad_clip)
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
+    def loss(input_ids_BT: torch.Tensor, targets_BT: torch.Tensor) -> torch.Tensor:
+        return next_token_loss(peer(input_ids=input_ids_BT).logits, targets_BT)
 
-    return step
+    return scaled_step(experiment, precision, peer, loss, optimizer)

@@ -39,11 +39,11 @@ def colour_of(colours: Mapping[str, str] | None, name: str) -> str | None:
     return colours[name] if colours is not None else None
 
 
-def new_figure(title: str) -> tuple[Figure, object]:
+def new_figure(title: str, xlabel: str, ylabel: str) -> tuple[Figure, object]:
     figure = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
-    axes.set_title(title)
+    axes.set(title=title, xlabel=xlabel, ylabel=ylabel)
     return figure, axes
 
 
@@ -68,18 +68,20 @@ def finite_or_nan(values: Sequence[float]) -> np.ndarray:
     return array
 
 
-def add_legend(axes, count: int) -> None:
+def save_with_legend(figure: Figure, axes, path: str | Path, count: int, grid: str = "major") -> Path:
+    """The figure saved with a light grid on its `grid` ticks and a legend of its `count` entries, if any."""
+    axes.grid(alpha=0.3, which=grid)
     if count:
         axes.legend(fontsize="small", ncols=1 if count <= 8 else 2, frameon=False)
+    return save_png(figure, path)
 
 
 def plot_first_token_attention(per_variant: Mapping[str, Sequence[float]], path: str | Path,
                                colours: Mapping[str, str] | None = None) -> Path:
     """Per layer, the share of attention that goes to the first token (the attention sink), one line per variant:
     the paper's Figure 2."""
-    figure, axes = new_figure("Attention to the first token per layer")
-    axes.set_xlabel("layer")
-    axes.set_ylabel("share of attention on the first token")
+    figure, axes = new_figure("Attention to the first token per layer",
+                              "layer", "share of attention on the first token")
     lines = {name: finite_or_nan(values) for name, values in per_variant.items() if len(values)}
     if not lines:
         return save_no_data(figure, axes, path)
@@ -89,18 +91,14 @@ def plot_first_token_attention(per_variant: Mapping[str, Sequence[float]], path:
     axes.set_xticks(range(layers) if layers <= 32 else range(0, layers, math.ceil(layers / 16)))
     axes.set_ylim(bottom=0.0)
     axes.yaxis.set_major_formatter(PercentFormatter(1.0))
-    axes.grid(alpha=0.3)
-    add_legend(axes, len(lines))
-    return save_png(figure, path)
+    return save_with_legend(figure, axes, path, len(lines))
 
 
 def plot_gate_histograms(per_variant: Mapping[str, Sequence[float]], path: str | Path,
                          colours: Mapping[str, str] | None = None) -> Path:
     """Gate scores' distribution per variant: bin counts over [0, 1] (20 bins), shown as shares of all scores in
     step plots: the paper's Figure 3."""
-    figure, axes = new_figure("Gate score distribution")
-    axes.set_xlabel("gate score")
-    axes.set_ylabel("share of gate scores")
+    figure, axes = new_figure("Gate score distribution", "gate score", "share of gate scores")
     steps = {}
     for name, counts in per_variant.items():
         counts = np.nan_to_num(finite_or_nan(counts))
@@ -114,18 +112,14 @@ def plot_gate_histograms(per_variant: Mapping[str, Sequence[float]], path: str |
     axes.set_xlim(0.0, 1.0)
     axes.set_ylim(bottom=0.0)
     axes.yaxis.set_major_formatter(PercentFormatter(1.0))
-    axes.grid(alpha=0.3)
-    add_legend(axes, len(steps))
-    return save_png(figure, path)
+    return save_with_legend(figure, axes, path, len(steps))
 
 
 def plot_loss_curves(curves: Mapping[str, tuple[Sequence[int], Sequence[float], Sequence[int]]],
                      path: str | Path, colours: Mapping[str, str] | None = None) -> Path:
     """Training loss per variant, (steps, losses, spike steps) each, loss spikes marked as dots: the paper's
     Figure 1 (right)."""
-    figure, axes = new_figure("Training loss (dots: loss spikes)")
-    axes.set_xlabel("step")
-    axes.set_ylabel("training loss")
+    figure, axes = new_figure("Training loss (dots: loss spikes)", "step", "training loss")
     drawn = 0
     for name, (steps, losses, spikes) in curves.items():
         steps, losses = np.asarray(list(steps), dtype=float), finite_or_nan(losses)
@@ -143,9 +137,7 @@ def plot_loss_curves(curves: Mapping[str, tuple[Sequence[int], Sequence[float], 
         drawn += 1
     if not drawn:
         return save_no_data(figure, axes, path)
-    axes.grid(alpha=0.3)
-    add_legend(axes, drawn)
-    return save_png(figure, path)
+    return save_with_legend(figure, axes, path, drawn)
 
 
 def run_plot_writers(label: str, loss_history: tuple[Sequence[int], Sequence[float]], spikes: Sequence[int],

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullLocator
 
-from gatelab.eval.plots import add_legend, colour_of, finite_or_nan, new_figure, save_no_data, save_png
+from gatelab.eval.plots import colour_of, finite_or_nan, new_figure, save_no_data, save_png, save_with_legend
 
 DELTA_LABEL = "Δ vs baseline"
 
@@ -21,9 +21,7 @@ def plot_delta_vs_paper(our_delta: Mapping[str, float], paper_delta: Mapping[str
     the two agree, in the lower-left and upper-right quadrants they agree in direction. `unit` (e.g. "%") is the
     changes' unit, named on the axes."""
     label = f"{DELTA_LABEL} ({unit})" if unit else DELTA_LABEL
-    figure, axes = new_figure(f"{metric}: {label}, ours against the paper's")
-    axes.set_xlabel(f"paper: {label}")
-    axes.set_ylabel(f"ours: {label}")
+    figure, axes = new_figure(f"{metric}: {label}, ours against the paper's", f"paper: {label}", f"ours: {label}")
     pairs = {k: (float(paper_delta[k]), float(our_delta[k])) for k in our_delta if k in paper_delta
              and math.isfinite(float(paper_delta[k])) and math.isfinite(float(our_delta[k]))}
     if not pairs:
@@ -49,9 +47,8 @@ def plot_context_length(per_variant: Mapping[str, Mapping[int, float]], train_le
                         colours: Mapping[str, str] | None = None) -> Path:
     """Perplexity against evaluation context length (multiplier x train_len, log2 axis), one line per variant:
     how each variant extrapolates beyond its training length (the paper's Table 5)."""
-    figure, axes = new_figure(f"Perplexity by context length (trained on {train_len} tokens)")
-    axes.set_xlabel("context length (tokens, log2 scale)")
-    axes.set_ylabel("perplexity")
+    figure, axes = new_figure(f"Perplexity by context length (trained on {train_len} tokens)",
+                              "context length (tokens, log2 scale)", "perplexity")
     lines = {}
     for name, by_multiplier in per_variant.items():
         points = sorted((float(m) * train_len, float(v)) for m, v in by_multiplier.items())
@@ -74,9 +71,7 @@ def plot_context_length(per_variant: Mapping[str, Mapping[int, float]], train_le
         axes.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
         axes.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
         axes.set_ylabel("perplexity (log scale)")
-    axes.grid(alpha=0.3, which="both")
-    add_legend(axes, len(lines) + 1)
-    return save_png(figure, path)
+    return save_with_legend(figure, axes, path, len(lines) + 1, grid="both")
 
 
 def plot_gap_to_baseline(curves: Mapping[str, tuple[Sequence[int], Sequence[float], Sequence[float], Sequence[float]]],
@@ -84,9 +79,8 @@ def plot_gap_to_baseline(curves: Mapping[str, tuple[Sequence[int], Sequence[floa
     """Each variant's val/loss minus the baseline's against the training step, (steps, mean gaps, interval lows,
     interval highs) each: a line with its seed spread shaded (a NaN bound, one seed, leaves no band). Below the zero
     line the variant is ahead; whether the gap grows, holds or closes as the models train is the question (issue 17)."""
-    figure, axes = new_figure("Gap to baseline during training (band: 95% t-interval over seeds)")
-    axes.set_xlabel("step")
-    axes.set_ylabel("val/loss minus baseline (nats)")
+    figure, axes = new_figure("Gap to baseline during training (band: 95% t-interval over seeds)",
+                              "step", "val/loss minus baseline (nats)")
     drawn = 0
     for name, (steps, means, lows, highs) in curves.items():
         steps, means = np.asarray(list(steps), dtype=float), finite_or_nan(means)
@@ -100,9 +94,7 @@ def plot_gap_to_baseline(curves: Mapping[str, tuple[Sequence[int], Sequence[floa
     if not drawn:
         return save_no_data(figure, axes, path)
     axes.axhline(0.0, color="0.3", linewidth=0.9, linestyle="--", label="baseline")
-    axes.grid(alpha=0.3)
-    add_legend(axes, drawn + 1)
-    return save_png(figure, path)
+    return save_with_legend(figure, axes, path, drawn + 1)
 
 
 def plot_loss_vs_lr(curves: Mapping[str, tuple[Sequence[float], Sequence[float], Sequence[float]]],
@@ -111,9 +103,8 @@ def plot_loss_vs_lr(curves: Mapping[str, tuple[Sequence[float], Sequence[float],
     """Final loss against learning rate (log axis), one line per variant, (rates, mean final losses, sds) each with
     the sd as error bars; each diverged run an 'x' at its variant's loss at init (dotted): Wortsman et al. 2023's
     loss-against-rate curves, a flatter and wider basin being the more stable variant."""
-    figure, axes = new_figure("Final loss against learning rate (x: a diverged run, at the loss at init)")
-    axes.set_xlabel("learning rate (log scale)")
-    axes.set_ylabel("final val/loss (nats)")
+    figure, axes = new_figure("Final loss against learning rate (x: a diverged run, at the loss at init)",
+                              "learning rate (log scale)", "final val/loss (nats)")
     rates_seen: set[float] = set()
     drawn = 0
     for name, (rates, means, sds) in curves.items():
@@ -139,6 +130,4 @@ def plot_loss_vs_lr(curves: Mapping[str, tuple[Sequence[float], Sequence[float],
     axes.xaxis.set_major_locator(FixedLocator(ticks))
     axes.xaxis.set_minor_locator(NullLocator())
     axes.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
-    axes.grid(alpha=0.3)
-    add_legend(axes, drawn)
-    return save_png(figure, path)
+    return save_with_legend(figure, axes, path, drawn)

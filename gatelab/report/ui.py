@@ -11,7 +11,6 @@ saved view of the table (gatelab.tracking.key_metrics_view), as a URL can name t
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import io
 import os
@@ -26,11 +25,11 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 from gatelab.errors import GatelabError, redact
 from gatelab.host import has_proc, live_pids, process_stat
+from gatelab.interrupts import on_signals
 from gatelab.store_checks import check_store
 from gatelab.store_uris import missing_local_store
 from gatelab.tracking import KEY_METRICS_VIEW, RunStore
@@ -225,7 +224,7 @@ def serve_ui(tracking_uri: str, host: str = "127.0.0.1", port: int = 5000, artif
     env = {**os.environ, "MLFLOW_BACKEND_STORE_URI": tracking_uri, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION":
            os.environ.get("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")}
     stop = threading.Event()
-    with _stopping_on_signals(stop):
+    with on_signals(lambda signum, frame: stop.set()):  # Ctrl-C or SIGTERM: stop the server
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, env=env, start_new_session=True)
         server_log, copier = _server_output(process, verbose)
@@ -237,11 +236,8 @@ def serve_ui(tracking_uri: str, host: str = "127.0.0.1", port: int = 5000, artif
                 return
             print(f"MLflow UI for {redact(tracking_uri)}: {page}" + ("" if screenshot else "  (Ctrl-C stops it)"),
                   flush=True)
-            _say_where_the_runs_are(page, pages, sweep_name, tracking_uri)
-            if screenshot is not None:
-                take_screenshot(page, screenshot, chromium)
-                print(f"wrote {screenshot}", flush=True)
-            else:
+            _show_the_runs(page, pages, sweep_name, tracking_uri, screenshot, chromium)
+            if screenshot is None:
                 _serve_until_stopped(process, stop, where)
             clean = True
         finally:
@@ -280,28 +276,7 @@ def show_server_ui(tracking_uri: str, sweep_name: str | None = None, screenshot:
     page, pages = landing_pages(tracking_uri, address, sweep_name)
     print(f"MLflow UI of the tracking server {redact(tracking_uri)}: {page}  (served by that server; gatelab starts "
           "none)", flush=True)
-    _say_where_the_runs_are(page, pages, sweep_name, tracking_uri)
-    if screenshot is not None:
-        take_screenshot(page, screenshot, chromium)
-        print(f"wrote {screenshot}", flush=True)
-
-
-@contextlib.contextmanager
-def _stopping_on_signals(stop: threading.Event) -> Iterator[None]:
-    """Within the block, SIGINT (Ctrl-C) and SIGTERM set `stop` (in the main thread; elsewhere they cannot be
-    caught)."""
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        def _on_signal(signum, frame):  # noqa: ARG001
-            stop.set()
-
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, _on_signal)
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    _show_the_runs(page, pages, sweep_name, tracking_uri, screenshot, chromium)
 
 
 def _server_output(process: subprocess.Popen, verbose: bool) -> tuple[Path | None, threading.Thread]:
@@ -337,8 +312,9 @@ def _serve_until_stopped(process: subprocess.Popen, stop: threading.Event, where
         stop.wait(0.5)
 
 
-def _say_where_the_runs_are(page: str, pages: list[tuple[str, str]], sweep_name: str | None,
-                             tracking_uri: str) -> None:
+def _show_the_runs(page: str, pages: list[tuple[str, str]], sweep_name: str | None, tracking_uri: str,
+                   screenshot: Path | None, chromium: str | None) -> None:
+    """Says where the runs are: `page`, or each experiment's `pages`; with `screenshot`, writes a PNG of `page`."""
     if sweep_name is not None and all(name != sweep_name for name, _ in pages):
         print(f"no runs of sweep '{sweep_name}' in {redact(tracking_uri)} yet: its experiment shows up once a run "
               "has started (gatelab sweep run)", file=sys.stderr, flush=True)
@@ -349,6 +325,9 @@ def _say_where_the_runs_are(page: str, pages: list[tuple[str, str]], sweep_name:
               flush=True)
         for name, runs in pages:
             print(f"  {name}: {runs}", flush=True)
+    if screenshot is not None:
+        take_screenshot(page, screenshot, chromium)
+        print(f"wrote {screenshot}", flush=True)
 
 
 def _wait_until_up(process: subprocess.Popen, url: str, stop: threading.Event, where: str) -> None:
