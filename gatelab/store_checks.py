@@ -261,4 +261,3 @@ def store_errors(uri: str) -> Iterator[None]:
     except (MlflowException, requests.RequestException, sqlalchemy.exc.SQLAlchemyError, sqlite3.Error,
             alembic.util.exc.CommandError) as error:  # alembic: a schema MLflow cannot migrate (a newer MLflow's)
         raise GatelabError(_store_failure(uri, error)) from error
-

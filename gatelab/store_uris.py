@@ -54,4 +54,3 @@ def read_only_store(uri: str) -> str | None:
         if not where.stat().st_mode & 0o222 or not os.access(where, os.W_OK):
             return f"{where} is read-only"
     return None
-

@@ -244,5 +244,3 @@ class TrackedRun:
         closer = threading.Thread(target=close, name="mlflow-close", daemon=True)
         closer.start()
         closer.join(CLOSE_TIMEOUT_S)
-
-

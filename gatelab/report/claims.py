@@ -163,7 +163,6 @@ def _change_claim(claim: Claim, records: Sequence[RunRecord], paper: PaperEffect
     return _two_groups(claim, change[claim.a], change[claim.b or ""], None, unit=" nats")
 
 
-
 def _margin(claim: Claim) -> tuple[float, str]:
     """The closeness margin relative to group b's mean, from the paper or stated, and how it was made."""
     margin = claim.margin

@@ -393,7 +393,6 @@ def _first_junk_line(path: Path) -> tuple[int, str]:
     return number, text.rstrip("\n")
 
 
-
 def storage_use_failure(storage: str, error: BaseException) -> str:
     if isinstance(error, OSError):
         what = f"{error.strerror or type(error).__name__}" + (f": {error.filename}" if error.filename else "")
@@ -406,7 +405,6 @@ def storage_use_failure(storage: str, error: BaseException) -> str:
         fix = "check that the database server runs and accepts connections"
     return (f"{_named(storage)} failed ({_hidden(what, storage)}): {fix}, then run the same command again (what the "
             "ledger holds is kept, and an interrupted run is taken over from its checkpoint)")
-
 
 
 def ledger_exists(storage: str, sweep_name: str, tracking_uris: Collection[str] = ()) -> bool:

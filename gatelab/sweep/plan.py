@@ -56,7 +56,7 @@ from gatelab.data.corpora import HELDOUT_FRACTION
 from gatelab.devices import device_name, evaluation_device, gpu_peak
 from gatelab.errors import GatelabError, redact
 from gatelab.metrics import EVAL_S, IMPORT_S, SETUP_S, STEP_S
-from gatelab.model.params import count_parameters, resolve_model
+from gatelab.model.params import added_parameters, resolve_model
 from gatelab.progress import DEVICE_TAG, HOST_TAG
 from gatelab.store_checks import store_errors
 from gatelab.store_uris import missing_local_store, run_tracking_uri
@@ -381,8 +381,7 @@ def _flops_row(spec: RunSpec, count_corpus: CorpusCounter, flops_per_second: flo
     """A run's row priced on the FLOPs basis, and the `measured` runs of its device."""
     experiment = spec.experiment
     model = resolve_model(experiment)
-    total = count_parameters(model)
-    added = total - count_parameters(resolve_model(experiment, "baseline"))
+    total, added = added_parameters(experiment, experiment.variant)
     active = active_parameters(model, total)
     tokens = experiment.train.max_steps * experiment.train.batch_size * experiment.data.seq_len
     flops = training_flops(model, active, tokens, experiment.data.seq_len)

@@ -158,7 +158,6 @@ def frozen_trial(study: optuna.Study, trial: optuna.Trial) -> FrozenTrial:
     return storage.get_trial(trial_id)
 
 
-
 def _reported(method):
     """The ledger method, with a failure of its storage (a database gone, a journal made unreadable or unwritable
     under it) as one GatelabError naming the storage, its password hidden, and the fix."""
@@ -170,7 +169,6 @@ def _reported(method):
             raise GatelabError(storage_use_failure(self.storage_uri, error.__cause__ or error)) from None
 
     return reported
-
 
 
 class NoLedgerYet(GatelabError):
@@ -416,7 +414,6 @@ class SweepLedger:
                 value=chosen.value if chosen.state == TrialState.COMPLETE else None,
             ))
         return rows
-
 
 
 def ledger_states(storage: str | None, runs_dir: Path, sweep_name: str, specs: Sequence) -> list[RunState]:
