@@ -56,20 +56,28 @@ EMPTY = {
 }
 
 
-@pytest.mark.parametrize("kind", sorted(PLOTS))
-def test_each_plot_writes_a_png_of_the_figure_size(tmp_path, kind):
-    target = tmp_path / "sub" / f"{kind}.png"
-    written = PLOTS[kind](target)
-    assert written == target and target.stat().st_size > 10_000
+def assert_drawn(draw, target) -> None:
+    """`draw(target)` writes a PNG of the figure size there with something drawn on it."""
+    assert draw(target) == target and target.stat().st_size > 10_000
     assert png_size(target) == SIZE
     assert distinct_colours(target) > 50  # lines, text antialiasing, colours: not a blank canvas
 
 
+def assert_no_data(draw, target) -> None:
+    """`draw(target)` writes a figure-sized PNG that says there is no data."""
+    written = draw(target)
+    assert png_size(written) == SIZE
+    assert distinct_colours(written) > 2  # the "no data" text is drawn
+
+
+@pytest.mark.parametrize("kind", sorted(PLOTS))
+def test_each_plot_writes_a_png_of_the_figure_size(tmp_path, kind):
+    assert_drawn(PLOTS[kind], tmp_path / "sub" / f"{kind}.png")
+
+
 @pytest.mark.parametrize("kind", sorted(EMPTY))
 def test_empty_inputs_give_a_no_data_figure(tmp_path, kind):
-    target = EMPTY[kind](tmp_path / f"{kind}.png")
-    assert png_size(target) == SIZE
-    assert distinct_colours(target) > 2  # the "no data" text is drawn
+    assert_no_data(EMPTY[kind], tmp_path / f"{kind}.png")
 
 
 def test_run_plot_writers_draw_one_runs_figures(tmp_path):
