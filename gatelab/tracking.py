@@ -43,6 +43,7 @@ REPORT_TAG = "gatelab.report"  # the sweep-level run that holds `gatelab table`'
 VARIANT_TAG, SEED_TAG, EXPERIMENT_TAG = "variant", "seed", "experiment"
 RUN_NAME_TAG = "mlflow.runName"
 REPORTS_OF_TAG = "gatelab.reports_of"  # on the experiment "<sweep> reports": the sweep whose report runs it holds
+TOTAL_PARAMS_PARAM = "model.total_params"  # the parameter count a run logs as it starts (gatelab.train.recording)
 
 # What the MLflow UI opens on: the runs table, where a missing tag lands on the GenAI overview. MLflow 3.17's UI reads
 # the URL's `workflowType` instead (see gatelab.report.ui), so gatelab sets both.
@@ -241,12 +242,12 @@ class RunStore:
         return [{k: v for k, v in run.data.metrics.items() if k.startswith(prefixes)} for run in runs]
 
     @reports_store_errors
-    def run_tags(self, run_id: str) -> dict[str, str]:
-        """The run's tags; a run id the store does not have is one error naming it."""
+    def run_data(self, run_id: str):
+        """The run's tags, params and metrics (MLflow's RunData); a run id the store lacks is one error naming it."""
         from mlflow.exceptions import MlflowException
 
         try:
-            return dict(self.client.get_run(run_id).data.tags)
+            return self.client.get_run(run_id).data
         except MlflowException as error:
             if error.error_code not in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
                 raise  # the store itself failed: store_errors says so

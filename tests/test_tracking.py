@@ -39,7 +39,7 @@ def test_an_unreachable_server_is_not_reported_as_a_missing_run():
     store = tracking.RunStore(f"http://127.0.0.1:{find_free_port()}")
     started = time.monotonic()
     with pytest.raises(GatelabError) as raised:
-        store.run_tags("0123456789abcdef0123456789abcdef")
+        store.run_data("0123456789abcdef0123456789abcdef")
     assert time.monotonic() - started < 20  # two quick retries, not MLflow's default seven over minutes
     assert "no MLflow run" not in str(raised.value) and "mlflow server" in str(raised.value)
 

@@ -12,7 +12,7 @@ from gatelab.app import comma_list, say_written
 from gatelab.errors import GatelabError
 from gatelab.metrics import TRAIN_LOSS
 from gatelab.store_uris import missing_local_store
-from gatelab.tracking import RunStore
+from gatelab.tracking import TOTAL_PARAMS_PARAM, RunStore
 from gatelab.workspace import Workspace
 
 DEFAULT_CLAIMS = Path("sweeps/claims/tiny.yaml")  # relative to the repository root, where gatelab is run from
@@ -56,8 +56,8 @@ def make_claims(sweep_paths: Sequence[Path], *, out_dir: Path, formats: Sequence
     if unused:
         log(f"no claim reads the sweep(s) {', '.join(unused)}; claims read {', '.join(sorted(known))}")
 
-    def logged_parameters(run_id: str) -> int | None:  # what gatelab.train.recording logs as a run starts
-        logged = store.client.get_run(run_id).data.params.get("model.total_params")
+    def logged_parameters(run_id: str) -> int | None:
+        logged = store.run_data(run_id).params.get(TOTAL_PARAMS_PARAM)
         return None if logged is None else int(logged)
 
     return write_claims(records, claims, out_dir, formats, command, log=log, logged_parameters=logged_parameters)

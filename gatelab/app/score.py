@@ -10,11 +10,10 @@ from typer import echo
 
 from gatelab.errors import GatelabError
 from gatelab.store_uris import missing_local_store
-from gatelab.tracking import RunStore
+from gatelab.tracking import STATUS_TAG, RunStore
 
 if TYPE_CHECKING:
     from gatelab.eval.scoring import Target
-    from gatelab.tracking import RunStore
     from gatelab.workspace import Workspace
 
 
@@ -37,7 +36,7 @@ def targets_of(target: str, *, experiment: Path | None, store: RunStore, log=pri
         return [Target(r.run_id, f"{r.spec.experiment.variant} seed {r.spec.experiment.seed}"
                        + (f" ({' '.join(f'{k}={v}' for k, v in r.spec.settings().items())})" if r.spec.settings()
                           else "")) for r in finished]
-    status = store.run_tags(target).get("gatelab.status")
+    status = store.run_data(target).tags.get(STATUS_TAG)
     if status != "finished":
         raise GatelabError(f"MLflow run '{target}' is {status or 'not a gatelab run'}, not finished: score finished "
                            "runs (a sweep file scores every finished run of the sweep)")

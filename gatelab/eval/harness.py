@@ -112,7 +112,7 @@ def checkpoint_of_run(run_id: str, tracking_uri: str | None = None, runs_dir: st
     `<runs_dir>/<experiment>/<variant>-s<seed>-<spec hash>`, named by the tags gatelab writes on every run."""
     uri = _tracking_uri(tracking_uri, Path(runs_dir))
     store = tracking.RunStore(uri, Path(runs_dir))
-    tags, artifact_location = store.run_tags(run_id), store.artifact_location(run_id)
+    tags, artifact_location = store.run_data(run_id).tags, store.artifact_location(run_id)
     needed = (tracking.SPEC_HASH_TAG, tracking.EXPERIMENT_TAG, tracking.VARIANT_TAG, tracking.SEED_TAG)
     if any(tag not in tags for tag in needed):
         raise GatelabError(f"MLflow run '{run_id}' is not a gatelab training run (it lacks the tags "

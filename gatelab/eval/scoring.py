@@ -209,7 +209,7 @@ class Target:
 
 def pending_tasks(store: RunStore, target: Target, tags: dict[str, str]) -> dict[str, str]:
     """The tasks (with their settings tag) this run has not been scored on with these settings."""
-    recorded = store.run_tags(target.run_id)
+    recorded = store.run_data(target.run_id).tags
     return {task: tag for task, tag in tags.items() if recorded.get(TAG_PREFIX + task) != tag}
 
 

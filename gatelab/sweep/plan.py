@@ -280,10 +280,10 @@ def recorded_step_flops(params: Mapping[str, str]) -> float | None:
     try:
         fields: dict[str, Any] = {}
         for key, text in params.items():
-            if key.startswith("model.") and key != "model.total_params":
+            if key.startswith("model.") and key != tracking.TOTAL_PARAMS_PARAM:
                 set_dotted(fields, key.removeprefix("model."), _param_value(text), root=ModelConfig)
         model = apply_variant(ModelConfig.model_validate(fields), params.get("variant", "baseline"))
-        total, seq_len = int(params["model.total_params"]), int(params["data.seq_len"])
+        total, seq_len = int(params[tracking.TOTAL_PARAMS_PARAM]), int(params["data.seq_len"])
         tokens = int(params["train.batch_size"]) * seq_len
     except (KeyError, TypeError, ValueError, ValidationError, GatelabError):
         return None

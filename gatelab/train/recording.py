@@ -80,7 +80,7 @@ def start_params(experiment: ExperimentConfig, model_config: ModelConfig, precis
     """The parameters a run records once, as it starts: its config, the resolved model, the precision it trains in."""
     params = flatten(experiment) | {f"resolved.{k}": v for k, v in flatten(model_config.model_dump(mode='json')).items()
                                     if k in ("gates", "n_heads", "n_kv_heads", "ffn_hidden")}
-    params["model.total_params"] = count_parameters(model_config)
+    params[tracking.TOTAL_PARAMS_PARAM] = count_parameters(model_config)
     params["resolved.train.precision"] = precision
     return params
 
