@@ -149,6 +149,9 @@ class Claim(StrictModel):
     # starts at a's scale; a row whose groups start at different scales holds only if that row holds
     scale_control: str | None = None
     why: str = ""  # a note on the row: what the test means at this scale
+    # confirmatory: declared in this file before any run it reads (a test checks the commit dates); exploratory: the
+    # paper's claims written after their data; other paper: another paper's claim. Each section is corrected apart.
+    section: Literal["confirmatory", "exploratory", "other paper"] = "exploratory"
 
     @model_validator(mode="after")
     def _check(self) -> Claim:
