@@ -19,6 +19,8 @@
 # results/bench/<gpu name>/, the logs are $OUT/gpu-check-logs.tgz. Exit status: 0 when no line FAILs.
 # What does not fit in one call (the whole bench, `gatelab eval` with lm-eval) is experiments/gpu-check-more.sh.
 # A dry run on a CPU (the script's wiring, not its verdicts): DRY_RUN=1 bash experiments/gpu-check.sh
+# SKIP_STEPS="sweep pytest" leaves those steps out (their lines say NOT RUN), BUDGET_S=N shortens the 540 s: for a call
+# that must leave device time for other work.
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/gpu-check-out}
@@ -51,6 +53,7 @@ left() { echo $(( BUDGET_S - ($(date +%s) - T0) )); }
 # smaller of CAP_S and what is left of the budget (a step with under 10 s left is not started: status stays unset)
 step() {
   local name=$1 cap=$2; shift 2
+  if [[ " ${SKIP_STEPS:-} " == *" $name "* ]]; then say "$name: not run, named in SKIP_STEPS"; return; fi
   local limit; limit=$(left); [ "$limit" -gt "$cap" ] && limit=$cap
   if [ "$limit" -lt 10 ]; then say "$name: not run, the budget is spent"; return; fi
   say "$name (limit $limit s): $*"

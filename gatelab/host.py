@@ -15,9 +15,18 @@ import gatelab
 
 
 def repo_root() -> Path:
-    """The folder above the gatelab package: the git checkout (with experiments/, sweeps/, results/) in an editable
-    install, site-packages in a wheel install."""
-    return Path(__file__).resolve().parents[1]
+    """The checkout with experiments/ and sweeps/: the folder above the gatelab package in an editable install; in a
+    wheel install (site-packages holds neither) the working directory where it is such a checkout, else
+    site-packages. A GPU machine's `pip install CHECKOUT` is a wheel install run from the checkout: without the
+    fallback, `gatelab bench` asked for site-packages/sweeps/paper-table1.yaml there."""
+    above_package = Path(__file__).resolve().parents[1]
+    if not (above_package / "experiments").is_dir() and _is_checkout(Path.cwd()):
+        return Path.cwd().resolve()
+    return above_package
+
+
+def _is_checkout(folder: Path) -> bool:
+    return (folder / "experiments").is_dir() and (folder / "sweeps").is_dir() and (folder / "pyproject.toml").is_file()
 
 
 def process_stat(pid: int | str = "self") -> list[str] | None:

@@ -15,6 +15,7 @@ disk for the next run of the same command if it lasts.
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -313,16 +314,35 @@ def _run_row(run) -> dict[str, Any]:
     return row
 
 
+CODE_HASH_TAG = "gatelab.code_sha256"
+
+
+@functools.cache
+def code_hash() -> str:
+    """sha256 over the installed gatelab package's .py and .yaml files (relative path and bytes, sorted): the code
+    that ran, whatever git says of the tree it came from (a copied checkout can carry another commit's metadata)."""
+    package = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(p for p in package.rglob("*") if p.suffix in (".py", ".yaml") and "__pycache__" not in p.parts):
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 def code_version() -> dict[str, str]:
-    """The git commit and dirty flag of the gatelab checkout, when there is one."""
+    """The git commit and dirty flag of the gatelab checkout, when there is one, and the package's content hash."""
+    return {**_git_version(), CODE_HASH_TAG: code_hash()}
+
+
+def _git_version() -> dict[str, str]:
+    unknown = {"gatelab.git_commit": "unknown", "gatelab.git_dirty": "unknown"}
     root = repo_root()
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
         dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
-        return {"gatelab.git_commit": "unknown", "gatelab.git_dirty": "unknown"}
+        return unknown
     if commit.returncode:
-        return {"gatelab.git_commit": "unknown", "gatelab.git_dirty": "unknown"}
+        return unknown
     return {"gatelab.git_commit": commit.stdout.strip(), "gatelab.git_dirty": str(bool(dirty.stdout.strip())).lower()}
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gatelab import host
+
 
 def test_a_programs_start_is_its_first_import_of_gatelab_not_the_process_that_became_it(tmp_path):
     """Under `bash -c 'sleep ... && gatelab ...'` bash execs gatelab in its own process: time/import_s counted the
@@ -30,7 +32,6 @@ def _emulating_bf16_supported(native: bool):
 @pytest.mark.parametrize(("native", "expected"), [(True, "bf16-mixed"), (False, "16-mixed")])
 def test_auto_precision_on_a_gpu_is_bf16_only_where_bf16_is_native(monkeypatch, native, expected):
     """On a V100 or T4 CUDA emulates bf16 in fp32 and `is_bf16_supported()` still says yes: fp16 there."""
-    from gatelab import host
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", _emulating_bf16_supported(native))
@@ -42,10 +43,24 @@ def test_auto_precision_on_a_gpu_is_bf16_only_where_bf16_is_native(monkeypatch, 
 @pytest.mark.parametrize(("capability", "expected"), [((7, 0), "16-mixed"), ((7, 5), "16-mixed"),
                                                       ((8, 0), "bf16-mixed"), ((9, 0), "bf16-mixed")])
 def test_where_torch_cannot_leave_emulation_out_the_compute_capability_decides(monkeypatch, capability, expected):
-    from gatelab import host
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)  # no `including_emulation`: emulation counts
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     monkeypatch.setattr(torch.version, "hip", None)
     assert host.resolve_precision("auto", "auto") == expected
+
+
+def test_a_wheel_install_run_from_a_checkout_finds_the_checkout_s_sweeps_and_presets(tmp_path, monkeypatch):
+    # a GPU machine installs the checkout as a wheel (site-packages has no experiments/) and runs from the checkout
+    site_packages = tmp_path / "site-packages"
+    (site_packages / "gatelab").mkdir(parents=True)
+    checkout = tmp_path / "checkout"
+    for folder in ("experiments", "sweeps"):
+        (checkout / folder).mkdir(parents=True)
+    (checkout / "pyproject.toml").write_text("")
+    monkeypatch.setattr(host, "__file__", str(site_packages / "gatelab" / "host.py"))
+    monkeypatch.chdir(checkout)
+    assert host.repo_root() == checkout.resolve()
+    monkeypatch.chdir(tmp_path)  # not a checkout: the folder above the package, as before
+    assert host.repo_root() == site_packages.resolve()

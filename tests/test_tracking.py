@@ -68,3 +68,32 @@ def test_a_local_store_moved_to_another_folder_still_gives_its_artifacts(tmp_pat
     store = tracking.RunStore(sqlite_uri(moved), moved)
     assert store.artifact_json(tracked.run_id, "probes/probes.json") == {"f_attn": 0.5}
     assert store.artifact_text(tracked.run_id, "probes/missing.json") is None
+
+
+def test_a_run_records_a_hash_of_the_code_that_ran_which_changes_with_any_source_file(tmp_path, monkeypatch):
+    # repro-trained-long's runs said git commit 2782a76 (dirty) although they ran f8520fa's tree: the commit of a copied
+    # checkout's metadata is not the code; the package's content is
+    from gatelab import tracking
+
+    assert tracking.code_version()[tracking.CODE_HASH_TAG] == tracking.code_hash()
+    package = tmp_path / "gatelab"
+    (package / "model").mkdir(parents=True)
+    (package / "model" / "gate.py").write_text("SCALE = 1\n")
+    (package / "__pycache__").mkdir()
+    monkeypatch.setattr(tracking, "__file__", str(package / "tracking.py"))
+
+    def fresh_hash() -> str:
+        tracking.code_hash.cache_clear()
+        return tracking.code_hash()
+
+    try:
+        first = fresh_hash()
+        (package / "__pycache__" / "gate.cpython-312.pyc").write_bytes(b"compiled")
+        assert fresh_hash() == first  # compiled files are not the code
+        (package / "model" / "gate.py").write_text("SCALE = 2\n")
+        changed = fresh_hash()
+        assert changed != first
+        (package / "model" / "gate.py").rename(package / "gate.py")  # the same bytes at another path
+        assert fresh_hash() != changed
+    finally:
+        tracking.code_hash.cache_clear()

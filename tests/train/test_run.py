@@ -50,7 +50,7 @@ def test_a_run_records_every_metric_and_artifact(tmp_path):
     row = frame.iloc[0]
     assert row["status"] == "FINISHED" and row["tags.gatelab.status"] == "finished"
     for tag in ("variant", "seed", "experiment", "gatelab.spec_hash", "gatelab.git_commit", "gatelab.git_dirty",
-                "version.torch"):
+                "gatelab.code_sha256", "version.torch"):
         assert isinstance(row[f"tags.{tag}"], str) and row[f"tags.{tag}"], tag
     assert row["params.model.n_layers"] == "2" and row["params.train.lr"] == "0.003"
     assert row["params.resolved.train.precision"] == "32-true"  # the precision it trained in
