@@ -36,6 +36,8 @@ from gatelab.report.claims_evidence import (
 )
 from gatelab.report.claims_file import (
     AXIS_RULES,
+    ON_AN_AXIS,
+    TWO_GROUPS,
     UNIFORM_FIRST_TOKEN,
     Claim,
     TestableIf,
@@ -43,8 +45,20 @@ from gatelab.report.claims_file import (
     parse_group,
     parse_settings,
 )
+from gatelab.report.claims_rules import (
+    NO_REFERENCE,
+    RULE_INIT_SCALE,
+    RULE_POSITIVE_CONTROL,
+    RULE_PRECONDITION,
+    RULE_REGIME,
+    RULE_SCALE_CONTROL,
+    SECTIONS,
+    Regime,
+    corrected,
+    regimes_by_sweep,
+    rule_of,
+)
 from gatelab.report.stats import (
-    benjamini_hochberg,
     compare_shared_seeds,
     lr_sensitivity,
     mean_std,
@@ -68,8 +82,8 @@ MATCHED, DIFFERS, NOT_LOGGED = "matched", "differs", "not logged"
 ALPHA = 0.05
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0  # a fixed numpy Generator seed: the table made twice from one store is the same, byte for byte
-COLUMNS = ["claim", "sweep", "comparison", "metric", "paper", "ours", "spread (sd)", "n", "test", "r (seeds)", "p",
-           "q", "MDE", "verdict", "note"]
+COLUMNS = ["section", "claim", "sweep", "comparison", "metric", "paper", "ours", "spread (sd)", "n", "test",
+           "r (seeds)", "p", "q", "MDE", "init ratio", "regime", "verdict", "rule", "note"]
 
 
 # --- formatting -------------------------------------------------------------------------------------------------------
@@ -95,7 +109,10 @@ class Outcome:
     p_value: float | None = None
     decide: Callable[[float | None], str] = lambda q: INCONCLUSIVE
     notes: list[str] = field(default_factory=list)
-    scale: str = ""  # direction rows: MATCHED, DIFFERS or NOT_LOGGED (`_init_scale`)
+    scale: str = ""  # two-group rows: MATCHED, DIFFERS or NOT_LOGGED (`_init_scale`)
+    init_ratio: float | None = None  # group a's mean init scale over b's
+    rule: str | None = None  # set where a rule before the test decided the verdict (a precondition, the regime)
+    regime: Regime | None = None  # the sweep's, where the row makes a statement of size
 
 
 def _relative(metric: str) -> bool:
@@ -164,15 +181,32 @@ def _change_claim(claim: Claim, records: Sequence[RunRecord], paper: PaperEffect
 
 
 def _margin(claim: Claim) -> tuple[float, str]:
-    """The closeness margin relative to group b's mean, from the paper or stated, and how it was made."""
+    """The closeness margin relative to group b's mean, from the paper's gap for the pair or stated, and how it was
+    made."""
     margin = claim.margin
     if margin.paper_gain is None:
         return float(margin.relative), f"stated, +-{100 * margin.relative:.3g}% of {claim.b}'s mean: {margin.reason}"
     gain = paper_gain(margin.paper_gain)
     source, labels = row_labels(margin.paper_gain.table)
     a, b = (labels.get(i, i) for i in margin.paper_gain.ids)
-    return margin.fraction * abs(gain), (f"{margin.fraction:g} x the paper's gain of {source} row {a} over {b} "
-                                         f"({100 * gain:+.2f}%), relative to {claim.b}'s mean")
+    return margin.fraction * abs(gain), (f"{margin.fraction:g} x the paper's own gap for the pair, {source} row {a} "
+                                         f"against {b} ({100 * gain:+.2f}%), relative to {claim.b}'s mean")
+
+
+def _positive_control(claim: Claim, records: Sequence[RunRecord], relative_margin: float) -> tuple[bool, str]:
+    """Whether a stated margin's positive control (two groups of the sweep) moves the metric by more than the margin,
+    significantly (paired t, p < 0.05): else the sweep shows no difference the margin could tell from closeness."""
+    a, b = (by_seed(records, group, claim.metric) for group in claim.margin.positive_control)
+    seeds = shared_seeds(a, b)
+    if len(seeds) < 2:
+        return False, "positive control: fewer than two shared seeds"
+    mean_b = float(np.mean([b[s] for s in seeds]))
+    result = compare_shared_seeds(a, b)
+    effect = result.delta / abs(mean_b)
+    moved = abs(effect) > relative_margin and result.p_value is not None and result.p_value < ALPHA
+    pair = " against ".join(claim.margin.positive_control)
+    return moved, (f"positive control {pair}: {100 * effect:+.3g}% (p {_fmt(result.p_value)}), "
+                   f"{'beyond' if moved else 'not significantly beyond'} the margin +-{100 * relative_margin:.3g}%")
 
 
 def _closeness_claim(claim: Claim, records: Sequence[RunRecord], paper: PaperEffect | None) -> Outcome:
@@ -441,24 +475,37 @@ def _matching_effect(claim: Claim, effect: PaperEffect | None, records: Sequence
                   "compare the interval with")
 
 
-def _init_scale(claim: Claim, records: Sequence[RunRecord]) -> tuple[str, str]:
+def _init_values(claim: Claim, records: Sequence[RunRecord], group: str) -> list[float]:
+    """INIT_SCALE of a group's runs: at the claim's first setting for a change, over the axis for an axis claim (the
+    scale at step 0 depends on neither)."""
+    if claim.kind in ON_AN_AXIS:
+        runs = [r for rs in axis_runs(records, group, claim.axis or "").values() for r in rs]
+        values = [run_value(r, INIT_SCALE) for r in runs]
+    else:
+        if claim.kind == "change":
+            group = with_settings(group, parse_settings((claim.setting or ("",))[0]))
+        values = list(by_seed(records, group, INIT_SCALE).values())
+    return [v for v in values if math.isfinite(v)]
+
+
+def _init_scale(claim: Claim, records: Sequence[RunRecord]) -> tuple[str, str, float | None]:
     """Whether groups a and b start at one scale of the attention output (INIT_SCALE's group means within
-    INIT_SCALE_RATIO): MATCHED, DIFFERS or NOT_LOGGED, and a note."""
+    INIT_SCALE_RATIO): MATCHED, DIFFERS or NOT_LOGGED, a note, and the ratio of a's mean to b's."""
     means = {}
     for group in (claim.a, claim.b or ""):
-        values = [v for v in by_seed(records, group, INIT_SCALE).values() if math.isfinite(v)]
+        values = _init_values(claim, records, group)
         means[group] = float(np.mean(values)) if values else math.nan
     unlogged = [g for g, m in means.items() if not math.isfinite(m)]
     if unlogged:
         return NOT_LOGGED, (f"init scale not logged ({INIT_SCALE} absent on the runs of "
-                            f"{', '.join(unlogged)}): the init-scale rule could not be applied")
+                            f"{', '.join(unlogged)}): the init-scale rule could not be applied"), None
     mean_a, mean_b = means[claim.a], means[claim.b or ""]
     ratio = mean_a / mean_b if mean_b else math.inf
     low, high = INIT_SCALE_RATIO
     inside = low <= ratio <= high
     return (MATCHED if inside else DIFFERS), (f"init scale ({INIT_SCALE}) {mean_a:.3g} vs {mean_b:.3g}, "
                                               f"ratio {ratio:.3g}, {'inside' if inside else 'outside'} "
-                                              f"[{low:g}, {high:g}]")
+                                              f"[{low:g}, {high:g}]"), ratio
 
 
 def _not_run(test: str, why: str) -> str:
@@ -469,14 +516,33 @@ def _not_run(test: str, why: str) -> str:
     return f"{name} (not run: {why})" if name else f"none ({why})"
 
 
-def evaluate_claim(claim: Claim, records: Sequence[RunRecord] | None) -> tuple[dict[str, str], Outcome]:
+@dataclass
+class Context:
+    """What rows of one table share: each sweep's regime, and each named precondition's answer, found once a sweep."""
+
+    regimes: Mapping[str, Regime] = field(default_factory=dict)
+    answers: dict[tuple[str, str], tuple[bool, str]] = field(default_factory=dict)
+
+    def precondition(self, claim: Claim, rule: TestableIf, records: Sequence[RunRecord]) -> tuple[bool, str]:
+        if rule.name is None:
+            return _rule_holds(rule, records)
+        key = (claim.sweep or "", rule.name)
+        if key not in self.answers:
+            passed, text = _rule_holds(rule, records)
+            self.answers[key] = passed, f"precondition \"{rule.name}\" ({'met' if passed else 'not met'}): {text}"
+        return self.answers[key]
+
+
+def evaluate_claim(claim: Claim, records: Sequence[RunRecord] | None, context: Context | None = None
+                   ) -> tuple[dict[str, str], Outcome]:
     """One row of the claims table before the correction: its fixed cells, and the outcome of its test."""
+    context = context or Context()
     paper_text, effect = paper_figure(claim)
+    row = {"section": claim.section, "claim": claim.claim, "sweep": claim.sweep or "-",
+           "comparison": "-" if claim.kind == "not addressed" else _comparison(claim),
+           "metric": "-" if claim.kind == "not addressed" else claim.metric, "paper": paper_text}
     if claim.kind == "not addressed":
-        row = {"claim": claim.claim, "sweep": "-", "comparison": "-", "metric": "-", "paper": paper_text}
         return row, CHECKS[claim.kind](claim, (), None)
-    row = {"claim": claim.claim, "sweep": claim.sweep, "comparison": _comparison(claim), "metric": claim.metric,
-           "paper": paper_text}
     if not records:
         return row, Outcome(_no_figures(), None, lambda q: NOT_RUN, [claim.why])
     missing = _missing(claim, records)
@@ -493,54 +559,84 @@ def evaluate_claim(claim: Claim, records: Sequence[RunRecord] | None) -> tuple[d
                              else f"{diverged} diverged run(s) have no {claim.metric} and are left out")
     # Figures shown, not tested: the column still names the row's test, fixed by its kind, with why it did not run.
     untested = outcome.cells | {"r (seeds)": "", "MDE": ""}
+
+    def not_testable(rule: str, reasons: list[str]) -> tuple[dict[str, str], Outcome]:
+        cells = untested | {"test": _not_run(outcome.cells["test"], "not testable")}
+        return row, Outcome(cells, None, lambda q: NOT_TESTABLE, [*reasons, *outcome.notes, claim.why], rule=rule,
+                            regime=outcome.regime)
+
     if claim.true_by_construction:
         notes = [claim.true_by_construction, *outcome.notes, claim.why]
         untested["test"] = _not_run(outcome.cells["test"], "true by construction")
         return row, Outcome(untested, None, lambda q: TRUE_BY_CONSTRUCTION, notes)
-    checked = [(rule, *_rule_holds(rule, records)) for rule in claim.testable_if]
+    checked = [(rule, *context.precondition(claim, rule, records)) for rule in claim.testable_if]
     failed = [(rule, text) for rule, passed, text in checked if not passed]
     if failed:
-        reasons = [f"not testable: {rule.reason} ({text})" for rule, text in failed]
-        untested["test"] = _not_run(outcome.cells["test"], "not testable")
-        return row, Outcome(untested, None, lambda q: NOT_TESTABLE, [*reasons, *outcome.notes, claim.why])
-    if claim.kind == "direction":
-        outcome.scale, scale_note = _init_scale(claim, records)
+        return not_testable(RULE_PRECONDITION, [f"not testable: {rule.reason} ({text})" for rule, text in failed])
+    sweep_regime = context.regimes.get(claim.sweep or "", NO_REFERENCE)
+    if claim.kind == "direction" and effect is not None or claim.kind == "closeness":
+        outcome.regime = sweep_regime  # the row can make a statement of size
+    if claim.kind == "closeness":
+        stated = claim.margin.paper_gain is None
+        if not sweep_regime.commensurate and (not stated or sweep_regime.ratio is not None):
+            return not_testable(RULE_REGIME, [f"not testable: a closeness is a statement of size; {sweep_regime.text}"])
+        if stated:
+            moved, text = _positive_control(claim, records, float(claim.margin.relative))
+            if not moved:
+                return not_testable(RULE_POSITIVE_CONTROL, [f"not testable: the margin is wider than what the sweep "
+                                                            f"can tell apart ({text})"])
+            outcome.notes.append(text)
+    if claim.kind in TWO_GROUPS:
+        outcome.scale, scale_note, outcome.init_ratio = _init_scale(claim, records)
         outcome.notes += [compared, scale_note]
+    if outcome.regime is not None and outcome.regime.ratio is not None:
+        outcome.notes.append(outcome.regime.text)
     outcome.notes = [f"testable: {text}" for _, _, text in checked] + outcome.notes + [claim.why]
     return row, outcome
 
 
 def _verdicts(claims: Sequence[Claim], outcomes: Sequence[Outcome], q_values: Sequence[float | None]
-              ) -> list[tuple[str, list[str]]]:
-    """Each row's verdict from its q, then the init-scale rule: a row that would hold while its groups start at
-    different scales is init-scale confounded, unless it names a scale-matched control row and that row holds (a
-    control names no control of its own, so its verdict is final after the first pass)."""
-    first: list[tuple[str, list[str]]] = []
+              ) -> list[tuple[str, str, list[str]]]:
+    """Each row's verdict, the rule that gave it and notes: from its q, then the init-scale rule on every comparison
+    of two groups whichever way it points (groups that start at different scales are init-scale confounded, unless
+    the row would hold and names a scale-matched control row that holds: a control names no control of its own, so its
+    verdict is final after the first pass), then the regime rule on "the paper's size excluded"."""
+    first: list[tuple[str, str, list[str]]] = []
     for claim, outcome, q in zip(claims, outcomes, q_values, strict=True):
         verdict = outcome.decide(q)
-        if verdict == HOLDS and outcome.scale == DIFFERS and claim.scale_control is None:
-            first.append((CONFOUNDED, ["no scale-matched control row (scale_control)"]))
+        rule = outcome.rule or rule_of(verdict)
+        if outcome.scale == DIFFERS and outcome.rule is None and not (verdict == HOLDS and claim.scale_control):
+            control = "" if claim.scale_control else "; no scale-matched control row (scale_control)"
+            first.append((CONFOUNDED, RULE_INIT_SCALE, [f"the test alone: {verdict}{control}"]))
+        elif verdict == PAPER_SIZE_EXCLUDED and not (outcome.regime or NO_REFERENCE).commensurate:
+            first.append((NOT_TESTABLE, RULE_REGIME, [f"the test alone: {verdict}; a size is not read outside the "
+                                                      "regime"]))
         else:
-            first.append((verdict, []))
-    by_claim = {claim.claim: verdict for claim, (verdict, _) in zip(claims, first, strict=True)}
+            first.append((verdict, rule, []))
+    by_claim = {claim.claim: verdict for claim, (verdict, _, _) in zip(claims, first, strict=True)}
     final = []
-    for claim, outcome, (verdict, notes) in zip(claims, outcomes, first, strict=True):
+    for claim, outcome, (verdict, rule, notes) in zip(claims, outcomes, first, strict=True):
         if verdict == HOLDS and outcome.scale == DIFFERS and claim.scale_control is not None:
             control = by_claim.get(claim.scale_control, "not in this table")
-            verdict = HOLDS if control == HOLDS else CONFOUNDED
+            verdict, rule = (HOLDS, RULE_SCALE_CONTROL) if control == HOLDS else (CONFOUNDED, RULE_INIT_SCALE)
             notes = [f"the scale-matched control row \"{claim.scale_control}\": {control}"]
-        final.append((verdict, notes))
+        final.append((verdict, rule, notes))
     return final
 
 
 def claims_table(records_by_sweep: Mapping[str, Sequence[RunRecord]], claims: Sequence[Claim]) -> pd.DataFrame:
-    """Every claim, in order, with p and the table's Benjamini-Hochberg q over the rows with a p-value; a claim whose
-    sweep is not given is marked "not run"."""
-    evaluated = [evaluate_claim(claim, records_by_sweep.get(claim.sweep)) for claim in claims]
-    q_values = benjamini_hochberg([outcome.p_value for _, outcome in evaluated])
+    """Every claim, by section (SECTIONS) and in order within it, with p and q, p corrected within the row's section;
+    a claim whose sweep is not given is marked "not run"."""
+    claims = sorted(claims, key=lambda claim: list(SECTIONS).index(claim.section))
+    effect_of = lambda claim, records: _matching_effect(claim, paper_figure(claim)[1], records)[0]  # noqa: E731
+    context = Context(regimes_by_sweep(claims, records_by_sweep, effect_of))
+    evaluated = [evaluate_claim(claim, records_by_sweep.get(claim.sweep), context) for claim in claims]
+    q_values = corrected(claims, [outcome.p_value for _, outcome in evaluated])
     verdicts = _verdicts(claims, [outcome for _, outcome in evaluated], q_values)
     rows = []
-    for (row, outcome), q, (verdict, notes) in zip(evaluated, q_values, verdicts, strict=True):
-        rows.append(row | outcome.cells | {"p": _p(outcome.p_value), "q": _p(q), "verdict": verdict,
+    for (row, outcome), q, (verdict, rule, notes) in zip(evaluated, q_values, verdicts, strict=True):
+        rows.append(row | outcome.cells | {"p": _p(outcome.p_value), "q": _p(q), "verdict": verdict, "rule": rule,
+                                           "init ratio": _fmt(outcome.init_ratio),
+                                           "regime": outcome.regime.cell() if outcome.regime else "",
                                            "note": "; ".join(n for n in [*outcome.notes, *notes] if n)})
     return pd.DataFrame(rows, columns=COLUMNS)

@@ -63,13 +63,16 @@ class PaperGain(StrictModel):
 
 class Margin(StrictModel):
     """A closeness claim's equivalence margin, relative to group b's mean and never measured on our runs: `fraction`
-    of the paper's gain `paper_gain` (from the paper's model of the sweep's kind, dense or MoE), or a `relative`
-    margin stated with its `reason`."""
+    times the paper's own gap for the claim's pair (`paper_gain`: the two rows of the paper that the claim compares,
+    from the paper's model of the sweep's kind, dense or MoE), or a `relative` margin stated with its `reason` and a
+    `positive_control`: two groups of the same sweep whose difference must exceed the margin, or the margin is too wide
+    for the sweep to tell anything apart."""
 
     fraction: PositiveFloat | None = None
     paper_gain: PaperGain | None = None
     relative: PositiveFloat | None = None  # e.g. 0.01: +-1% of group b's mean
     reason: str = ""  # why a stated relative margin is the right one
+    positive_control: tuple[str, str] | None = None  # (a, b): groups of the sweep, b the reference of the difference
 
     @model_validator(mode="before")
     @classmethod
@@ -86,7 +89,12 @@ class Margin(StrictModel):
         stated = (self.relative is not None, bool(self.reason))
         if not ((all(from_paper) and not any(stated)) or (all(stated) and not any(from_paper))):
             raise ValueError("a margin is either {fraction: F, paper_gain: {table: T, ids: [A, B]}} or "
-                             "{relative: R, reason: WHY}")
+                             "{relative: R, reason: WHY, positive_control: [A, B]}")
+        if all(stated) and self.positive_control is None:
+            raise ValueError("a stated margin needs positive_control: [A, B], two groups of the sweep whose difference "
+                             "exceeds the margin (else no difference of that size could be told apart)")
+        if all(from_paper) and self.positive_control is not None:
+            raise ValueError("positive_control goes with a stated margin; a margin from the paper's gap needs none")
         return self
 
 
@@ -107,6 +115,7 @@ class TestableIf(StrictModel):
 
     __test__ = False  # not a pytest class, despite its name
 
+    name: str | None = None  # set from the claims file's `preconditions`: rows naming one share its answer
     rule: Literal["above", "below", "moved", "unstable", "diverges"]
     group: str
     metric: str
@@ -143,11 +152,14 @@ class Claim(StrictModel):
     only_gated: bool = False  # rank: keep only the variants with a gate (gatelab.variants), not baseline or references
     margin: Margin | None = None  # closeness: the equivalence margin
     paper: PaperFigure = PaperFigure()
-    testable_if: list[TestableIf] = []
+    testable_if: list[TestableIf | str] = []  # a rule, or the name of one of the file's `preconditions`
     true_by_construction: str | None = None  # why the row cannot fail: shown, not tested, not counted as support
     # direction: the claim (its text) of another row of the sweep comparing group a with a group whose attention output
     # starts at a's scale; a row whose groups start at different scales holds only if that row holds
     scale_control: str | None = None
+    # this row's effect against the paper's is its sweep's regime: statements of size (closeness against the paper's
+    # gap, "the paper's size excluded") are made in the sweep only where that ratio is within a factor of 4
+    regime_reference: bool = False
     why: str = ""  # a note on the row: what the test means at this scale
     # confirmatory: declared in this file before any run it reads (a test checks the commit dates); exploratory: the
     # paper's claims written after their data; other paper: another paper's claim. Each section is corrected apart.
@@ -185,8 +197,9 @@ class Claim(StrictModel):
 
 
 class ClaimsFile(StrictModel):
-    """The keys of a claims file."""
+    """The keys of a claims file: named preconditions that rows share (`testable_if: [NAME]`), then the rows."""
 
+    preconditions: dict[str, TestableIf] = {}
     claims: list[Claim]
 
 
@@ -377,11 +390,21 @@ def _check_paper(claim: Claim, where: str, problems: list[str]) -> None:
         _check_ids(figure.table, list(pair), rows, f"paper.pairs[{i}]", where, problems)
 
 
-def _check_margin(margin: Margin, grid: _SweepGrid, where: str, problems: list[str]) -> None:
-    """A margin from the paper names real rows of a table of the paper's model of the sweep's kind (dense or MoE)."""
+def _check_margin(claim: Claim, grid: _SweepGrid, where: str, problems: list[str]) -> None:
+    """A margin from the paper names the claim's own pair (a and b as the paper's rows, or paper.ids) in a table of
+    the paper's model of the sweep's kind (dense or MoE); a stated margin's positive control names groups of the
+    sweep."""
+    margin = claim.margin
+    if margin.positive_control is not None:
+        for i, group in enumerate(margin.positive_control):
+            grid.resolve(group, f"{where}: margin.positive_control[{i}]", problems)
     gain = margin.paper_gain
     if gain is None:
         return
+    own = list(claim.paper.ids or [parse_group(g)[0] for g in (claim.a, claim.b or "")])
+    if list(gain.ids) != own:
+        problems.append(f"{where}: margin.paper_gain.ids: {list(gain.ids)} is not the claim's own pair {own}: a "
+                        "closeness margin comes from the paper's gap for the same comparison")
     rows = _paper_rows(gain.table, "ppl", f"{where}: margin.paper_gain", problems)
     if rows is None:
         return
@@ -416,7 +439,8 @@ def _check_scale_controls(claims: list[Claim], wheres: list[str], problems: list
                             f"{claim.a} without a scale_control of its own")
 
 
-def _check_claim(claim: Claim, grid: _SweepGrid, where: str, problems: list[str]) -> Claim:
+def _check_claim(claim: Claim, grid: _SweepGrid, where: str, problems: list[str],
+                 preconditions: Mapping[str, TestableIf]) -> Claim:
     """The claim with its groups spelled as the sweep spells them; problems appended for whatever does not exist."""
     update: dict[str, Any] = {}
     if claim.kind == "change":
@@ -452,10 +476,16 @@ def _check_claim(claim: Claim, grid: _SweepGrid, where: str, problems: list[str]
         update["rank_ids"] = [grid.resolve(g, f"{where}: rank_ids[{i}]", problems)
                               for i, g in enumerate(claim.rank_ids)]
     if claim.margin is not None:
-        _check_margin(claim.margin, grid, where, problems)
+        _check_margin(claim, grid, where, problems)
     rules = []
     for i, rule in enumerate(claim.testable_if):
         at = f"{where}: testable_if[{i}]"
+        if isinstance(rule, str):
+            if rule not in preconditions:
+                problems.append(f"{at}: no precondition '{rule}'{_hint(rule, list(preconditions))}; the file's "
+                                f"preconditions: {', '.join(preconditions) or '(none)'}")
+                continue
+            rule = preconditions[rule].model_copy(update={"name": rule})
         if rule.rule in AXIS_RULES:
             values = grid.axis_values(rule.axis or "", f"{at}.axis", problems)
             group = grid.resolve(rule.group, f"{at}.group", problems, partial=True)
@@ -506,9 +536,15 @@ def load_claims(path: str | Path, sweeps: Mapping[str, Any] | None = None) -> li
             problems.append(f"{where}: sweep: '{claim.sweep}' is not a sweep in {folder}/{_hint(claim.sweep, names)}; "
                             f"its sweeps: {', '.join(names)}")
             continue
-        claims.append(_check_claim(claim, grids[claim.sweep], where, problems))
+        claims.append(_check_claim(claim, grids[claim.sweep], where, problems, parsed.preconditions))
         wheres.append(where)
     _check_scale_controls(claims, wheres, problems)
+    references = [c.sweep for c in claims if c.regime_reference]
+    problems += [f"regime_reference: sweep {sweep} has {references.count(sweep)} reference rows; one at most"
+                 for sweep in sorted(set(references)) if references.count(sweep) > 1]
+    problems += [f"{where}: regime_reference: a reference is a direction row on a perplexity metric with the paper's "
+                 "table figure" for claim, where in zip(claims, wheres, strict=True) if claim.regime_reference
+                 and (claim.kind != "direction" or not claim.metric.startswith("ppl/") or claim.paper.table is None)]
     if problems:
         raise GatelabError(f"{source}: invalid claims file\n" + "\n".join(f"  {p}" for p in problems))
     return claims
