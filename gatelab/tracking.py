@@ -45,6 +45,7 @@ VARIANT_TAG, SEED_TAG, EXPERIMENT_TAG = "variant", "seed", "experiment"
 RUN_NAME_TAG = "mlflow.runName"
 REPORTS_OF_TAG = "gatelab.reports_of"  # on the experiment "<sweep> reports": the sweep whose report runs it holds
 TOTAL_PARAMS_PARAM = "model.total_params"  # the parameter count a run logs as it starts (gatelab.train.recording)
+RESOLVED_PRECISION_PARAM = "resolved.train.precision"  # the precision it trained in (auto resolved)
 
 # What the MLflow UI opens on: the runs table, where a missing tag lands on the GenAI overview. MLflow 3.17's UI reads
 # the URL's `workflowType` instead (see gatelab.report.ui), so gatelab sets both.

@@ -11,8 +11,9 @@ from typer import echo
 from gatelab.app import comma_list, say_written
 from gatelab.errors import GatelabError
 from gatelab.metrics import TRAIN_LOSS
+from gatelab.progress import DEVICE_TAG
 from gatelab.store_uris import missing_local_store
-from gatelab.tracking import TOTAL_PARAMS_PARAM, RunStore
+from gatelab.tracking import RESOLVED_PRECISION_PARAM, TOTAL_PARAMS_PARAM, RunStore
 from gatelab.workspace import Workspace
 
 DEFAULT_CLAIMS = Path("sweeps/claims/tiny.yaml")  # relative to the repository root, where gatelab is run from
@@ -60,7 +61,13 @@ def make_claims(sweep_paths: Sequence[Path], *, out_dir: Path, formats: Sequence
         logged = store.run_data(run_id).params.get(TOTAL_PARAMS_PARAM)
         return None if logged is None else int(logged)
 
-    return write_claims(records, claims, out_dir, formats, command, log=log, logged_parameters=logged_parameters)
+    def logged_setup(run_id: str) -> str | None:
+        data = store.run_data(run_id)
+        precision, device = data.params.get(RESOLVED_PRECISION_PARAM), data.tags.get(DEVICE_TAG)
+        return f"{precision} on {device}" if precision and device else None
+
+    return write_claims(records, claims, out_dir, formats, command, log=log, logged_parameters=logged_parameters,
+                        logged_setup=logged_setup)
 
 
 def claims(sweep_paths: Sequence[Path], *, formats: str, out_dir: Path, workspace: Workspace, claims_path: Path,

@@ -29,6 +29,7 @@ from gatelab.report.claims import (
 )
 from gatelab.report.claims_evidence import LOSS_SPIKES, SPIKE_SIGMAS
 from gatelab.report.claims_file import Claim
+from gatelab.report.claims_rules import COMMENSURATE, CORRECTION_NAMES, SECTIONS
 from gatelab.report.tables import RunRecord
 
 # Printed under the claims table: every rule of gatelab.report.claims, in words.
@@ -40,8 +41,15 @@ VERDICT_RULES = [
     "seed pairs; no sweep here has such groups, so no row uses it. Fewer than two shared seeds: no test. Column r "
     "(Pearson's r of the two groups over the shared seeds) describes the pairing and chooses nothing. Perplexity "
     "differences and their 95% intervals are % of the second group's mean.",
-    "Multiple comparisons: p (two-sided) of every tested row is corrected across the whole table by "
-    "Benjamini-Hochberg (column q); verdicts are decided on q < 0.05. Rows without a p-value are not in the family.",
+    "Sections (column section): confirmatory rows were committed to the claims file before the first run they read "
+    "(a test compares the dates); exploratory rows test the paper's claims but were written after their data; other "
+    "papers' rows test Gu et al. 2025 or Bondarenko et al. 2023. Each section is its own family: p (two-sided) is "
+    "corrected by Holm over the confirmatory rows and by Benjamini-Hochberg over each other section (column q); "
+    "verdicts are decided on q < 0.05. Rows without a p-value are in no family.",
+    "Rule (column rule): the rule that gave the row its verdict: its own test (q < 0.05, or no decision at "
+    "q >= 0.05), the paper's size (the interval against the paper's effects), the margin (the interval beyond it), "
+    "the init scale, the regime, a positive control, a precondition; columns init ratio and regime give the figures "
+    "those rules read.",
     "Direction (paired t): holds at q < 0.05 the paper's way; does not hold at q < 0.05 the other way; for "
     "perplexity, does not hold (the paper's size excluded) when the 95% interval of our relative difference lies "
     "wholly on the near side of every effect the paper reports for the sweep's kind of model (Table 2 for a dense "
@@ -50,16 +58,23 @@ VERDICT_RULES = [
     "inconclusive at this scale, with the way our figures point (the paper's direction, or the other way). The MDE "
     "(80% power at p < 0.05) describes the test and decides nothing. Change (paired t on each seed's change of the "
     "metric between two settings): the same, without the paper's size.",
-    f"Init scale: a direction row that would hold, whose two groups' mean {INIT_SCALE} (the attention "
-    f"sublayer's output RMS at step 0, mean over layers) are in a ratio outside [{INIT_SCALE_RATIO[0]:g}, "
-    f"{INIT_SCALE_RATIO[1]:g}], is init-scale confounded (its test figures shown), unless it names a scale-matched "
-    "control row (a direction row about the same group against one that starts at its scale) and that row holds. "
-    "Where the runs do not log the metric the rule cannot be applied, and the row's note says so.",
+    f"Init scale: a row comparing two groups (direction, closeness, change, LR sensitivity) whose mean {INIT_SCALE} "
+    f"(the attention sublayer's output RMS at step 0, mean over layers) are in a ratio (column init ratio) outside "
+    f"[{INIT_SCALE_RATIO[0]:g}, {INIT_SCALE_RATIO[1]:g}] is init-scale confounded, whichever way its test points (the "
+    "note gives what the test alone says), unless it would hold and names a scale-matched control row (a direction "
+    "row about the same group against one that starts at its scale) that holds. Where the runs do not log the metric "
+    "the rule cannot be applied, and the row's note says so.",
+    f"Regime: a statement of size (a closeness, \"the paper's size excluded\") is read only in a sweep whose reference "
+    "row (G1 against the baseline) moves perplexity by 1/"
+    f"{COMMENSURATE:g} to {COMMENSURATE:g} times the paper's mean effect for the sweep's kind of model (column regime); "
+    "elsewhere, or in a sweep without a reference row, such a row is not testable at this scale (a closeness is then "
+    "not tested; a direction row keeps its test, and only its size is not read).",
     "Closeness (TOST, paired t; also where the paper reports no difference): two one-sided tests of the difference "
-    "within +-margin. Margins come from the paper, never from our runs: a fraction (half) of the paper's own "
-    "perplexity gain on the sweep's kind of model, or a stated relative margin with its reason, as a share of the "
-    "second group's mean (the note names it); holds at q < 0.05, does not hold when the 95% interval lies beyond the "
-    "margin, otherwise inconclusive.",
+    "within +-margin, as a share of the second group's mean (the note names it). Margins are never from our runs: "
+    "twice the paper's own gap for the same pair (so that the paper's own result lies at half the margin), or a stated "
+    "margin with its reason and a positive control, two groups of the same sweep whose difference must exceed the "
+    "margin (paired t, p < 0.05), else the sweep tells nothing that size apart and the row is not testable; holds at "
+    "q < 0.05, does not hold when the 95% interval lies beyond the margin, otherwise inconclusive.",
     "Level (one-sample t): the mean against the level; holds at q < 0.05 on the claimed side, does not hold at "
     "q < 0.05 on the other. Rank (Kendall tau): our means against the paper's, holds at q < 0.05 with tau > 0; "
     f"also within the gated rows only, with a 95% bootstrap interval over seeds ({BOOTSTRAP_RESAMPLES} resamples, "
@@ -70,8 +85,9 @@ VERDICT_RULES = [
     "Diverged runs count in both groups, as the worst value: the loss (ln vocab) or perplexity (vocab) of uniform "
     "prediction; a probe has no worst value, so its diverged runs are left out and counted in the note.",
     "Not testable at this scale: a condition the claim needs did not arise in these runs (no attention sink, no "
-    "massive activation, gate scores not moved from init, no instability at any rate); the row's note states the rule, "
-    "its threshold and what was measured. Such rows, rows true by construction (shown with the reason) and "
+    "massive activation, gate scores not moved from init, no instability at any rate), answered once a sweep for the "
+    "rows that share it; the row's note states the rule, its threshold and what was measured. Such rows, rows true by "
+    "construction (shown with the reason) and "
     "descriptive rows get no p-value, are not in the Benjamini-Hochberg family, and count neither for nor against "
     "the paper.",
     "Not addressed: a claim of the paper no sweep here tests (what is missing is in the note); shown so that the "
@@ -82,7 +98,7 @@ VERDICT_RULES = [
     "sparsity_over_mean_gate): the share of gated SDPA output values below 1e-2 minus that of the ungated output "
     "scaled by the layer's mean gate score, per run.",
     "Paper: Qiu et al. 2025 (arXiv 2505.06708), Tables 1-4, numbers in results/paper/; its models are 15B MoE / 1.7B "
-    "dense on 400B tokens or more, so compare directions, not magnitudes.",
+    "dense on 400B tokens or more: directions are compared everywhere, sizes only where the regime rule allows.",
 ]
 
 
@@ -122,39 +138,88 @@ def _claims_list(table: pd.DataFrame, label: str, with_q: bool = True) -> str:
     return "; ".join(items) or "none"
 
 
-def summary(table: pd.DataFrame, regimes: Sequence[tuple[str, float]] = ()) -> str:
-    """The first paragraph of results/tiny/README.md, made from the claims table (`claims_table`) and the regimes'
-    tokens per parameter (`tokens_per_parameter`), so that its counts and q-values cannot drift from the table."""
-    verdicts = list(table["verdict"])
+def _section_sentence(table: pd.DataFrame, section: str) -> str:
+    """One section's rows counted apart, with its correction, and the rows that hold or do not."""
+    rows = table[table["section"] == section] if "section" in table else table
+    if rows.empty:
+        return ""
+    heading, method = SECTIONS[section]
+    verdicts = list(rows["verdict"])
     count = {label: _count(verdicts, label) for label in (HOLDS, FAILS, CONFOUNDED, INCONCLUSIVE, NOT_TESTABLE,
                                                           TRUE_BY_CONSTRUCTION, DESCRIPTIVE, NOT_RUN, NOT_ADDRESSED)}
     ways = [sum(v == inconclusive(sign, 1.0) for v in verdicts) for sign in (1.0, -1.0)]
+    tested = int((rows["p"] != "").sum())
+    shown = [f"{label} {count[label]}" for label in (NOT_TESTABLE, TRUE_BY_CONSTRUCTION, DESCRIPTIVE, NOT_RUN,
+                                                      NOT_ADDRESSED) if count[label]]
+    return (f"{heading[0].upper()}{heading[1:]}: {len(rows)} rows, {tested} tested ({CORRECTION_NAMES[method]} over "
+            f"them). Verdicts: {HOLDS} {count[HOLDS]}; {FAILS} {count[FAILS]}; {CONFOUNDED} {count[CONFOUNDED]}; "
+            f"{INCONCLUSIVE} {count[INCONCLUSIVE]} ({ways[0]} pointing the claim's way, {ways[1]} the other way, "
+            f"{count[INCONCLUSIVE] - sum(ways)} with no direction to point)"
+            + (f"; counting neither way: {'; '.join(shown)}" if shown else "") + ". "
+            f"Holding: {_claims_list(rows, HOLDS)}. Not holding: {_claims_list(rows, FAILS)}.")
+
+
+def summary(table: pd.DataFrame, regimes: Sequence[tuple[str, float]] = (),
+            setups: Mapping[str, str] | None = None) -> str:
+    """The first paragraph of results/tiny/README.md, made from the claims table (`claims_table`), the regimes'
+    tokens per parameter (`tokens_per_parameter`) and what else sets each regime apart (`setups`: batch, precision,
+    device), so that its counts and q-values cannot drift from the table and it says no more than the rules allow."""
+    setups = setups or {}
     low, high = (t / PAPER_DENSE_PARAMETERS for t in PAPER_DENSE_TOKENS)
-    scale = ", ".join(f"{sweep} {value:,.3g}" for sweep, value in regimes)
+    regime_cells = dict(zip(table["sweep"], table["regime"], strict=False)) if "regime" in table else {}
+    ratios = {sweep: regime_cells.get(sweep, "") for sweep, _ in regimes}
+
+    def described(sweep: str, value: float) -> str:
+        ratio = f", G1 at {ratios[sweep]} the paper's effect" if ratios.get(sweep) not in ("", "n/a", None) else ""
+        return f"{sweep} {value:,.3g} ({setups[sweep]}{ratio})" if sweep in setups else f"{sweep} {value:,.3g}{ratio}"
+
+    scale = "; ".join(described(sweep, value) for sweep, value in regimes)
+    sized = sorted({sweep for sweep, cell in ratios.items() if _commensurate(cell)})
     lines = [
         f"The claims table tests the paper's claims on runs of {len(set(table['sweep']) - {'-'})} sweeps at tiny "
         "scale"
-        + (f" (training tokens a parameter: {scale}; the paper's dense models see {low:,.0f} to {high:,.0f})"
-           if regimes else "") + ".",
-        f"Of its {len(table)} rows, {int((table['p'] != '').sum())} have a test (a p-value each, corrected together "
-        f"by Benjamini-Hochberg). Verdicts: {HOLDS} {count[HOLDS]}; {FAILS} {count[FAILS]}; {CONFOUNDED} "
-        f"{count[CONFOUNDED]}; {INCONCLUSIVE} {count[INCONCLUSIVE]} ({ways[0]} pointing the paper's way, {ways[1]} "
-        f"the other way, {count[INCONCLUSIVE] - sum(ways)} with no direction to point).",
-        f"Counting neither for nor against the paper: {NOT_TESTABLE} {count[NOT_TESTABLE]} (a condition the claim "
-        f"needs did not arise); {TRUE_BY_CONSTRUCTION} {count[TRUE_BY_CONSTRUCTION]}; descriptive "
-        f"{count[DESCRIPTIVE]}; {NOT_RUN} {count[NOT_RUN]}; {NOT_ADDRESSED} {count[NOT_ADDRESSED]} (claims of the "
-        f"paper no sweep here tests: {_claims_list(table, NOT_ADDRESSED, with_q=False)}).",
-        f"Holding: {_claims_list(table, HOLDS)}.",
-        f"Not holding: {_claims_list(table, FAILS)}.",
-        "At this scale the runs can say which way a change moves perplexity and the probes, and whether the paper's "
-        "effect is excluded; they cannot say how large the paper's gains are at its scale, nor test what needs a "
-        "trained model's attention sink or massive activations where the not-testable rows say none formed.",
+        + (f" (training tokens a parameter, then what else sets the regime apart: {scale}; the paper's dense models "
+           f"see {low:,.0f} to {high:,.0f})" if regimes else "") + f", {len(table)} rows in three sections, each "
+        "corrected on its own.",
+        *(sentence for section in SECTIONS if (sentence := _section_sentence(table, section))),
+        f"Not addressed (claims of the paper no sweep here tests): {_claims_list(table, NOT_ADDRESSED, with_q=False)}.",
+        "Directions are read in every sweep; sizes (closeness, the paper's size excluded) only where G1's effect is "
+        f"within {COMMENSURATE:g}x of the paper's"
+        + (f" ({', '.join(sized)}); elsewhere such rows are not testable at this scale" if sized else
+           ": in no sweep here, so every such row is not testable at this scale")
+        + ". A row whose groups start at different attention-output scales is init-scale confounded whichever way it "
+        "points, unless a scale-matched control holds; a row whose condition (a sink, a massive activation, an "
+        "instability) did not arise is not testable.",
     ]
     if regimes:
         most, value = max(regimes, key=lambda regime: regime[1])
         lines.append(f"The most trained regime here, {most} at {value:,.3g} tokens a parameter, is {low / value:,.2g} "
                      "times short of the paper's least-trained dense model.")
     return " ".join(lines) + "\n"
+
+
+def _commensurate(cell: str | None) -> bool:
+    try:
+        ratio = float(str(cell).rstrip("x"))
+    except ValueError:
+        return False
+    return 1.0 / COMMENSURATE <= ratio <= COMMENSURATE
+
+
+def run_setups(records_by_sweep: Mapping[str, Sequence[RunRecord]],
+               logged_setup: Callable[[str], str | None]) -> dict[str, str]:
+    """{sweep: "batch B x T, PRECISION on DEVICE"} from a baseline run of each sweep (`logged_setup(run_id)`: its
+    logged precision and device, or None)."""
+    setups = {}
+    for sweep, records in records_by_sweep.items():
+        runs = [r for r in records if r.run_id and r.spec.experiment.variant == "baseline"] or \
+            [r for r in records if r.run_id]
+        if not runs:
+            continue
+        train, data = runs[0].spec.experiment.train, runs[0].spec.experiment.data
+        logged = logged_setup(runs[0].run_id)
+        setups[sweep] = f"batch {train.batch_size} x {data.seq_len}" + (f", {logged}" if logged else "")
+    return setups
 
 
 SUMMARY_START = ("<!-- summary: made by `gatelab claims` from the claims table (summary.md); edits here are "
@@ -178,7 +243,8 @@ def replace_summary(readme: Path, paragraph: str) -> bool:
 
 def write_claims(records: Mapping[str, Sequence[RunRecord]], claims: Sequence[Claim], out_dir: Path,
                  formats: Sequence[str], command: str | None = None, log=print, *,
-                 logged_parameters: Callable[[str], int | None]) -> list[Path]:
+                 logged_parameters: Callable[[str], int | None],
+                 logged_setup: Callable[[str], str | None] = lambda run_id: None) -> list[Path]:
     """The claims table of the runs (`records`, by sweep name), written as `claims.<format>` under `out_dir`, and
     with Markdown its summary paragraph as `summary.md` (`summary`, with `tokens_per_parameter`); prints each claim's
     verdict."""
@@ -191,7 +257,8 @@ def write_claims(records: Mapping[str, Sequence[RunRecord]], claims: Sequence[Cl
     written = export_report([table], [], out_dir, formats, "claims", command=command,
                             stamp=data_stamp([r for rs in records.values() for r in rs]))
     if "md" in formats:  # the README's first paragraph, from the same table
-        paragraph = summary(frame, tokens_per_parameter(records, logged_parameters))
+        paragraph = summary(frame, tokens_per_parameter(records, logged_parameters),
+                            run_setups(records, logged_setup))
         written.append(Path(out_dir) / "summary.md")
         written[-1].write_text(paragraph, encoding="utf-8")
         readme = Path(out_dir) / "README.md"

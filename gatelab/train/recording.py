@@ -81,7 +81,7 @@ def start_params(experiment: ExperimentConfig, model_config: ModelConfig, precis
     params = flatten(experiment) | {f"resolved.{k}": v for k, v in flatten(model_config.model_dump(mode='json')).items()
                                     if k in ("gates", "n_heads", "n_kv_heads", "ffn_hidden")}
     params[tracking.TOTAL_PARAMS_PARAM] = count_parameters(model_config)
-    params["resolved.train.precision"] = precision
+    params[tracking.RESOLVED_PRECISION_PARAM] = precision
     return params
 
 

@@ -127,7 +127,8 @@ def test_a_dense_row_with_the_papers_moe_figure_never_says_the_papers_size(claim
 def test_closeness_margins_come_from_the_papers_own_gap_for_the_pair(claims):
     # Headwise against elementwise (MoE): twice Table 1's own gap for the pair, 5.792 against 5.761 (+0.54%), so that
     # the paper's own result sits at half the margin; read where the sweep's G1 effect is the paper's size (-4.4%)
-    claim, reference = claims["Headwise is close to elementwise (MoE)"], claims["G1 elementwise sigmoid lowers Avg PPL (MoE)"]
+    claim = claims["Headwise is close to elementwise (MoE)"]
+    reference = claims["G1 elementwise sigmoid lowers Avg PPL (MoE)"]
     g1 = {"g1_elem_sig": _differences(-4.4, -5.0, -3.8)}
 
     def verdict(head: dict[int, float]) -> dict:
@@ -137,7 +138,8 @@ def test_closeness_margins_come_from_the_papers_own_gap_for_the_pair(claims):
     row = verdict(_differences(-7.6, -10.5, -4.7))
     assert "margin +-1.08%" in row["ours"] and row["test"] == "TOST, paired t"
     assert "margin: 2 x the paper's own gap for the pair, Table 1 row (10) against (5) (+0.54%)" in row["note"]
-    assert row["verdict"] == f"{C.FAILS} (apart by more than the margin)" and row["rule"] == "margin: interval beyond it"
+    assert row["verdict"] == f"{C.FAILS} (apart by more than the margin)"
+    assert row["rule"] == "margin: interval beyond it"
     assert verdict(_differences(0.1, 0.05, 0.15))["verdict"] == C.HOLDS
     # the dense margin: twice Table 2's 48-layer headwise-elementwise gap (7.370 against 7.288), +-2.25%: the paper's
     # own +1.13% is inside it, where half its G1 gain (+-0.896%) was not
