@@ -42,7 +42,7 @@ from gatelab.app.options import (
 from gatelab.app.plan import show_plan
 from gatelab.app.report import table as write_table
 from gatelab.app.score import lm_eval, score
-from gatelab.app.sweep import print_status, reset, worker
+from gatelab.app.sweep import print_status, reset, supersede, worker
 from gatelab.app.sweep_run import Launch, run_sweep
 from gatelab.app.train import train as train_run
 from gatelab.app.ui import ui as serve_ui
@@ -190,6 +190,26 @@ def sweep_status(sweep: TheSweepFile, experiment: ExperimentOption = None, stora
     """Counts and one row per run: pending, running (where, since when), finished, diverged, failed."""
     _run(print_status, sweep, experiment=experiment, workspace=Workspace(runs_dir=runs_dir, storage=storage),
          as_json=as_json)
+
+
+@sweep_app.command("supersede")
+def sweep_supersede(
+    sweep: TheSweepFile,
+    reason: Annotated[str, typer.Option(help="why, kept on each run beside its old status")],
+    run_id: Annotated[list[str], typer.Option("--run", help="an MLflow run id of the sweep (`gatelab sweep status` "
+                                                            "lists them); repeatable")] = [],
+    experiment_name: Annotated[Optional[str], typer.Option(help="instead of --run: every run of this MLflow "
+                                                                "experiment, e.g. a renamed copy of old runs")] = None,
+    tracking_uri: TrackingUri = None, runs_dir: RunsDir = Path("runs"),
+) -> None:
+    """Set runs aside, with a reason, so that `gatelab table`, `claims` and `eval` never read them.
+
+    For a run trained with a bug, or an old copy of a sweep's runs. Each run is tagged `gatelab.status=superseded`
+    with the reason (`gatelab.superseded_reason`) and the status it had (`gatelab.superseded_from`); its metrics and
+    artifacts stay, and a finished run of the same cell is read in its place. Every run is checked before anything
+    changes; running the command again changes nothing."""
+    _run(supersede, sweep, run_ids=run_id, experiment_name=experiment_name, reason=reason,
+         workspace=Workspace(runs_dir=runs_dir, tracking_uri=tracking_uri))
 
 
 @app.command()

@@ -17,6 +17,7 @@ from gatelab.store_checks import SERVER_SCHEMES, check_store, describe_store_fai
 from gatelab.tracking import (
     SPEC_HASH_TAG,
     STATUS_TAG,
+    SUPERSEDED,
     RunStore,
     code_version,
     lightning_logger,
@@ -126,7 +127,7 @@ class TrackedRun:
         cut_off = self.client.get_run(self.run_id)
         status, outcome = cut_off.info.status, cut_off.data.tags.get(STATUS_TAG)
         if status == "RUNNING" or (status == "FINISHED" and outcome == "running"):
-            self.client.set_tag(self.run_id, STATUS_TAG, "superseded")
+            self.client.set_tag(self.run_id, STATUS_TAG, SUPERSEDED)
             self.client.set_terminated(self.run_id, "KILLED")
         self.run_id = None
 

@@ -14,6 +14,7 @@ disk for the next run of the same command if it lasts.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import hashlib
 import importlib.metadata
@@ -21,7 +22,8 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +35,7 @@ from gatelab.store_uris import sqlite_file
 
 if TYPE_CHECKING:
     import pandas as pd
+    from mlflow.entities import Experiment, Run
     from mlflow.tracking import MlflowClient
 
     from gatelab.metric_outbox import QueuedMLFlowLogger
@@ -40,6 +43,11 @@ if TYPE_CHECKING:
 # The tags gatelab writes on its runs, named once.
 SPEC_HASH_TAG = "gatelab.spec_hash"
 STATUS_TAG = "gatelab.status"  # running / finished / diverged / pruned / failed / superseded
+# A superseded run stays in the store but no report reads it (`gatelab table`, `claims`, `eval`): a run cut off and
+# trained again, or one a user set aside with `gatelab sweep supersede`, which records why and the status it had.
+SUPERSEDED = "superseded"
+SUPERSEDED_REASON_TAG = "gatelab.superseded_reason"
+SUPERSEDED_FROM_TAG = "gatelab.superseded_from"
 REPORT_TAG = "gatelab.report"  # the sweep-level run that holds `gatelab table`'s files
 VARIANT_TAG, SEED_TAG, EXPERIMENT_TAG = "variant", "seed", "experiment"
 RUN_NAME_TAG = "mlflow.runName"
@@ -167,36 +175,95 @@ class RunStore:
 
     @reports_store_errors
     def find_run(self, experiment_name: str, spec_hash: str) -> str | None:
-        """The newest MLflow run of this spec hash, so a resumed run continues the same MLflow run."""
-        runs = self.client.search_runs([self.experiment_id(experiment_name)],
-                                       filter_string=f"tags.`{SPEC_HASH_TAG}` = '{spec_hash}'",
-                                       order_by=["attributes.start_time DESC"], max_results=1)
-        return runs[0].info.run_id if runs else None
+        """The newest MLflow run of this spec hash, so a resumed run continues the same MLflow run. A superseded run is
+        never continued: reopening it would tag it running again and undo what set it aside."""
+        runs = self._runs(self.experiment_id(experiment_name), f"tags.`{SPEC_HASH_TAG}` = '{spec_hash}'")
+        return next((run.info.run_id for run in runs if not _superseded(run)), None)
 
     @reports_store_errors
     def sweep_runs(self, experiment_name: str) -> pd.DataFrame:
-        """Every gatelab run of an experiment, newest first, as `mlflow.search_runs` lays it out: run_id, status,
-        start_time, end_time (UTC timestamps), one `metrics.<name>` column per metric and one `tags.<name>` per tag.
-        Empty where the experiment does not exist yet. Read through this store's client, never MLflow's global URI."""
+        """Every gatelab run of an experiment that is not superseded, newest first, as `mlflow.search_runs` lays it
+        out: run_id, status, start_time, end_time (UTC timestamps), one `metrics.<name>` column per metric and one
+        `tags.<name>` per tag. Empty where the experiment does not exist yet. Read through this store's client, never
+        MLflow's global URI. Every report reads its runs here, so a superseded run is read by none."""
         import pandas as pd
 
         experiment = self.client.get_experiment_by_name(experiment_name)
         rows: list[dict[str, Any]] = []
         if experiment is not None:
-            token = None
-            while True:
-                page = self.client.search_runs([experiment.experiment_id],
-                                               filter_string=f"tags.`{SPEC_HASH_TAG}` != ''",
-                                               order_by=["attributes.start_time DESC"], page_token=token)
-                rows += [_run_row(run) for run in page]
-                token = page.token
-                if not token:
-                    break
+            rows = [_run_row(run) for run in self._runs(experiment.experiment_id, f"tags.`{SPEC_HASH_TAG}` != ''")
+                    if not _superseded(run)]
         frame = pd.DataFrame(rows)
         for column in ("start_time", "end_time"):
             if column in frame:
                 frame[column] = pd.to_datetime(frame[column], unit="ms", utc=True)
         return frame
+
+    def _runs(self, experiment_id: str, filter_string: str = "") -> Iterator[Run]:
+        """The experiment's runs that match `filter_string` (MLflow's trash aside), newest first, a page at a time."""
+        token = None
+        while True:
+            page = self.client.search_runs([experiment_id], filter_string=filter_string,
+                                           order_by=["attributes.start_time DESC"], page_token=token)
+            yield from page
+            token = page.token
+            if not token:
+                return
+
+    @reports_store_errors
+    def supersede(self, experiment_name: str, reason: str, run_ids: Sequence[str] = ()) -> list[Supersession]:
+        """Set runs aside for `reason`: the runs `run_ids` of the experiment, or without ids every run of it. Every
+        run is checked before any tag is written, so one bad id changes nothing. Each gets STATUS_TAG superseded,
+        SUPERSEDED_REASON_TAG, and SUPERSEDED_FROM_TAG with the status it had (its MLflow status, metrics and artifacts
+        stay: nothing recorded is lost). A run already superseded for this reason is left as it is."""
+        from mlflow.entities import RunTag
+
+        reason = reason.strip()
+        if not reason:
+            raise GatelabError('the reason is empty: say why the runs are set aside, e.g. --reason "trained before '
+                               'the tokenizer fix"')
+        experiment = self._named_experiment(experiment_name)
+        if run_ids:
+            runs = [self._run_of(experiment, run_id) for run_id in dict.fromkeys(run_ids)]
+        else:
+            runs = list(self._runs(experiment.experiment_id))
+        done = []
+        for run in runs:
+            tags = run.data.tags
+            was = tags.get(STATUS_TAG, "")
+            wanted = {SUPERSEDED_REASON_TAG: reason, STATUS_TAG: SUPERSEDED}
+            if was and was != SUPERSEDED:
+                wanted = {SUPERSEDED_FROM_TAG: was, **wanted}
+            changed = [RunTag(key, value) for key, value in wanted.items() if tags.get(key) != value]
+            if changed:
+                self.client.log_batch(run.info.run_id, tags=changed)
+            done.append(Supersession(run.info.run_id, tags.get(RUN_NAME_TAG, ""), was,
+                                     tags.get(SUPERSEDED_REASON_TAG), reason))
+        return done
+
+    def _named_experiment(self, name: str) -> Experiment:
+        """The experiment of this name; a name the store lacks is one error naming it and the store's experiments."""
+        found = self.client.get_experiment_by_name(name)
+        if found is not None and found.lifecycle_stage == "active":
+            return found
+        names = sorted(e.name for e in self.client.search_experiments() if REPORTS_OF_TAG not in e.tags)
+        close = difflib.get_close_matches(name, names, n=1)
+        raise GatelabError(f"no MLflow experiment '{name}' in {redact(self.uri)}"
+                           + (f" (did you mean {close[0]}?)" if close else "")
+                           + f"; its experiments: {', '.join(names) or 'none'}. Check the name (the MLflow UI lists "
+                           "them), or pass --tracking-uri or --runs-dir for another store")
+
+    def _run_of(self, experiment: Experiment, run_id: str) -> Run:
+        """The run `run_id`, which must be a run of `experiment` not in MLflow's trash (MLflow refuses tags there)."""
+        run = self.run(run_id)
+        if run.info.experiment_id != experiment.experiment_id:
+            other = self.client.get_experiment(run.info.experiment_id).name
+            raise GatelabError(f"MLflow run '{run_id}' is a run of experiment '{other}', not of '{experiment.name}': "
+                               f"give the ids of runs of '{experiment.name}' (`gatelab sweep status` lists them)")
+        if run.info.lifecycle_stage != "active":
+            raise GatelabError(f"MLflow run '{run_id}' is deleted, so no report reads it: leave it out, or restore it "
+                               "(the MLflow UI, State: Deleted) first")
+        return run
 
     @reports_store_errors
     def metric_history(self, run_id: str, name: str) -> tuple[list[int], list[float]]:
@@ -243,13 +310,17 @@ class RunStore:
         runs = self.client.search_runs(experiments, query)
         return [{k: v for k, v in run.data.metrics.items() if k.startswith(prefixes)} for run in runs]
 
-    @reports_store_errors
     def run_data(self, run_id: str):
         """The run's tags, params and metrics (MLflow's RunData); a run id the store lacks is one error naming it."""
+        return self.run(run_id).data
+
+    @reports_store_errors
+    def run(self, run_id: str) -> Run:
+        """The MLflow run; a run id the store lacks is one error naming it."""
         from mlflow.exceptions import MlflowException
 
         try:
-            return self.client.get_run(run_id).data
+            return self.client.get_run(run_id)
         except MlflowException as error:
             if error.error_code not in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
                 raise  # the store itself failed: store_errors says so
@@ -305,6 +376,25 @@ def lightning_logger(experiment_name: str, uri: str, run_id: str | None = None, 
     bound_http_requests()
     return QueuedMLFlowLogger(experiment_name=experiment_name, tracking_uri=uri, run_id=run_id, tags=tags,
                               run_name=run_name)
+
+
+@dataclass(frozen=True)
+class Supersession:
+    """One run RunStore.supersede set aside, and what it was before."""
+
+    run_id: str
+    run_name: str
+    was: str  # its STATUS_TAG before: "superseded" where it already was, "" where it had none
+    old_reason: str | None  # its SUPERSEDED_REASON_TAG before
+    reason: str
+
+    @property
+    def changed(self) -> bool:
+        return self.was != SUPERSEDED or self.old_reason != self.reason
+
+
+def _superseded(run: Run) -> bool:
+    return run.data.tags.get(STATUS_TAG) == SUPERSEDED
 
 
 def _run_row(run) -> dict[str, Any]:

@@ -35,6 +35,18 @@ def test_an_ended_run_is_never_superseded(tmp_path):
     assert again.run_id == first.run_id and again.recorded_outcome()[0] == "diverged"
 
 
+def test_a_run_a_user_superseded_is_never_reopened(tmp_path):
+    """Trained again, even from a checkpoint, it gets a new MLflow run: reopening the old one would tag it running
+    and undo `gatelab sweep supersede`."""
+    runs = tmp_path / "runs"
+    first = open_tracked_run(runs)
+    first.end("finished")
+    tracking.RunStore(sqlite_uri(runs), runs).supersede("micro", "trained before the data fix", [first.run_id])
+    again = open_tracked_run(runs, resuming=True)
+    assert again.run_id != first.run_id
+    assert first.client.get_run(first.run_id).data.tags[tracking.STATUS_TAG] == "superseded"
+
+
 def test_a_resumed_run_continues_the_same_mlflow_run(tmp_path):
     runs = tmp_path / "runs"
     first = open_tracked_run(runs)  # killed mid-training: RUNNING, with a checkpoint on disk

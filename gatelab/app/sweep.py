@@ -1,5 +1,6 @@
-"""`gatelab sweep worker`, `reset` and `status`, and how a sweep command ends: a sweep's ledger read, changed or
-worked through (`gatelab sweep run` is gatelab.app.sweep_run, `plan` gatelab.app.plan)."""
+"""`gatelab sweep worker`, `reset`, `status` and `supersede`, and how a sweep command ends: a sweep's ledger read,
+changed or worked through, or its MLflow runs set aside (`gatelab sweep run` is gatelab.app.sweep_run, `plan`
+gatelab.app.plan)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from gatelab.app import quiet_noise, stdout_console
 from gatelab.errors import GatelabError
 from gatelab.interrupts import Interrupted, raise_on_signals
 from gatelab.metrics import PPL_AVG
+from gatelab.store_uris import missing_local_store, read_only_store
+from gatelab.tracking import SUPERSEDED, RunStore, Supersession
 from gatelab.workspace import Workspace
 
 
@@ -80,6 +83,47 @@ def reset(sweep: Path, *, cells: list[int], failed: bool, experiment: Path | Non
              "attempts counted afresh")
     echo(f"re-queued {len(requeued)} cell(s)" + (f"; train them with: gatelab sweep run {sweep}" if requeued
                                                  else ": no cell had failed"))
+
+
+def supersede(sweep: Path, *, run_ids: list[str], experiment_name: str | None, reason: str,
+              workspace: Workspace) -> None:
+    """Set aside the sweep's runs `run_ids`, or every run of the experiment `experiment_name`, for `reason`
+    (RunStore.supersede checks them all first), and say what changed."""
+    from gatelab.sweep.spec import load_sweep
+
+    if bool(run_ids) == bool(experiment_name):
+        raise GatelabError("say which runs to supersede: --run RUN_ID (repeatable; `gatelab sweep status` lists the "
+                           "sweep's) or --experiment-name NAME (every run of that MLflow experiment), not both")
+    sweep_name = load_sweep(sweep).name  # read even with --experiment-name: a wrong file is said, not ignored
+    name = experiment_name or sweep_name
+    uri = workspace.store(create=False)
+    missing = missing_local_store(uri)  # opening a missing store would create an empty one
+    if missing:
+        raise GatelabError(missing)
+    read_only = read_only_store(uri)
+    if read_only:
+        raise GatelabError(f"{read_only}: superseding writes tags to its runs; make it writable (chmod u+w) first")
+    done = RunStore(uri, workspace.runs_dir).supersede(name, reason, run_ids)
+    for run in done:
+        echo(_supersession_line(run))
+    changed = sum(run.changed for run in done)
+    if not done:
+        echo(f"experiment '{name}' has no runs: nothing changed")
+    elif not changed:
+        echo(f"nothing changed: the {len(done)} run(s) were already superseded for this reason")
+    else:
+        echo(f"{changed} run(s) of experiment '{name}' changed"
+             + (f", {len(done) - changed} already superseded for this reason" if len(done) > changed else "")
+             + "; gatelab table and gatelab claims no longer read them")
+
+
+def _supersession_line(run: Supersession) -> str:
+    shown = f"run {run.run_id}" + (f" ({run.run_name})" if run.run_name else "")
+    if not run.changed:
+        return f"{shown}: already superseded ({run.reason}), unchanged"
+    if run.was == SUPERSEDED:
+        return f"{shown}: already superseded, reason now '{run.reason}' (was '{run.old_reason or 'none given'}')"
+    return f"{shown}: {run.was or 'no gatelab status'} -> superseded ({run.reason})"
 
 
 def print_status(sweep: Path, *, experiment: Path | None, workspace: Workspace, as_json: bool) -> None:

@@ -57,7 +57,8 @@ class RunRecord:
 
 
 def collect_runs(specs, store: RunStore, sweep_name: str, ledger_states=None) -> list[RunRecord]:
-    """Each spec with its MLflow run (matched by spec hash) and its status (the ledger's, where there is one)."""
+    """Each spec with its MLflow run (matched by spec hash) and its status (the ledger's, where there is one).
+    Superseded runs are never read: sweep_runs leaves them out, so a newer superseded run hides no finished one."""
     runs = store.sweep_runs(sweep_name)
     by_hash = {}
     for _, row in runs.iterrows():
