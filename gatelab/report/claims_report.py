@@ -65,8 +65,8 @@ VERDICT_RULES = [
     "row about the same group against one that starts at its scale) that holds. Where the runs do not log the metric "
     "the rule cannot be applied, and the row's note says so.",
     f"Regime: a statement of size (a closeness, \"the paper's size excluded\") is read only in a sweep whose reference "
-    "row (G1 against the baseline) moves perplexity by 1/"
-    f"{COMMENSURATE:g} to {COMMENSURATE:g} times the paper's mean effect for the sweep's kind of model (column regime); "
+    f"row (G1 against the baseline) moves perplexity by 1/{COMMENSURATE:g} to {COMMENSURATE:g} times the paper's mean "
+    "effect for the sweep's kind of model (column regime); "
     "elsewhere, or in a sweep without a reference row, such a row is not testable at this scale (a closeness is then "
     "not tested; a direction row keeps its test, and only its size is not read).",
     "Closeness (TOST, paired t; also where the paper reports no difference): two one-sided tests of the difference "
@@ -166,11 +166,12 @@ def summary(table: pd.DataFrame, regimes: Sequence[tuple[str, float]] = (),
     device), so that its counts and q-values cannot drift from the table and it says no more than the rules allow."""
     setups = setups or {}
     low, high = (t / PAPER_DENSE_PARAMETERS for t in PAPER_DENSE_TOKENS)
-    regime_cells = dict(zip(table["sweep"], table["regime"], strict=False)) if "regime" in table else {}
+    regime_cells = {} if "regime" not in table else \
+        {sweep: cell for sweep, cell in zip(table["sweep"], table["regime"], strict=True) if cell not in ("", "n/a")}
     ratios = {sweep: regime_cells.get(sweep, "") for sweep, _ in regimes}
 
     def described(sweep: str, value: float) -> str:
-        ratio = f", G1 at {ratios[sweep]} the paper's effect" if ratios.get(sweep) not in ("", "n/a", None) else ""
+        ratio = f", G1 at {ratios[sweep]} the paper's effect" if ratios.get(sweep) else ""
         return f"{sweep} {value:,.3g} ({setups[sweep]}{ratio})" if sweep in setups else f"{sweep} {value:,.3g}{ratio}"
 
     scale = "; ".join(described(sweep, value) for sweep, value in regimes)
