@@ -621,6 +621,10 @@ def _verdicts(claims: Sequence[Claim], outcomes: Sequence[Outcome], q_values: Se
             verdict, rule = (HOLDS, RULE_SCALE_CONTROL) if control == HOLDS else (CONFOUNDED, RULE_INIT_SCALE)
             notes = [f"the scale-matched control row \"{claim.scale_control}\": {control}"]
         final.append((verdict, rule, notes))
+    by_claim = {claim.claim: verdict for claim, (verdict, _, _) in zip(claims, final, strict=True)}
+    for claim, (_, _, notes) in zip(claims, final, strict=True):
+        if claim.beside:
+            notes.append(f"read beside \"{claim.beside}\": {by_claim.get(claim.beside, 'not in this table')}")
     return final
 
 

@@ -160,6 +160,8 @@ class Claim(StrictModel):
     # this row's effect against the paper's is its sweep's regime: statements of size (closeness against the paper's
     # gap, "the paper's size excluded") are made in the sweep only where that ratio is within a factor of 4
     regime_reference: bool = False
+    # the claim (its text) of the row this one is read beside: an unmatched comparison beside the paper's matched one
+    beside: str | None = None
     why: str = ""  # a note on the row: what the test means at this scale
     # confirmatory: declared in this file before any run it reads (a test checks the commit dates); exploratory: the
     # paper's claims written after their data; other paper: another paper's claim. Each section is corrected apart.
@@ -539,6 +541,9 @@ def load_claims(path: str | Path, sweeps: Mapping[str, Any] | None = None) -> li
         claims.append(_check_claim(claim, grids[claim.sweep], where, problems, parsed.preconditions))
         wheres.append(where)
     _check_scale_controls(claims, wheres, problems)
+    texts = {c.claim for c in claims}
+    problems += [f"{where}: beside: no row '{claim.beside}'{_hint(claim.beside, sorted(texts))}"
+                 for claim, where in zip(claims, wheres, strict=True) if claim.beside and claim.beside not in texts]
     references = [c.sweep for c in claims if c.regime_reference]
     problems += [f"regime_reference: sweep {sweep} has {references.count(sweep)} reference rows; one at most"
                  for sweep in sorted(set(references)) if references.count(sweep) > 1]

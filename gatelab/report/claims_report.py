@@ -5,6 +5,7 @@ the files written."""
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -133,6 +134,8 @@ def _claims_list(table: pd.DataFrame, label: str, with_q: bool = True) -> str:
     for _, row in table.iterrows():
         if row["verdict"] == label or row["verdict"].startswith(f"{label} ("):
             how = row["verdict"][len(label):].strip(" ()")
+            beside = re.search(r'read beside "([^"]*)": ([^;]*)', str(row.get("note", "")))
+            how += (", " if how else "") + f"beside \"{beside.group(1)}\": {beside.group(2)}" if beside else ""
             items.append(f"{row['claim']} ({row['sweep']}, q {row['q']}{', ' + how if how else ''})" if with_q
                          else row["claim"])
     return "; ".join(items) or "none"
