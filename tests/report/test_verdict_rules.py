@@ -377,3 +377,19 @@ def test_each_section_is_corrected_on_its_own_the_confirmatory_one_by_holm(claim
     assert q[:7] == pytest.approx([min(1.0, p) for p in (0.007, 0.06, 0.1, 0.12, 0.12, 0.4, 0.5)])  # Holm's steps
     assert q[7] == pytest.approx(0.04)  # a family of one: its own p, not pulled into the confirmatory one
     assert q[:7] != pytest.approx(benjamini_hochberg(p_values))
+
+
+def test_an_unmatched_row_is_read_beside_the_matched_one(claims, tmp_path):
+    unmatched = claims["G1 lowers Avg PPL in the trained regime (41 tokens a parameter, 6 seeds)"]
+    matched = claims[unmatched.beside]
+    assert matched.section == "confirmatory" and "narrowed" in matched.claim
+    records = _records("repro-trained-long", lambda variant, settings, seed: {
+        "ppl/avg": 100.0 + seed - (3.0 + 0.1 * (seed % 2)) * (variant == "g1_elem_sig")})
+    frame = C.claims_table({"repro-trained-long": records}, [unmatched, matched])
+    row = _row(frame, unmatched.claim)
+    assert row["verdict"] == C.HOLDS and f"read beside \"{matched.claim}\": {C.NOT_RUN}" in row["note"]
+    assert f"beside \"{matched.claim}\": {C.NOT_RUN})" in R.summary(frame)
+    with pytest.raises(GatelabError, match="beside: no row 'G1 lowers'"):
+        path = _claims_file(tmp_path, "    margin: {relative: 0.01, reason: r, positive_control: [g1_elem_sig "
+                                      "train.lr=0.002, baseline train.lr=0.002]}\n    beside: G1 lowers\n")
+        load_claims(path)
