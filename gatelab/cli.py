@@ -202,12 +202,10 @@ def sweep_supersede(
                                                                 "experiment, e.g. a renamed copy of old runs")] = None,
     tracking_uri: TrackingUri = None, runs_dir: RunsDir = Path("runs"),
 ) -> None:
-    """Set runs aside, with a reason, so that `gatelab table`, `claims` and `eval` never read them.
+    """Set runs aside (a bug, an old copy), with a reason, so that `gatelab table`, `claims` and `eval` never read them.
 
-    For a run trained with a bug, or an old copy of a sweep's runs. Each run is tagged `gatelab.status=superseded`
-    with the reason (`gatelab.superseded_reason`) and the status it had (`gatelab.superseded_from`); its metrics and
-    artifacts stay, and a finished run of the same cell is read in its place. Every run is checked before anything
-    changes; running the command again changes nothing."""
+    Each run gets `gatelab.status=superseded`, the reason and its old status; metrics and artifacts stay, and a
+    finished run of the same cell is read instead. All are checked before anything changes; a rerun changes nothing."""
     _run(supersede, sweep, run_ids=run_id, experiment_name=experiment_name, reason=reason,
          workspace=Workspace(runs_dir=runs_dir, tracking_uri=tracking_uri))
 

@@ -64,9 +64,11 @@ def make_claims(sweep_paths: Sequence[Path], *, out_dir: Path, formats: Sequence
     def logged_setup(run_id: str) -> str | None:
         data = store.run_data(run_id)
         precision, device = data.params.get(RESOLVED_PRECISION_PARAM), data.tags.get(DEVICE_TAG)
+        if device is None and data.tags.get("version.torch", "").endswith("+cpu"):
+            device = "cpu"  # runs before 11-27 logged no device; a CPU build of torch trains on the CPU
         if device is None:
             return None
-        return f"{precision} on {device}" if precision else f"on {device}"  # runs before 11-27 logged no precision
+        return f"{precision} on {device}" if precision else f"precision not logged, on {device}"
 
     return write_claims(records, claims, out_dir, formats, command, log=log, logged_parameters=logged_parameters,
                         logged_setup=logged_setup)

@@ -46,13 +46,23 @@ from gatelab.report.claims_file import (
     parse_settings,
 )
 from gatelab.report.claims_rules import (
+    CONFOUNDED,
+    DESCRIPTIVE,
+    FAILS,
+    HOLDS,
+    INCONCLUSIVE,
     NO_REFERENCE,
+    NOT_ADDRESSED,
+    NOT_RUN,
+    NOT_TESTABLE,
+    PAPER_SIZE_EXCLUDED,
     RULE_INIT_SCALE,
     RULE_POSITIVE_CONTROL,
     RULE_PRECONDITION,
     RULE_REGIME,
     RULE_SCALE_CONTROL,
     SECTIONS,
+    TRUE_BY_CONSTRUCTION,
     Regime,
     corrected,
     regimes_by_sweep,
@@ -69,12 +79,6 @@ from gatelab.report.stats import (
 )
 from gatelab.report.tables import RunRecord, paper_reference
 
-HOLDS, FAILS, INCONCLUSIVE = "holds", "does not hold", "inconclusive at this scale"
-PAPER_SIZE_EXCLUDED = f"{FAILS} (the paper's size excluded)"
-CONFOUNDED = "init-scale confounded"
-NOT_TESTABLE, TRUE_BY_CONSTRUCTION = "not testable at this scale", "true by construction"
-DESCRIPTIVE, NOT_RUN = "descriptive (not tested)", "not run"
-NOT_ADDRESSED = "not addressed"
 # The ratio of two groups' mean INIT_SCALE beyond which they start at different scales: the first pass's gains
 # tracked it.
 INIT_SCALE_RATIO = (0.8, 1.25)
@@ -544,10 +548,10 @@ def evaluate_claim(claim: Claim, records: Sequence[RunRecord] | None, context: C
     if claim.kind == "not addressed":
         return row, CHECKS[claim.kind](claim, (), None)
     if not records:
-        return row, Outcome(_no_figures(), None, lambda q: NOT_RUN, [claim.why])
+        return row, Outcome(_no_figures("none (its sweep has not run)"), None, lambda q: NOT_RUN, [claim.why])
     missing = _missing(claim, records)
     if missing:
-        return row, Outcome(_no_figures(), None, lambda q: NOT_RUN, [*missing, claim.why])
+        return row, Outcome(_no_figures("none (not run)"), None, lambda q: NOT_RUN, [*missing, claim.why])
     effect, compared = _matching_effect(claim, effect, records)
     outcome = CHECKS[claim.kind](claim, records, effect)
     if claim.metric == LOSS_SPIKES:

@@ -143,7 +143,7 @@ def _claims_list(table: pd.DataFrame, label: str, with_q: bool = True) -> str:
 
 def _section_sentence(table: pd.DataFrame, section: str) -> str:
     """One section's rows counted apart, with its correction, and the rows that hold or do not."""
-    rows = table[table["section"] == section] if "section" in table else table
+    rows = table[table["section"] == section]
     if rows.empty:
         return ""
     heading, method = SECTIONS[section]
@@ -154,11 +154,11 @@ def _section_sentence(table: pd.DataFrame, section: str) -> str:
     tested = int((rows["p"] != "").sum())
     shown = [f"{label} {count[label]}" for label in (NOT_TESTABLE, TRUE_BY_CONSTRUCTION, DESCRIPTIVE, NOT_RUN,
                                                       NOT_ADDRESSED) if count[label]]
-    return (f"{heading[0].upper()}{heading[1:]}: {len(rows)} rows, {tested} tested ({CORRECTION_NAMES[method]} over "
-            f"them). Verdicts: {HOLDS} {count[HOLDS]}; {FAILS} {count[FAILS]}; {CONFOUNDED} {count[CONFOUNDED]}; "
-            f"{INCONCLUSIVE} {count[INCONCLUSIVE]} ({ways[0]} pointing the claim's way, {ways[1]} the other way, "
-            f"{count[INCONCLUSIVE] - sum(ways)} with no direction to point)"
-            + (f"; counting neither way: {'; '.join(shown)}" if shown else "") + ". "
+    counted = f"{len(rows)} row{'s' * (len(rows) != 1)}, {tested} tested ({CORRECTION_NAMES[method]} over them)"
+    return (f"{heading[0].upper()}{heading[1:]}: {counted}. Verdicts: {HOLDS} {count[HOLDS]}; {FAILS} "
+            f"{count[FAILS]}; {CONFOUNDED} {count[CONFOUNDED]}; {INCONCLUSIVE} {count[INCONCLUSIVE]} ({ways[0]} "
+            f"pointing the claim's way, {ways[1]} the other way, {count[INCONCLUSIVE] - sum(ways)} with no direction "
+            "to point)" + (f"; counting neither way: {'; '.join(shown)}" if shown else "") + ". "
             f"Holding: {_claims_list(rows, HOLDS)}. Not holding: {_claims_list(rows, FAILS)}.")
 
 
@@ -168,6 +168,8 @@ def summary(table: pd.DataFrame, regimes: Sequence[tuple[str, float]] = (),
     tokens per parameter (`tokens_per_parameter`) and what else sets each regime apart (`setups`: batch, precision,
     device), so that its counts and q-values cannot drift from the table and it says no more than the rules allow."""
     setups = setups or {}
+    if "section" not in table:
+        table = table.assign(section="exploratory")
     low, high = (t / PAPER_DENSE_PARAMETERS for t in PAPER_DENSE_TOKENS)
     regime_cells = {} if "regime" not in table else \
         {sweep: cell for sweep, cell in zip(table["sweep"], table["regime"], strict=True) if cell not in ("", "n/a")}
@@ -179,12 +181,14 @@ def summary(table: pd.DataFrame, regimes: Sequence[tuple[str, float]] = (),
 
     scale = "; ".join(described(sweep, value) for sweep, value in regimes)
     sized = sorted({sweep for sweep, cell in ratios.items() if _commensurate(cell)})
+    named = sorted(set(table["sweep"]) - {"-"})
+    ran = [sweep for sweep in named if (table[table["sweep"] == sweep]["verdict"] != NOT_RUN).any()]
+    unrun = [sweep for sweep in named if sweep not in ran]
     lines = [
-        f"The claims table tests the paper's claims on runs of {len(set(table['sweep']) - {'-'})} sweeps at tiny "
-        "scale"
+        f"The claims table tests the paper's claims on runs of {len(ran)} sweeps at tiny scale"
         + (f" (training tokens a parameter, then what else sets the regime apart: {scale}; the paper's dense models "
            f"see {low:,.0f} to {high:,.0f})" if regimes else "") + f", {len(table)} rows in three sections, each "
-        "corrected on its own.",
+        "corrected on its own" + (f"; the rows of {', '.join(unrun)} wait for its runs" if unrun else "") + ".",
         *(sentence for section in SECTIONS if (sentence := _section_sentence(table, section))),
         f"Not addressed (claims of the paper no sweep here tests): {_claims_list(table, NOT_ADDRESSED, with_q=False)}.",
         "Directions are read in every sweep; sizes (closeness, the paper's size excluded) only where G1's effect is "

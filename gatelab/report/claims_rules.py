@@ -25,6 +25,13 @@ from gatelab.report.tables import RunRecord
 
 COMMENSURATE = 4.0  # a sweep's reference effect within 1/4 to 4 times the paper's: sizes can be compared
 
+HOLDS, FAILS, INCONCLUSIVE = "holds", "does not hold", "inconclusive at this scale"
+PAPER_SIZE_EXCLUDED = f"{FAILS} (the paper's size excluded)"
+CONFOUNDED = "init-scale confounded"
+NOT_TESTABLE, TRUE_BY_CONSTRUCTION = "not testable at this scale", "true by construction"
+DESCRIPTIVE, NOT_RUN = "descriptive (not tested)", "not run"
+NOT_ADDRESSED = "not addressed"
+
 # The rule that gave a row its verdict, as the table's column `rule` names it.
 RULE_TEST = "test: q < 0.05"
 RULE_NO_DECISION = "no decision: q >= 0.05"
@@ -84,18 +91,16 @@ def regime(claim: Claim, records: Sequence[RunRecord], paper: PaperEffect | None
 
 def rule_of(verdict: str) -> str:
     """The rule a verdict of the row's own test comes from (the rules applied after it name themselves)."""
-    from gatelab.report import claims as C
-
-    if verdict.startswith(C.PAPER_SIZE_EXCLUDED):
+    if verdict.startswith(PAPER_SIZE_EXCLUDED):
         return RULE_SIZE
-    if verdict.startswith(f"{C.FAILS} (apart"):
+    if verdict.startswith(f"{FAILS} (apart"):
         return RULE_MARGIN
-    if verdict.startswith((C.HOLDS, C.FAILS)):
+    if verdict.startswith((HOLDS, FAILS)):
         return RULE_TEST
-    if verdict.startswith(C.INCONCLUSIVE):
+    if verdict.startswith(INCONCLUSIVE):
         return RULE_NO_DECISION
-    return {C.TRUE_BY_CONSTRUCTION: RULE_CONSTRUCTION, C.NOT_RUN: RULE_NOT_RUN, C.NOT_ADDRESSED: RULE_NOT_ADDRESSED,
-            C.NOT_TESTABLE: RULE_PRECONDITION}.get(verdict, RULE_DESCRIPTIVE)
+    return {TRUE_BY_CONSTRUCTION: RULE_CONSTRUCTION, NOT_RUN: RULE_NOT_RUN, NOT_ADDRESSED: RULE_NOT_ADDRESSED,
+            NOT_TESTABLE: RULE_PRECONDITION}.get(verdict, RULE_DESCRIPTIVE)
 
 
 def corrected(claims: Sequence[Claim], p_values: Sequence[float | None]) -> list[float | None]:

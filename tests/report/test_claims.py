@@ -62,7 +62,8 @@ def test_the_shipped_claims_file_names_real_sweeps_groups_and_kinds(claims):
     assert all(c.why for c in claims if c.sweep is None) and {c.kind for c in claims if c.sweep is None} == {
         "not addressed"}
     by_text = {c.claim: c for c in claims}
-    control = by_text["G1's gain needs input-dependent gating: G1 beats the constant 0.5 control"]
+    control = by_text["G1 beats the constant x0.5 of the SDPA output (repro-trained's control, not the paper's for "
+                      "input dependence)"]
     assert (control.sweep, control.a, control.b) == (TRAINED, "g1_elem_sig", "ctrl_scale_0p5")
     assert control.direction == "lower"
     # groups are spelled as RunRecord.group spells them, whatever the file wrote (true -> True)

@@ -15,29 +15,37 @@ from tests.report.test_claims import CLAIMS_FILE, TRAINED
 from tests.report.test_verdict_rules import G1_TRAINED, _differences, _paired_runs
 
 
-def _table(verdicts: list[tuple[str, str, str]]) -> pd.DataFrame:
-    return pd.DataFrame([{"claim": f"claim {i}", "sweep": "s", "p": p, "q": q, "verdict": v}
-                         for i, (v, p, q) in enumerate(verdicts)])
+def _table(verdicts: list[tuple[str, str, str]], sections: list[str] | None = None) -> pd.DataFrame:
+    sections = sections or ["exploratory"] * len(verdicts)
+    return pd.DataFrame([{"section": section, "claim": f"claim {i}", "sweep": "s", "p": p, "q": q, "verdict": v,
+                          "regime": "", "note": ""} for i, ((v, p, q), section) in enumerate(zip(verdicts, sections))])
 
 
-def test_the_summary_counts_the_table_and_prints_its_q_values_as_it_does():
+def test_the_summary_counts_each_section_apart_and_prints_its_q_values_as_the_table_does():
     table = _table([(C.HOLDS, "0.0021", "0.0148"), (C.HOLDS, "0.003", "0.0205"),
                     (C.PAPER_SIZE_EXCLUDED, "0.1", "0.165"),
                     (f"{C.INCONCLUSIVE} (the paper's direction)", "0.2", "0.241"),
                     (f"{C.INCONCLUSIVE} (the other way)", "0.5", "0.6"), (C.CONFOUNDED, "0.001", "0.01"),
                     (C.NOT_TESTABLE, "", ""), (C.TRUE_BY_CONSTRUCTION, "", ""), (f"{C.DESCRIPTIVE}: higher", "", ""),
-                    (C.NOT_RUN, "", "")])
+                    (C.NOT_RUN, "", "")],
+                   ["confirmatory", "exploratory", "exploratory", "exploratory", "exploratory", "other paper",
+                    "exploratory", "exploratory", "exploratory", "confirmatory"])
     text = R.summary(table, [("repro-core", 0.468), ("repro-trained", 20.39)])
-    assert "training tokens a parameter: repro-core 0.468, repro-trained 20.4; the paper's dense models see 235 to " \
-           "2,059" in text
-    assert ("Of its 10 rows, 6 have a test (a p-value each, corrected together by Benjamini-Hochberg). Verdicts: "
-            "holds 2; does not hold 1; init-scale confounded 1; inconclusive at this scale 2 (1 pointing the paper's "
-            "way, 1 the other way, 0 with no direction to point).") in text
-    assert ("Counting neither for nor against the paper: not testable at this scale 1 (a condition the claim needs "
-            "did not arise); true by construction 1; descriptive 1; not run 1; not addressed 0 (claims of the paper no "
-            "sweep here tests: none).") in text
-    assert "Holding: claim 0 (s, q 0.0148); claim 1 (s, q 0.0205)." in text  # as the table prints q, never rounded
+    assert "training tokens a parameter, then what else sets the regime apart: repro-core 0.468; repro-trained " \
+           "20.4; the paper's dense models see 235 to 2,059" in text
+    assert ("Confirmatory: declared before the runs they read: 2 rows, 1 tested (Holm over them). Verdicts: holds 1; "
+            "does not hold 0; init-scale confounded 0; inconclusive at this scale 0 (0 pointing the claim's way, 0 the "
+            "other way, 0 with no direction to point); counting neither way: not run 1. Holding: claim 0 (s, q "
+            "0.0148). Not holding: none.") in text  # q as the table prints it, never rounded again
+    assert ("Exploratory: the paper's claims, written after their data: 7 rows, 4 tested (Benjamini-Hochberg over "
+            "them). Verdicts: holds 1; does not hold 1; init-scale confounded 0; inconclusive at this scale 2 (1 "
+            "pointing the claim's way, 1 the other way, 0 with no direction to point); counting neither way: not "
+            "testable at this scale 1; true by construction 1; descriptive (not tested) 1.") in text
     assert "Not holding: claim 2 (s, q 0.165, the paper's size excluded)." in text
+    assert "Other papers' claims: 1 row, 1 tested (Benjamini-Hochberg over them). Verdicts: holds 0; does not hold " \
+           "0; init-scale confounded 1;" in text
+    assert "sizes (closeness, the paper's size excluded) only where G1's effect is within 4x of the paper's: in no " \
+           "sweep here" in text
     assert text.endswith("\n") and "\n" not in text[:-1]  # one paragraph
 
 
@@ -51,7 +59,8 @@ def test_gatelab_claims_writes_the_summary_beside_the_table(tmp_path):
     regimes = R.tokens_per_parameter(records, logged)
     assert regimes == [(TRAINED, pytest.approx(1800 * 16 * 128 / 180_768))]  # 20.4, as the issue measured
     assert R.tokens_per_parameter(records, lambda run_id: None) == []  # no run logged a count: no regime to state
-    assert written[1].read_text() == R.summary(C.claims_table(records, rows), regimes)
+    assert written[1].read_text() == R.summary(C.claims_table(records, rows), regimes,
+                                               R.run_setups(records, lambda run_id: None))
     assert np.isclose(regimes[0][1], 20.39, atol=0.01)
 
 

@@ -23,7 +23,8 @@ from tests.report.test_claims import CLAIMS_FILE, MOE, TRAINED, _records, _row
 T_CRIT_DF2 = 4.302652729749464  # the two-sided 95% t quantile at 2 df: three seeds
 SHARED = {0: -5.0, 1: 0.0, 2: 5.0}  # every group's seed effect (common random numbers); mean 0, so b's mean is 100
 G1_TRAINED = "G1 lowers Avg PPL in the trained regime (20 tokens a parameter)"
-OPROJ_CONTROL = "G1's gain needs input-dependent gating: G1 beats the init-matched o_proj control"
+OPROJ_CONTROL = ("G1's gain is not the init scale's: G1 beats the baseline with W_O initialised at half the std "
+                 "(trained)")
 
 
 @pytest.fixture(scope="module")
@@ -261,7 +262,8 @@ def test_rows_true_by_construction_stay_out_of_the_count_and_the_correction(clai
     expected = benjamini_hochberg(p_values[1:])  # the family is the three tested rows
     assert list(frame["q"][1:]) == [C._p(q) for q in expected]
     text = R.summary(frame)
-    assert "Of its 4 rows, 3 have a test" in text and "holds 3;" in text and "true by construction 1;" in text
+    assert "Exploratory: the paper's claims, written after their data: 4 rows, 3 tested (Benjamini-Hochberg over " \
+           "them)" in text and "holds 3;" in text and "true by construction 1" in text
     assert rows[0].claim not in text
 
 
