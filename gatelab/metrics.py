@@ -179,7 +179,12 @@ CATALOGUE: tuple[Metric, ...] = (
     Metric(TRAIN_S := "time/train_s", "s", "lower", "run", "training (`fit`)"),
     Metric(EVAL_S := "time/eval_s", "s", "lower", "run", "the final evaluation and its artifacts",
            condition="the run finished (not pruned or diverged)"),
-    Metric(STEP_S := "time/step_s", "s", "lower", "run", "mean seconds of a training step this session",
+    Metric(STEP_S := "time/step_s", "s", "lower", "run",
+           "steady-state seconds of a training step this session: the median of each step's own time (batch start to "
+           "end: no validation, no data wait) after the first max(5, 10%) steps (compile, warm-up)",
+           condition="the session trained at least one step"),
+    Metric(STEADY_TOKENS_PER_S := "time/steady_tokens_per_s", "tokens/s", "higher", "run",
+           "steady-state training throughput, every rank's tokens of a step over time/step_s",
            condition="the session trained at least one step"),
     Metric(COMPILE_S := "time/compile_s", "s", "lower", "run", "torch.compile's seconds", condition="train.compile on"),
     Metric(PEAK_RSS_GB := "memory/peak_rss_gb", "GB", "lower", "run", "the process's largest resident set"),

@@ -1,7 +1,8 @@
 """Write a report's tables, notes and plots as Markdown, CSV, LaTeX and one self-contained HTML page.
 
-File names stay short: `<name>.csv` for the first (main) table and `<name>_<key>.csv` for each further one,
-`<name>.tex`, `<name>.html`, and `<name>.md` or a chosen name such as README.md (GitHub shows it for the folder).
+File names stay short: `<name>.csv` for the first (main) table and `<name>_<key>.csv` for each further one and each
+data frame of numbers beside them (`<name>_seeds.csv`: every seed's value), `<name>.tex`, `<name>.html`, and
+`<name>.md` or a chosen name such as README.md (GitHub shows it for the folder).
 Markdown uses pandas' `DataFrame.to_markdown` (needs `tabulate`); LaTeX uses `DataFrame.to_latex` (Styler-based: needs
 `jinja2`). The HTML page inlines its CSS and every plot (base64 PNG), runs no JavaScript and loads nothing from the
 network, so it opens from disk anywhere.
@@ -63,11 +64,12 @@ def check_markdown_target(path: Path) -> None:
 
 def export_report(tables: Sequence[ReportTable], plots: Sequence[Path], out_dir: Path, formats: Sequence[str],
                   name: str, command: str | None = None, stamp: str | None = None, markdown_name: str | None = None,
-                  sections: Sequence[ReportSection] = ()) -> list[Path]:
+                  sections: Sequence[ReportSection] = (), data: dict[str, pd.DataFrame] | None = None) -> list[Path]:
     """Write the report in each of `formats` (md, csv, latex, html) under `out_dir`; returns the written paths.
     An unknown format raises ValueError naming the valid ones, before anything is written. `stamp` says what the report
     was made from (default: the time now); a stamp drawn from the data makes a re-made report byte-identical.
-    `markdown_name`: the Markdown file's name (default `<name>.md`); `sections`: text after the tables."""
+    `markdown_name`: the Markdown file's name (default `<name>.md`); `sections`: text after the tables; `data`:
+    frames of raw numbers, written with the CSV format only, as `<name>_<key>.csv` (a table's cells are text)."""
     chosen = check_formats(formats)
     out_dir = Path(out_dir)
     markdown_path = out_dir / (markdown_name or f"{name}.md")
@@ -82,6 +84,9 @@ def export_report(tables: Sequence[ReportTable], plots: Sequence[Path], out_dir:
             written.append(_write(markdown_path, _markdown(tables, plots, out_dir, name, command, stamp, sections)))
         elif fmt == "csv":
             written.extend(_csv(tables, out_dir, name))
+            for key, frame in (data or {}).items():
+                frame.to_csv(out_dir / f"{name}_{key}.csv", index=False)
+                written.append(out_dir / f"{name}_{key}.csv")
         elif fmt == "latex":
             written.append(_write(out_dir / f"{name}.tex", _latex(tables, plots, out_dir, name, command, stamp,
                                                                   sections)))

@@ -10,12 +10,13 @@ from pathlib import Path
 import numpy as np
 
 from gatelab.eval.plots import VariantColours, plot_first_token_attention, plot_gate_histograms, plot_loss_curves
-from gatelab.metrics import SPIKE, SPIKES, SPIKES_TOTAL, TRAIN_LOSS
+from gatelab.metrics import SPIKE, SPIKES, SPIKES_TOTAL, STEP_S, TRAIN_LOSS
 from gatelab.progress import fit_columns, fit_line, terminal_columns
 from gatelab.report.export import ReportSection, ReportTable, export_report
 from gatelab.report.plots import plot_context_length, plot_delta_vs_paper
 from gatelab.report.regimes import regime_reports
 from gatelab.report.stats import mean_std
+from gatelab.report.step_cost import STEP_TIME_RATIO, arm_frame, seed_values
 from gatelab.report.tables import PPL, RunRecord, build_comparison, comparison_title, data_stamp, probe_payloads
 from gatelab.tracking import RunStore
 
@@ -154,13 +155,21 @@ def write_report(sweep_name: str, paper: str | None, records: Sequence[RunRecord
     plots += regime_plots
     main = ReportTable(comparison_title(sweep_name, records, paper), comparison.frame, comparison.notes,
                        key="main", secondary=comparison.secondary)
-    written = export_report([main, *regime_tables], plots, out, formats, sweep_name, command=command,
+    arms = ReportTable(f"{sweep_name}: each arm's {PPL} and step time", arm_frame(records, PPL), [ARMS_NOTE],
+                       key="arms")
+    written = export_report([main, arms, *regime_tables], plots, out, formats, sweep_name, command=command,
                             stamp=data_stamp(records), markdown_name=MARKDOWN_NAME,
-                            sections=[closeness_section(records)])
+                            sections=[closeness_section(records)], data={"seeds": seed_values(records, [PPL, STEP_S])})
     store.log_report(sweep_name, written + plots)  # the report opens from the MLflow UI too
-    for table in (main, *regime_tables):
+    for table in (main, arms, *regime_tables):
         log_table(table, written, log)
     return written + plots
+
+
+ARMS_NOTE = (f"n, mean and sd over each arm's finished seeds; Δ vs baseline and p: the paired t-test over the seeds "
+             f"the arm shares with the baseline of its settings. {STEP_S}: the steady-state step (the median after "
+             "the warm-up, without validation), comparable only between runs of one host and device. Every seed's "
+             "value is in <sweep>_seeds.csv.")
 
 
 def log_table(table: ReportTable, written: Sequence[Path], log) -> None:
@@ -169,7 +178,7 @@ def log_table(table: ReportTable, written: Sequence[Path], log) -> None:
     width = terminal_columns()
     frame = table.frame
     key = [c for c in frame.columns[:1]] + [c for c in frame.columns[1:] if str(c).startswith(PPL) or str(c) in (
-        "runs", "Δ (%)", "p", "test", "paper Avg PPL", "paper Δ (%)")]
+        "runs", "Δ (%)", "p", "test", STEP_TIME_RATIO, "paper Avg PPL", "paper Δ (%)")]
     if width is not None:  # a pipe or a file keeps the table's own order, whole
         frame = frame[key + [c for c in frame.columns if c not in key]]
     text, left_out = fit_columns(frame, width)

@@ -3,7 +3,8 @@
 Rows are groups of runs that differ only in seed (a variant, plus any other swept keys). Seeds are aggregated as
 mean ± std (n); each row is compared with the `baseline` row of the same settings, paired by seed (runs share data
 order and initialisation) or with Welch's test when seeds do not pair. Runs that are missing, running, failed or
-diverged are shown as such, never as numbers.
+diverged are shown as such, never as numbers. Beside each row's effect stands its cost, the step-time ratio to the
+baseline (gatelab.report.step_cost), where both ran on one host and one device.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ import pandas as pd
 
 from gatelab import metrics as catalogue
 from gatelab import paper as paper_tables
+from gatelab.progress import DEVICE_TAG, HOST_TAG
 from gatelab.report.claims_file import group_name
 from gatelab.report.stats import PAIRED, Comparison, compare, mean_std, rank_agreement, sign_agreement
+from gatelab.report.step_cost import STEP_TIME_RATIO, StepCost, step_cost, step_cost_notes, values_by_seed
 from gatelab.tracking import SPEC_HASH_TAG, STATUS_TAG, RunStore
 
 PPL = catalogue.PPL_AVG
@@ -46,6 +49,8 @@ class RunRecord:
     metrics: dict[str, float] = field(default_factory=dict)
     diverged_step: int | None = None
     ended: str | None = None  # MLflow's end time, "YYYY-MM-DD HH:MM:SS UTC"
+    host: str | None = None  # HOST_TAG and DEVICE_TAG: where it ran (None for runs from before the tags)
+    device: str | None = None
 
     @property
     def group(self) -> str:
@@ -83,9 +88,16 @@ def collect_runs(specs, store: RunStore, sweep_name: str, ledger_states=None) ->
         step = metrics.get("diverged_step")
         ended = None if row is None or pd.isna(row.get("end_time")) else \
             pd.Timestamp(row["end_time"]).strftime("%Y-%m-%d %H:%M:%S UTC")
+        host, device = (None, None) if row is None else (_tag(row, HOST_TAG), _tag(row, DEVICE_TAG))
         records.append(RunRecord(spec, status, None if row is None else row["run_id"], metrics,
-                                 int(step) if step is not None else None, ended))
+                                 int(step) if step is not None else None, ended, host, device))
     return records
+
+
+def _tag(row: pd.Series, name: str) -> str | None:
+    """A run's tag, None where the store has no such column or this run lacks it (NaN)."""
+    value = row.get(f"tags.{name}")
+    return value if isinstance(value, str) and value else None
 
 
 def data_stamp(records: Sequence[RunRecord]) -> str:
@@ -135,6 +147,7 @@ class GroupNumbers:
     score_comparisons: dict[str, Comparison] = field(default_factory=dict)
     paper_benchmarks: dict[str, float] = field(default_factory=dict)  # the paper's benchmark column -> its value
     baseline_mean: float = math.nan  # the baseline's mean over the runs `comparison` set this group against
+    step_cost: StepCost | None = None  # the step-time ratio to that baseline; None for baseline or without one
 
     @property
     def settings(self) -> str:
@@ -185,7 +198,7 @@ def comparison_numbers(records: list[RunRecord], reference: pd.DataFrame, metric
     groups: dict[str, list[RunRecord]] = {}
     for record in records:
         groups.setdefault(record.group, []).append(record)
-    by_seed = {g: _by_seed(rs, metric) for g, rs in groups.items()}
+    by_seed = {g: values_by_seed(rs, metric) for g, rs in groups.items()}
     paper_ppl = reference["ppl"] if "ppl" in reference else None
     paper_baseline = paper_ppl.get("baseline", math.nan) if paper_ppl is not None else math.nan
     shown = _shown_metrics(records)
@@ -201,20 +214,22 @@ def comparison_numbers(records: list[RunRecord], reference: pd.DataFrame, metric
                         if c in reference.columns}
         extra = {name: [r.metrics[name] for r in members if r.status == "finished" and name in r.metrics]
                  for name in shown}
+        baseline_members = groups.get(members[0].baseline_group, [])
         score_comparisons = {}
         if variant != "baseline":
             for name in scores:
-                ours, base = _by_seed(members, name), _by_seed(groups.get(members[0].baseline_group, []), name)
+                ours, base = values_by_seed(members, name), values_by_seed(baseline_members, name)
                 if ours and base:
                     score_comparisons[name] = compare(ours, base)
         # The paper's benchmark columns stand beside benchmark scores of ours: without any they would only widen the
         # table.
         paper_benchmarks = {c: reference[c].get(variant, math.nan) for c in paper_tables.BENCHMARK_TASKS
                             if c in reference.columns and len(scores) > 1}
+        cost = step_cost(members, baseline_members) if variant != "baseline" and baseline_members else None
         rows.append(GroupNumbers(group, variant, members, list(by_seed[group].values()), comparison, paper_value,
                                  paper_value - paper_baseline, paper_probes, {k: v for k, v in extra.items() if v},
                                  score_comparisons, paper_benchmarks, _baseline_mean(comparison, by_seed[group],
-                                                                                     baseline)))
+                                                                                     baseline), cost))
     return rows
 
 
@@ -228,11 +243,6 @@ def _baseline_mean(comparison: Comparison | None, variant: dict[int, float], bas
     return sum(finite.values()) / len(finite) if finite else math.nan
 
 
-def _by_seed(members: list[RunRecord], metric: str) -> dict[int, float]:
-    return {r.spec.experiment.seed: r.metrics[metric] for r in members
-            if r.status == "finished" and metric in r.metrics}
-
-
 def numbers_frame(rows: list[GroupNumbers]) -> pd.DataFrame:
     """The numbers of each group, indexed by group: id, n, settings, mean, delta (and in %), paper, paper_delta (and
     in %)."""
@@ -243,7 +253,7 @@ def numbers_frame(rows: list[GroupNumbers]) -> pd.DataFrame:
 
 
 ONE_SEED_TEST = "n/a (1 seed)"
-TEST_COLUMNS = ("Δ vs baseline", "Δ (%)", "p", "test", "MDE (p<0.05)", "seeds needed")
+TEST_COLUMNS = ("Δ vs baseline", "Δ (%)", "p", "test", STEP_TIME_RATIO, "MDE (p<0.05)", "seeds needed")
 PAPER_COLUMNS = ("paper Avg PPL", "paper Δ", "paper Δ (%)")
 
 
@@ -267,11 +277,14 @@ def format_comparison(rows: list[GroupNumbers], metric: str = PPL) -> pd.DataFra
             else:
                 line["p"] = f"{result.p_value:.3g}" if result.p_value is not None else (result.reason or "n/a")
                 line["test"] = result.test
+            line[STEP_TIME_RATIO] = "n/a"
             line["MDE (p<0.05)"] = f"{result.mde:.3f}" if result.mde is not None else "n/a"
             line["seeds needed"] = str(result.seeds_needed) if result.seeds_needed is not None else "n/a"
         else:
             for column in TEST_COLUMNS:
                 line[column] = "" if variant == "baseline" else "n/a"
+        if number.step_cost is not None:
+            line[STEP_TIME_RATIO] = number.step_cost.cell
         line["paper Avg PPL"] = "" if math.isnan(number.paper) else f"{number.paper:.3f}"
         paper_delta = number.paper_delta
         shown = not math.isnan(paper_delta) and variant != "baseline"
@@ -395,6 +408,7 @@ def build_comparison(records: list[RunRecord], paper: str | None, metric: str = 
     frame = format_comparison(rows, metric)
     main = {"variant", "runs", f"{metric} (mean ± std (n))", *TEST_COLUMNS, *PAPER_COLUMNS}
     notes = comparison_notes(rows, agreement, ranked_settings, paper, metric)
+    notes += step_cost_notes({r.group: r.step_cost for r in rows if r.step_cost is not None})
     if catalogue.LONG_PPL.format(multiplier=1) in frame.columns:
         notes.append(LONG_PPL_NOTE)
     return ComparisonResult(frame, numbers_frame(rows), notes, agreement, [c for c in frame.columns if c not in main])

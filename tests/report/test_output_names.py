@@ -103,7 +103,8 @@ def test_the_default_folder_is_runs_reports_sweep_and_git_ignores_it(tmp_path, f
     written = _make(QUICKSTART, runs)
     out = runs / "reports" / "quickstart"
     assert {p.parent for p in written} == {out}
-    assert [p.name for p in written if p.suffix != ".png"] == ["README.md", "quickstart.csv", "quickstart.tex",
+    assert [p.name for p in written if p.suffix != ".png"] == ["README.md", "quickstart.csv", "quickstart_arms.csv",
+                                                               "quickstart_seeds.csv", "quickstart.tex",
                                                                "quickstart.html"]
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in written)
     assert _Store.logged == written  # the same files go to MLflow
@@ -118,7 +119,8 @@ def test_an_explicit_out_is_honoured(tmp_path, fake_store):
     fake_store(_records(QUICKSTART))
     out = tmp_path / "elsewhere"
     written = _make(QUICKSTART, tmp_path / "runs", out, formats=["csv", "md"])
-    assert [p.name for p in written if p.suffix != ".png"] == ["quickstart.csv", "README.md"]
+    assert [p.name for p in written if p.suffix != ".png"] == ["quickstart.csv", "quickstart_arms.csv",
+                                                               "quickstart_seeds.csv", "README.md"]
     assert {p.parent for p in written} == {out} and not (tmp_path / "runs" / "reports").exists()
 
 

@@ -460,3 +460,15 @@ def test_rank_agreement_interval_is_reproducible_and_exact_without_noise():
     assert first == rank_agreement_interval(noisy, paper)  # the fixed Generator seed
     assert -1.0 <= first[0] <= first[1] <= 1.0 and first[0] < first[1]
     assert rank_agreement_interval({"a": {0: 1.0}, "b": {0: 2.0}}, paper) is None
+
+
+def test_a_ratio_of_means_pairs_seeds_and_says_why_it_has_no_interval():
+    from gatelab.report.stats import ratio_of_means
+
+    result = ratio_of_means({0: 1.2, 1: 2.4, 2: 3.7, 9: 50.0}, {0: 1.0, 1: 2.0, 2: 3.0})  # seed 9 has no pair
+    assert result.ratio == pytest.approx(7.3 / 6.0) and result.n == 3
+    low, high = result.interval
+    assert low < 7.3 / 6.0 < high
+    assert ratio_of_means({0: 1.2}, {0: 1.0}).reason == "1 shared seed: no interval"
+    assert ratio_of_means({0: 1.2, 1: 2.4}, {0: 1.0, 1: 2.0}).reason == "every seed's ratio is the same: no spread"
+    assert ratio_of_means({0: 1.2}, {1: 1.0}).reason == "no shared seeds"

@@ -31,12 +31,14 @@ def test_table_shows_finished_diverged_failed_and_missing_runs(tmp_path):
                       str(runs), cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert {p.suffix for p in out.iterdir()} >= {".md", ".csv", ".tex", ".html", ".png"}
-    rows = {row["variant"].split()[0]: row for row in csv.DictReader(next(out.glob("*.csv")).open())}
+    rows = {row["variant"].split()[0]: row for row in csv.DictReader((out / "mixed.csv").open())}
     ppl = next(column for column in rows["baseline"] if column.startswith("ppl/avg"))
     assert rows["baseline"]["runs"] == "1 finished" and rows["baseline"][ppl].endswith("(1)")
     assert rows["g1_head_sig"]["runs"].startswith("1 diverged@") and rows["g1_head_sig"][ppl] == "diverged"
     assert rows["g2_elem_sig"]["runs"] == "1 failed" and rows["g2_elem_sig"][ppl] == "failed"
     assert rows["g5_elem_sig"]["runs"] == "1 missing" and rows["g5_elem_sig"][ppl] == "missing"
+    # Real runs carry their host and device: one seed gives a step-time ratio without an interval
+    assert re.fullmatch(r"\d+\.\d{3} \(1 shared seed: no interval\)", rows["g1_elem_sig"]["step-time ratio"])
     markdown = next(out.glob("*.md")).read_text()
     for text in ("diverged", "failed", "missing", "paper Avg PPL", "Δ vs baseline", "p"):
         assert text in markdown

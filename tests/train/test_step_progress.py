@@ -1,11 +1,13 @@
 """A run's progress lines (gatelab.train.step_progress's StepProgress): a plain line at a steady pace with the step
-rate and the time left, and the seconds a step takes measured even where nothing is printed."""
+rate and the time left, the seconds a step takes measured even where nothing is printed, and the steady-state step
+(`time/step_s`) without the warm-up steps or validation, driven by a fake clock."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 
 class FakeClock:
@@ -16,9 +18,10 @@ class FakeClock:
         return self.now
 
 
-def fake_trainer(step: int, max_steps: int = 150, rank: int = 0, loss: float | None = 5.4321):
+def fake_trainer(step: int, max_steps: int = 150, rank: int = 0, loss: float | None = 5.4321, world_size: int = 1):
     metrics = {} if loss is None else {"train/loss": loss}
-    return SimpleNamespace(global_step=step, max_steps=max_steps, global_rank=rank, callback_metrics=metrics)
+    return SimpleNamespace(global_step=step, max_steps=max_steps, global_rank=rank, callback_metrics=metrics,
+                           world_size=world_size)
 
 
 def test_a_plain_line_comes_every_n_seconds_with_the_step_rate_and_the_time_left():
@@ -61,3 +64,36 @@ def test_with_a_bar_or_on_other_ranks_it_measures_without_a_word():
             progress.on_train_batch_end(fake_trainer(step, rank=rank), None, None, None, step - 1)
         progress.on_train_end(fake_trainer(100, rank=rank), None)
         assert lines == [] and progress.seconds_per_step == pytest.approx(0.5)
+
+
+def test_the_steady_step_leaves_out_the_warm_up_and_validation():
+    """Lightning's order, with a fake clock: batch start, the step, batch end, then validation (every 10 steps here)
+    and the next batch's fetch, outside the timed span. The first 5 steps compile (30 s each)."""
+    from gatelab.train.step_progress import StepProgress
+
+    clock = FakeClock()
+    progress = StepProgress(every_s=None, clock=clock)
+    progress.on_train_start(fake_trainer(0, world_size=2), None)
+    batch = (torch.zeros(4, 8, dtype=torch.long), torch.zeros(4, 8, dtype=torch.long))
+    for step in range(1, 41):
+        progress.on_train_batch_start(fake_trainer(step - 1, world_size=2), None, batch, step - 1)
+        clock.now += 30.0 if step <= 5 else 1.0
+        progress.on_train_batch_end(fake_trainer(step, world_size=2), None, None, batch, step - 1)
+        clock.now += 20.0 if step % 10 == 0 else 0.1  # validation, then the next batch's fetch
+    assert len(progress.step_seconds) == 40
+    assert progress.steady_step_s == pytest.approx(1.0)
+    assert progress.steady_tokens_per_s == pytest.approx(2 * 4 * 8 / 1.0)  # both ranks' tokens
+    assert progress.seconds_per_step > 6  # the session's wall time a step keeps all of it, for the time left
+
+
+@pytest.mark.parametrize(("step_seconds", "steady"), [
+    ([100.0] * 5 + [1.0, 2.0, 3.0], 2.0),  # 8 steps: the first 5 left out (the median of all would be 51.5)
+    ([50.0] * 10 + [1.0] * 45 + [2.0] * 45, 1.5),  # 100 steps: the first 10 (leaving 5 would give 2.0)
+    ([30.0, 1.0, 1.0], 1.0),  # no longer than the warm-up: the median of all
+    ([], None),
+])
+def test_the_warm_up_is_a_tenth_of_the_steps_and_at_least_five(step_seconds, steady):
+    from gatelab.train.step_progress import steady_step_s, warmup_steps
+
+    assert (warmup_steps(8), warmup_steps(100), warmup_steps(1000)) == (5, 10, 100)
+    assert steady_step_s(step_seconds) == (None if steady is None else pytest.approx(steady))
