@@ -183,6 +183,9 @@ CATALOGUE: tuple[Metric, ...] = (
            "steady-state seconds of a training step this session: the median of each step's own time (batch start to "
            "end: no validation, no data wait) after the first max(5, 10%) steps (compile, warm-up)",
            condition="the session trained at least one step"),
+    Metric(WALL_STEP_S := "time/wall_step_s", "s", "lower", "run",
+           "wall seconds a training step this session, compile, validation and data waits included: what `gatelab "
+           "sweep plan` multiplies by a run's steps", condition="the session trained at least one step"),
     Metric(STEADY_TOKENS_PER_S := "time/steady_tokens_per_s", "tokens/s", "higher", "run",
            "steady-state training throughput, every rank's tokens of a step over time/step_s",
            condition="the session trained at least one step"),

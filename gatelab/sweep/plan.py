@@ -55,7 +55,7 @@ from gatelab.data.budget import CorpusCounter
 from gatelab.data.corpora import HELDOUT_FRACTION
 from gatelab.devices import device_name, evaluation_device, gpu_peak
 from gatelab.errors import GatelabError, redact
-from gatelab.metrics import EVAL_S, IMPORT_S, SETUP_S, STEP_S
+from gatelab.metrics import EVAL_S, IMPORT_S, SETUP_S, STEP_S, WALL_STEP_S
 from gatelab.model.params import added_parameters, resolve_model
 from gatelab.progress import DEVICE_TAG, HOST_TAG
 from gatelab.store_checks import store_errors
@@ -312,10 +312,12 @@ def measured_runs(uri: str, host: str | None = None, devices: Sequence[str | Non
     found = []
     for run in runs.values():
         metrics, params = run.data.metrics, run.data.params
-        if not metrics.get(STEP_S, 0) > 0:
+        # wall seconds a step; runs before issue 44 recorded that as time/step_s, now the steady-state step
+        step_s = metrics.get(WALL_STEP_S, metrics.get(STEP_S, 0.0))
+        if not step_s > 0:
             continue
         imports = metrics.get(IMPORT_S)
-        found.append(MeasuredRun(step_shape(params), params.get("variant", ""), metrics[STEP_S],
+        found.append(MeasuredRun(step_shape(params), params.get("variant", ""), step_s,
                                  metrics.get(SETUP_S, 0.0) + metrics.get(EVAL_S, 0.0),
                                  device=run.data.tags.get(DEVICE_TAG), settings=step_settings(params),
                                  flops_per_step=recorded_step_flops(params), setup_s=metrics.get(SETUP_S),

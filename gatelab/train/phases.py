@@ -40,14 +40,16 @@ class PhaseClock:
         self._since = now
 
     def training_ended(self, trainer: L.Trainer) -> None:
-        """`train_s`, and `step_s`: the steady-state seconds of a training step this session (StepProgress: no
-        compile, warm-up or validation), which `gatelab sweep plan` reads back to estimate the next sweep of the same
-        shape on this machine (HOST_TAG) and `gatelab table` compares between variants; `steady_tokens_per_s` beside
-        it."""
+        """`train_s`; `step_s`, the steady-state seconds of a training step this session (StepProgress: no compile,
+        warm-up or validation), which `gatelab table` compares between variants, with `steady_tokens_per_s`; and
+        `wall_step_s`, all of training over its steps, which `gatelab sweep plan` reads back to estimate the next sweep
+        of the same shape on this machine (HOST_TAG)."""
         self.phase_ended(catalogue.TRAIN_S)
         steps = next(c for c in trainer.callbacks if isinstance(c, StepProgress))
         if steps.steady_step_s is not None:
             self.seconds[catalogue.STEP_S] = steps.steady_step_s
+        if steps.seconds_per_step is not None:
+            self.seconds[catalogue.WALL_STEP_S] = steps.seconds_per_step
         if steps.steady_tokens_per_s is not None:
             self.seconds[catalogue.STEADY_TOKENS_PER_S] = steps.steady_tokens_per_s
         compiled = next((c for c in trainer.callbacks if isinstance(c, CompileReport)), None)
