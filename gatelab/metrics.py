@@ -75,6 +75,9 @@ _LONG_BEYOND = _LONG + ", at a multiplier above 1"
 _GPU = "a CUDA GPU"
 _MOE = "model.ffn moe"
 _BIGRAM = "data.task bigram_backcopy"
+# gatelab.data.tokenizer.bytes_per_token: a token's bytes are fixed only in a byte-level tokenizer
+_BYTES = ("data.task text and a byte-level tokenizer (data.tokenizer bpe, or a tokenizer.json or Hub name whose "
+          "decoder is ByteLevel: GPT-2's, Qwen's, Llama 3's)")
 _LM_EVAL = "lm-eval installed, and `gatelab eval` run on the run or eval.lm_eval set"
 
 # Each entry gatelab logs binds its name to a constant (`PPL_AVG := "ppl/avg"`), a family its formatter
@@ -96,6 +99,12 @@ CATALOGUE: tuple[Metric, ...] = (
     Metric(BLIMP_ACCURACY := "blimp/accuracy", "share", "higher", "eval", "BLiMP minimal pairs scored right", key=True,
            condition="eval.blimp on and data.task text"),
     Metric(DOMAIN_PPL := "ppl/{domain}", "perplexity", "lower", "eval", "held-out perplexity of one domain"),
+    Metric(BPB_AVG := "bpb/avg", "bits/byte", "lower", "eval",
+           "held-out bits per UTF-8 byte, mean over the domains as ppl/avg is (not pooled); the tokenizer stays out "
+           "of it, so runs of different tokenizers compare", condition=_BYTES),
+    Metric(DOMAIN_BPB := "bpb/{domain}", "bits/byte", "lower", "eval",
+           "held-out bits per byte of one domain: the nats of its text tokens over ln 2 x their UTF-8 bytes (special "
+           "tokens in neither)", condition=_BYTES),
     Metric(LONG_PPL := "long_ppl/x{multiplier}", "perplexity", "lower", "eval",
            "perplexity of long documents at this multiple of the training length", condition=_LONG),
     Metric(LONG_PPL_BEYOND_TRAIN := "long_ppl_beyond_train/x{multiplier}", "perplexity", "lower", "eval",

@@ -16,6 +16,7 @@ from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from gatelab.data.corpora import CorpusManifest, DataError, Log, atomic_write_text, heldout_score
@@ -179,6 +180,32 @@ def eos_id(tokenizer: Tokenizer) -> int:
 
 def pad_id(tokenizer: Tokenizer) -> int:
     return special_id(tokenizer, PAD)
+
+
+def bytes_per_token(tokenizer: Tokenizer) -> np.ndarray | None:
+    """The UTF-8 bytes each token id stands for, by id (0 for a special token such as BOS/EOS), for bits per byte; None
+    for a tokenizer that is not byte-level, whose runs log no bits per byte.
+
+    A byte-level BPE's token is a fixed byte sequence, one character of the byte-level alphabet a byte, so its length
+    is its bytes. Decoding a single token would not do: a token that holds half of a multi-byte character decodes to
+    U+FFFD. A SentencePiece-style tokenizer (byte fallback, a prefix space stripped on decoding) has tokens whose
+    bytes depend on their neighbours, so it gets no table rather than a wrong one (as does a ByteLevel-decoded
+    vocabulary with a token outside the byte-level alphabet).
+    """
+    if not isinstance(tokenizer.decoder, decoders.ByteLevel):
+        return None
+    alphabet = set(pre_tokenizers.ByteLevel.alphabet())
+    added = tokenizer.get_added_tokens_decoder()
+    vocab = tokenizer.get_vocab(with_added_tokens=True)
+    table = np.zeros(max(vocab.values()) + 1, dtype=np.int64)
+    for token, token_id in vocab.items():
+        if token_id in added:  # matched on the raw text, not mapped through the alphabet
+            table[token_id] = 0 if added[token_id].special else len(token.encode("utf-8"))
+        elif set(token) <= alphabet:
+            table[token_id] = len(token)
+        else:
+            return None
+    return table
 
 
 def tokenizer_fingerprint(tokenizer: Tokenizer) -> str:

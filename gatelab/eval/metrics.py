@@ -1,4 +1,4 @@
-"""Language-model metrics: perplexity (overall, per domain, at 1x-8x the training length).
+"""Language-model metrics: perplexity (overall, per domain, at 1x-8x the training length) and bits per byte.
 
 The model contract is the whole package's: `logits_BTV = model(input_ids_BT)` gives next-token logits. Every metric runs
 batched under `torch.no_grad()` in eval mode on the device of the model's parameters, and accumulates negative
@@ -93,21 +93,37 @@ def perplexity(model: nn.Module, windows: Windows, batch_size: int = 16) -> floa
 
 
 def window_nlls(model: nn.Module, windows_NT1: Tensor, batch_size: int = 16) -> tuple[Tensor, Tensor]:
-    """Per window of an (N, T+1) window tensor: its summed NLL (nats, float64) and its number of scored tokens, (N,)
-    each; any subset's perplexity follows without running the model again (`perplexity_of`)."""
-    nll_sums, token_counts = [], []
+    """Per window of an (N, T+1) window tensor: the NLL of each of its targets (N, T) (nats, float64, 0 where
+    ignored) and its number of scored tokens (N,); any subset's perplexity (`perplexity_of`) and bits per byte
+    (`bits_per_byte_of`) follow without running the model again."""
+    nlls, token_counts = [], []
     for input_ids_BT, targets_BT in _batches(windows_NT1, batch_size):
-        nll_sums.append(token_nll(model, input_ids_BT, targets_BT).sum(dim=1))
+        nlls.append(token_nll(model, input_ids_BT, targets_BT))
         token_counts.append((targets_BT != IGNORE_INDEX).sum(dim=1))
-    return torch.cat(nll_sums), torch.cat(token_counts)
+    return torch.cat(nlls), torch.cat(token_counts)
 
 
-def perplexity_of(nll_N: Tensor, tokens_N: Tensor) -> float:
+def perplexity_of(nll_NT: Tensor, tokens_N: Tensor) -> float:
     """exp(mean NLL per scored token) over windows whose `window_nlls` these are."""
     n_tokens = int(tokens_N.sum())
     if n_tokens == 0:
         raise ValueError("perplexity: the windows contain no token to score")
-    return math.exp(nll_N.sum().item() / n_tokens)
+    return math.exp(nll_NT.sum().item() / n_tokens)
+
+
+def bits_per_byte_of(nll_NT: Tensor, targets_NT: Tensor, bytes_per_token_V: Tensor) -> float:
+    """Bits per UTF-8 byte of the targets' text: the NLL (nats) of the targets that are text over ln 2 x their bytes
+    (`bytes_per_token_V`: gatelab.data.tokenizer.bytes_per_token), which keeps the tokenizer out of a comparison.
+
+    A special token (BOS, EOS: 0 bytes) is no text: its NLL is left out as its bytes are, as nanochat's evaluate_bpb
+    leaves it out.
+    """
+    scored_NT = targets_NT != IGNORE_INDEX
+    bytes_NT = torch.where(scored_NT, bytes_per_token_V[targets_NT.clamp(min=0)], 0)
+    n_bytes = int(bytes_NT.sum())
+    if n_bytes == 0:
+        raise ValueError("bits per byte: the windows contain no text to score")
+    return nll_NT[bytes_NT > 0].sum().item() / (math.log(2) * n_bytes)
 
 
 def domain_window_nlls(model: nn.Module, windows_by_domain: Mapping[str, Tensor],
@@ -126,9 +142,19 @@ def perplexities_by_domain(nlls_by_domain: Mapping[str, tuple[Tensor, Tensor]]) 
     The paper's "Avg PPL" is the mean over its held-out sets (English, Chinese, Code, Math, Law, Literature), not the
     PPL of the pooled tokens, so a small domain weighs as much as a large one.
     """
-    ppl_by_domain = {domain: perplexity_of(*nlls) for domain, nlls in nlls_by_domain.items()}
-    ppl_by_domain["avg"] = sum(ppl_by_domain.values()) / len(ppl_by_domain)
-    return ppl_by_domain
+    return _with_mean({domain: perplexity_of(*nlls) for domain, nlls in nlls_by_domain.items()})
+
+
+def bits_per_byte_by_domain(nlls_by_domain: Mapping[str, tuple[Tensor, Tensor]],
+                            windows_by_domain: Mapping[str, Tensor], bytes_per_token_V: Tensor) -> dict[str, float]:
+    """Bits per byte per domain from `domain_window_nlls` of these (N, T+1) windows, plus "avg", the arithmetic mean
+    of the domain values: the mean over domains, as "avg" of `perplexities_by_domain` is."""
+    return _with_mean({domain: bits_per_byte_of(nll_NT, windows_by_domain[domain][:, 1:], bytes_per_token_V)
+                       for domain, (nll_NT, _) in nlls_by_domain.items()})
+
+
+def _with_mean(by_domain: dict[str, float]) -> dict[str, float]:
+    return by_domain | {"avg": sum(by_domain.values()) / len(by_domain)}
 
 
 def domain_perplexities(model: nn.Module, windows_by_domain: Mapping[str, Tensor],

@@ -177,15 +177,16 @@ class GroupNumbers:
 
 
 def _shown_metrics(records: list[RunRecord]) -> list[str]:
-    """The metrics beside the main one, in table order: per-domain and long-context perplexity, BLiMP, the probes,
-    M-Act's location (share of layers whose largest activation sits on token 0), the outlier probes, and a synthetic
-    task's own metrics."""
+    """The metrics beside the main one, in table order: per-domain perplexity, bits per byte (mean over domains),
+    long-context perplexity, BLiMP, the probes, M-Act's location (share of layers whose largest activation sits on
+    token 0), the outlier probes, and a synthetic task's own metrics. One no run logged (runs before bits per byte,
+    a synthetic task's) has no column."""
     domain_metrics = sorted({m for r in records for m in r.metrics if m.startswith("ppl/") and m != PPL})
     long_metrics = sorted({m for r in records for m in r.metrics if m.startswith("long_ppl/x")},
                           key=lambda m: int(m.rsplit("x", 1)[1]))
     extra = [catalogue.BLIMP_ACCURACY, *paper_tables.PROBE_METRICS.values(), catalogue.M_ACT_MAX_AT_FIRST_TOKEN,
              *OUTLIER_PROBES, *sorted({m for r in records for m in r.metrics if m.startswith("bb/")})]
-    return domain_metrics + long_metrics + extra + _benchmark_metrics(records)
+    return domain_metrics + [catalogue.BPB_AVG] + long_metrics + extra + _benchmark_metrics(records)
 
 
 def _benchmark_metrics(records: list[RunRecord]) -> list[str]:

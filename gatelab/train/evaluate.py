@@ -14,9 +14,11 @@ from gatelab.config import ExperimentConfig
 from gatelab.data.datasets import domain_with_long_documents, heldout_windows, long_context_windows, unigram_perplexity
 from gatelab.data.synthetic import DOMAIN as BIGRAM_BACKCOPY
 from gatelab.data.synthetic import BigramBackcopy
+from gatelab.data.tokenizer import bytes_per_token
 from gatelab.devices import evaluation_batch_size, evaluation_precision, rows_for_length
 from gatelab.eval.benchmarks import PACKAGED_BLIMP, load_blimp, run_in_context_suite, score_blimp
 from gatelab.eval.metrics import (
+    bits_per_byte_by_domain,
     domain_window_nlls,
     evaluation_mode,
     long_context_perplexity,
@@ -63,6 +65,7 @@ def _evaluate(model, device: torch.device, experiment: ExperimentConfig, tokeniz
     windows = {d: torch.from_numpy(heldout_windows(corpus, d, seq_len, evaluation.max_windows_per_domain))
                for d in domains}
     metrics, nlls = heldout_metrics(model, corpus, domains, windows, batch_size, log)
+    metrics |= bits_per_byte_metrics(tokenizer, windows, nlls, log)
     metrics |= quantization_metrics(model, windows, nlls, evaluation.batch_size, log)
     metrics |= long_context_metrics(model, experiment, corpus, domains, batch_size, log)
     if evaluation.blimp and experiment.data.task == "text":  # English minimal pairs: the synthetic task has no words
@@ -105,6 +108,20 @@ def heldout_metrics(model, corpus, domains: list[str], windows: dict[str, torch.
                                   corpus.get(d, "heldout").counts(corpus.vocab_size)) for d in domains]
     metrics[catalogue.UNIGRAM_PPL_AVG] = float(np.mean(unigram))
     return metrics, nlls
+
+
+def bits_per_byte_metrics(tokenizer, windows: dict[str, torch.Tensor],
+                          nlls: dict[str, tuple[torch.Tensor, torch.Tensor]], log) -> dict[str, float]:
+    """`bpb/<domain>` and `bpb/avg` from the held-out pass's `nlls`; none where the run has no tokenizer (a synthetic
+    task) or one that is not byte-level (`bytes_per_token`)."""
+    table = bytes_per_token(tokenizer) if tokenizer is not None else None
+    if table is None:
+        if tokenizer is not None:
+            log("the tokenizer is not byte-level, so a token's bytes are not fixed: no bits per byte")
+        return {}
+    by_domain = bits_per_byte_by_domain(nlls, windows, torch.from_numpy(table))
+    return {catalogue.BPB_AVG if domain == "avg" else catalogue.DOMAIN_BPB.format(domain=domain): value
+            for domain, value in by_domain.items()}
 
 
 def w8a8_rows(n_windows: int) -> slice:

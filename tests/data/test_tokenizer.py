@@ -15,6 +15,7 @@ from gatelab.data.tokenizer import (
     EOS,
     PAD,
     bos_id,
+    bytes_per_token,
     eos_id,
     load_or_train_tokenizer,
     pad_id,
@@ -304,3 +305,30 @@ def test_gatelab_train_on_a_bad_tokenizer_exits_2_with_one_message_and_writes_no
         assert result.returncode == 2, (name, output)
         assert output.count("error:") == 1 and expected in output and "Traceback" not in output, (name, output)
         assert not (case / "runs").exists(), name
+
+
+MULTI_BYTE = ["café — 日本", "naïve “quoted” 🐋 words", "def f(x):\n\treturn x  # ünïcode"]
+
+
+def test_bytes_per_token_sum_to_the_texts_utf8_bytes(manifest: CorpusManifest, foreign: Path) -> None:
+    """Split multi-byte characters included: a token holding half of 'é' has 1 byte, not U+FFFD's 3."""
+    from tokenizers import Tokenizer
+
+    for tok in (load_or_train_tokenizer(manifest, VOCAB, log=lambda _: None), Tokenizer.from_file(str(foreign))):
+        table = bytes_per_token(tok)
+        assert table is not None and len(table) == tok.get_vocab_size(with_added_tokens=True)
+        for text in MULTI_BYTE:
+            ids = tok.encode(text).ids
+            assert sum(table[ids]) == len(text.encode("utf-8")), text
+        specials = [tok.token_to_id(t) for t in (BOS, EOS, PAD, "<|endoftext|>") if tok.token_to_id(t) is not None]
+        assert specials and all(table[i] == 0 for i in specials)
+
+
+def test_a_tokenizer_that_is_not_byte_level_has_no_bytes_table() -> None:
+    """SentencePiece-style: a '▁' for a space that decoding strips at the start, so a token's bytes are not fixed."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    tokenizer = Tokenizer(models.BPE(vocab={"▁a": 0, "b": 1}, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.decoder = decoders.Metaspace()
+    assert bytes_per_token(tokenizer) is None

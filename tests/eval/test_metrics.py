@@ -8,6 +8,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gatelab.eval.metrics import (
+    bits_per_byte_by_domain,
+    bits_per_byte_of,
     domain_perplexities,
     domain_window_nlls,
     long_context_perplexity,
@@ -108,18 +110,46 @@ def test_per_window_nlls_give_the_perplexity_of_any_subset_without_another_pass(
     windows needs no second full-precision pass."""
     boost = 3.0
     windows = torch.cat([counting_windows(3, 17, step=1), counting_windows(5, 17, step=2)])  # 3 easy, 5 hard
-    nll_N, tokens_N = window_nlls(Successor(boost), windows, batch_size=3)
-    assert tokens_N.tolist() == [16] * 8 and nll_N.dtype == torch.float64
+    nll_NT, tokens_N = window_nlls(Successor(boost), windows, batch_size=3)
+    assert tokens_N.tolist() == [16] * 8 and nll_NT.shape == (8, 16) and nll_NT.dtype == torch.float64
     easy, hard = -16 * math.log(p_successor(boost)), 16 * math.log(math.exp(boost) + V - 1)
-    assert nll_N.tolist() == pytest.approx([easy] * 3 + [hard] * 5, rel=1e-5)
-    assert perplexity_of(nll_N, tokens_N) == pytest.approx(perplexity(Successor(boost), windows, 3), rel=1e-12)
-    assert perplexity_of(nll_N[:3], tokens_N[:3]) == pytest.approx(1 / p_successor(boost), rel=1e-5)
-    assert perplexity_of(nll_N[3::2], tokens_N[3::2]) == pytest.approx(math.exp(boost) + V - 1, rel=1e-5)
+    assert nll_NT.sum(dim=1).tolist() == pytest.approx([easy] * 3 + [hard] * 5, rel=1e-5)
+    assert perplexity_of(nll_NT, tokens_N) == pytest.approx(perplexity(Successor(boost), windows, 3), rel=1e-12)
+    assert perplexity_of(nll_NT[:3], tokens_N[:3]) == pytest.approx(1 / p_successor(boost), rel=1e-5)
+    assert perplexity_of(nll_NT[3::2], tokens_N[3::2]) == pytest.approx(math.exp(boost) + V - 1, rel=1e-5)
     by_domain = domain_window_nlls(Successor(boost), {"easy": windows[:3], "hard": windows[3:]}, batch_size=2)
     assert perplexities_by_domain(by_domain) == pytest.approx(
         domain_perplexities(Successor(boost), {"easy": windows[:3], "hard": windows[3:]}), rel=1e-12)
     with pytest.raises(ValueError, match="no token"):
-        perplexity_of(nll_N[:0], tokens_N[:0])
+        perplexity_of(nll_NT[:0], tokens_N[:0])
+
+
+def test_uniform_prediction_costs_log2_v_bits_a_token_spread_over_its_bytes():
+    """ln V nats a token; bpb = total nats / (ln 2 x bytes). A special token (0 bytes, here id 0) counts in neither."""
+    bytes_per_token_V = torch.arange(V) % 4  # ids 0, 4, 8, ... stand for no text
+    windows = counting_windows(6, 17, step=1)
+    nll_NT, _ = window_nlls(ZeroLogits(), windows, batch_size=4)
+    targets_NT = windows[:, 1:]
+    n_bytes = int(bytes_per_token_V[targets_NT].sum())
+    text_tokens = int((bytes_per_token_V[targets_NT] > 0).sum())
+    assert 0 < text_tokens < targets_NT.numel()
+    expected = text_tokens * math.log(V) / (math.log(2) * n_bytes)
+    assert bits_per_byte_of(nll_NT, targets_NT, bytes_per_token_V) == pytest.approx(expected, rel=1e-6)
+    one_byte_each = torch.ones(V, dtype=torch.long)  # one byte a token: bits per byte is bits per token, log2 V
+    assert bits_per_byte_of(nll_NT, targets_NT, one_byte_each) == pytest.approx(math.log2(V), rel=1e-6)
+    ignored_NT = targets_NT.masked_fill(torch.arange(16) < 8, -100)  # ignored targets count in neither
+    assert bits_per_byte_of(nll_NT, ignored_NT, one_byte_each) == pytest.approx(math.log2(V), rel=1e-6)
+    with pytest.raises(ValueError, match="no text"):
+        bits_per_byte_of(nll_NT, targets_NT, torch.zeros(V, dtype=torch.long))
+
+
+def test_bits_per_byte_average_the_domain_values_as_perplexity_does():
+    boost, three_bytes_V = 3.0, torch.full((V,), 3)
+    by_domain = {"counting": counting_windows(4, 17, step=1), "skipping": counting_windows(12, 17, step=2)}
+    bpb = bits_per_byte_by_domain(domain_window_nlls(Successor(boost), by_domain, 5), by_domain, three_bytes_V)
+    counting, skipping = -math.log2(p_successor(boost)) / 3, math.log2(math.exp(boost) + V - 1) / 3
+    assert bpb == pytest.approx({"counting": counting, "skipping": skipping, "avg": (counting + skipping) / 2},
+                                rel=1e-5)
 
 
 def test_domain_named_avg_is_refused():

@@ -352,8 +352,9 @@ def test_a_search_metric_no_run_logs_is_refused_before_anything_runs(tmp_path, m
     assert "nothing was run" in message
 
 
-@pytest.mark.parametrize("metric", ["ppl/avg", "val/loss", "blimp/accuracy", "probe/f_attn", "unigram_ppl/avg",
-                                    "lm_eval/hellaswag/acc_norm", "long_ppl/x4", "probe/sink_rate/layer1"])
+@pytest.mark.parametrize("metric", ["ppl/avg", "bpb/avg", "val/loss", "blimp/accuracy", "probe/f_attn",
+                                    "unigram_ppl/avg", "lm_eval/hellaswag/acc_norm", "long_ppl/x4",
+                                    "probe/sink_rate/layer1"])
 def test_metrics_that_runs_log_are_accepted(tmp_path, metric):
     sweep = load_sweep(write_sweep(tmp_path, {
         "search": {"params": {"train.lr": {"type": "float", "low": 1e-4, "high": 1e-2}}, "n_trials": 2,

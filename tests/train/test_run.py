@@ -56,8 +56,9 @@ def test_a_run_records_every_metric_and_artifact(tmp_path):
     assert row["params.resolved.train.precision"] == "32-true"  # the precision it trained in
     assert row["tags.gatelab.device"] == "cpu"  # where it trained, for `gatelab sweep plan`
     expected = ["train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s", "train/spikes", "ppl/scripture",
-                "ppl/speeches", "ppl/avg", "long_ppl/x1", "long_ppl/x2", "long_ppl_beyond_train/x2", "icl/induction",
-                "icl/mqar", "probe/f_attn", "probe/f_attn_with_first_query", "probe/m_act", "probe/gate_score_mean",
+                "ppl/speeches", "ppl/avg", "bpb/scripture", "bpb/speeches", "bpb/avg", "long_ppl/x1", "long_ppl/x2",
+                "long_ppl_beyond_train/x2", "icl/induction", "icl/mqar", "probe/f_attn",
+                "probe/f_attn_with_first_query", "probe/m_act", "probe/gate_score_mean",
                 "probe/sparsity_gated_output_below_0.01", "unigram_ppl/avg", *OUTLIER_METRICS]
     expected += ["blimp/accuracy"] if BLIMP.is_dir() else []
     for metric in expected:
