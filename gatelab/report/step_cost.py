@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-from gatelab.metrics import STEP_S
+from gatelab.metrics import STEP_S, WALL_STEP_S
 from gatelab.progress import DEVICE_TAG, HOST_TAG
 from gatelab.report.stats import Ratio, compare_shared_seeds, mean_std, ratio_of_means
 
@@ -54,9 +54,14 @@ class StepCost:
 
 
 def why_not_comparable(runs: Sequence[Any]) -> str | None:
-    """None where every run carries the same host and device tags; else why their step times do not compare."""
+    """None where every run carries the same host and device tags and timed the steady-state step; else why their
+    step times do not compare."""
     if any(r.host is None or r.device is None for r in runs):
         return f"runs without {HOST_TAG}/{DEVICE_TAG} tags (recorded before runs carried them)"
+    if any(WALL_STEP_S not in r.metrics for r in runs):
+        # before issue 44 time/step_s was the session's mean step, compile and validation included: not a cost
+        return f"runs whose {STEP_S} is the session's mean step, compile and validation included (recorded before " \
+               f"{WALL_STEP_S} was logged beside the steady-state step)"
     for what, tags in (("hosts", {r.host for r in runs}), ("devices", {r.device for r in runs})):
         if len(tags) > 1:
             return f"runs on {len(tags)} {what} ({', '.join(sorted(tags))})"

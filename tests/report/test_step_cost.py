@@ -34,10 +34,14 @@ def _step_s(spec) -> float:
     return BASELINE_STEP_S[seed] * (VARIANT_FACTOR[seed] if spec.experiment.variant != "baseline" else 1.0)
 
 
-def _records(tmp_path, where=lambda spec: ("vm", "NVIDIA H100")) -> list[RunRecord]:
-    return [RunRecord(spec, "finished", f"run-{spec.index}",
-                      {"ppl/avg": 20.0 + spec.experiment.seed, "time/step_s": _step_s(spec)}, None, None,
-                      *where(spec)) for spec in expand(load_sweep(_sweep(tmp_path)))]
+def _timed(spec) -> dict[str, float]:
+    """A run's metrics as runs since issue 44 record them: the steady-state step and the wall step beside it."""
+    return {"ppl/avg": 20.0 + spec.experiment.seed, "time/step_s": _step_s(spec), "time/wall_step_s": 2 * _step_s(spec)}
+
+
+def _records(tmp_path, where=lambda spec: ("vm", "NVIDIA H100"), metrics=_timed) -> list[RunRecord]:
+    return [RunRecord(spec, "finished", f"run-{spec.index}", metrics(spec), None, None, *where(spec))
+            for spec in expand(load_sweep(_sweep(tmp_path)))]
 
 
 def _ratio_cell(records) -> tuple[str, list[str]]:
@@ -69,6 +73,14 @@ def test_other_hosts_or_devices_or_missing_tags_are_not_comparable(tmp_path, whe
     assert any(note.startswith("step-time ratio not comparable for g1_elem_sig: " + why) for note in notes), notes
 
 
+def test_step_times_recorded_before_the_steady_state_step_are_not_comparable(tmp_path):
+    # time/step_s was the session's mean step (compile and validation in it) until runs logged time/wall_step_s beside
+    old = lambda spec: {"ppl/avg": 20.0 + spec.experiment.seed, "time/step_s": _step_s(spec)}  # noqa: E731
+    cell, notes = _ratio_cell(_records(tmp_path, metrics=old))
+    assert cell == "not comparable"
+    assert any("the session's mean step, compile and validation included" in note for note in notes), notes
+
+
 def _finished_run(store: tracking.RunStore, spec, metrics: dict[str, float], tags: dict[str, str]) -> None:
     run = store.client.create_run(store.experiment_id("t"), start_time=1_000, tags={
         tracking.SPEC_HASH_TAG: spec.hash, tracking.STATUS_TAG: "finished",
@@ -84,8 +96,7 @@ def test_the_report_reads_the_tags_and_writes_each_arm_and_every_seeds_value(tmp
     store = tracking.RunStore(sqlite_uri(runs), runs)
     specs = expand(load_sweep(sweep_path))
     for spec in specs:
-        _finished_run(store, spec, {"ppl/avg": 20.0 + spec.experiment.seed, "time/step_s": _step_s(spec)},
-                      {HOST_TAG: "vm", DEVICE_TAG: "cpu"})
+        _finished_run(store, spec, _timed(spec), {HOST_TAG: "vm", DEVICE_TAG: "cpu"})
     out = tmp_path / "table"
     make_report(sweep_path, experiment=None, formats=["csv"], out_dir=out, workspace=Workspace(runs_dir=runs),
                 log=lambda line: None)
