@@ -112,7 +112,7 @@ def test_a_run_records_the_outlier_probes_and_gatelab_table_shows_them(tmp_path)
     out = tmp_path / "out"
     make_report(sweep, experiment=None, formats=["csv"], out_dir=out, workspace=Workspace(runs_dir=runs),
                 log=lambda *args: None)
-    table = next(csv.DictReader(next(out.glob("*.csv")).open()))
+    table = next(csv.DictReader((out / "micro.csv").open()))
     assert table["runs"] == "1 finished"
     for metric in OUTLIER_PROBES:
         assert table[metric] == f"{row[f'metrics.{metric}']:.3f} (1)", metric
