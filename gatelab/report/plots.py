@@ -10,7 +10,16 @@ from pathlib import Path
 import numpy as np
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullLocator
 
-from gatelab.eval.plots import colour_of, finite_or_nan, new_figure, save_no_data, save_png, save_with_legend
+from gatelab.eval.plots import (
+    VariantColours,
+    colour_of,
+    finite_or_nan,
+    new_figure,
+    save_no_data,
+    save_png,
+    save_with_legend,
+)
+from gatelab.report.ladder import LadderFit, Rungs, scaling_law
 
 DELTA_LABEL = "Δ vs baseline"
 
@@ -131,3 +140,46 @@ def plot_loss_vs_lr(curves: Mapping[str, tuple[Sequence[float], Sequence[float],
     axes.xaxis.set_minor_locator(NullLocator())
     axes.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
     return save_with_legend(figure, axes, path, drawn)
+
+
+def _law_label(name: str, fit: LadderFit) -> str:
+    if not fit.testable:
+        return f"{name}: its own A (multiplier not testable)"
+    low, high = fit.interval
+    return f"{name}: its own A, worth {fit.multiplier:.2f}x the baseline's compute [{low:.2f}, {high:.2f}]"
+
+
+def plot_ladder(points_by_arm: Mapping[str, Rungs], fits: Mapping[str, LadderFit], path: str | Path,
+                baseline: str = "baseline", unit: str = "FLOPs", colours: Mapping[str, str] | None = None) -> Path:
+    """Final loss against compute (log axis) over a ladder of model sizes: each seed's loss at each rung a point, and
+    each arm's fitted law L = L_inf + A C^-alpha a line, in the arm's colour. `fits` are `fit_ladder`'s results by
+    variant; the baseline's line comes from the first with a law (all share the baseline's), each variant's from its
+    own, labelled with its compute multiplier and interval."""
+    figure, axes = new_figure("Loss against compute over the ladder, and each arm's fitted law",
+                              f"compute ({unit}, log scale)", "final val/loss (nats)")
+    colours = colours if colours is not None else VariantColours()
+    seen: list[float] = []
+    drawn = 0
+    for name, rungs in points_by_arm.items():
+        pairs = [(float(c), float(v)) for c, losses in rungs.items() for v in losses if math.isfinite(float(v))]
+        if pairs:
+            axes.scatter(*zip(*pairs), s=16, alpha=0.7, color=colour_of(colours, name), label=f"{name}: each seed")
+            seen += [c for c, _ in pairs]
+            drawn += 1
+    if not drawn:
+        return save_no_data(figure, axes, path)
+    grid = np.geomspace(min(seen), max(seen), 200)
+    with_law = [fit for fit in fits.values() if math.isfinite(fit.baseline_scale)]
+    if with_law:
+        law = with_law[0]
+        axes.plot(grid, scaling_law(grid, law.irreducible_loss, law.baseline_scale, law.alpha), linewidth=1.4,
+                  color=colour_of(colours, baseline),
+                  label=f"{baseline}: L = {law.irreducible_loss:.3g} + A C^-{law.alpha:.3g}")
+        drawn += 1
+    for name, fit in fits.items():
+        if fit.variant_scale > 0:  # NaN where no law was fitted; not above 0 where the variant is below L_inf
+            axes.plot(grid, scaling_law(grid, fit.irreducible_loss, fit.variant_scale, fit.alpha), linewidth=1.4,
+                      linestyle="--", color=colour_of(colours, name), label=_law_label(name, fit))
+            drawn += 1
+    axes.set_xscale("log")
+    return save_with_legend(figure, axes, path, drawn, grid="both")
