@@ -24,6 +24,7 @@ from gatelab.app.options import (
     Heartbeat,
     Ledger,
     PlanTrackingUri,
+    PlanWorkers,
     RunLedger,
     RunsDir,
     SweepFile,
@@ -125,12 +126,12 @@ def sweep_plan(
     sweep: SweepFile, experiment: ExperimentOption = None, as_json: AsJson = False,
     flops_per_second: Annotated[Optional[float], typer.Option(help="throughput for the time estimate (instead of "
                                                                    "step times measured on this machine)")] = None,
-    tracking_uri: PlanTrackingUri = None, runs_dir: RunsDir = Path("runs"),
+    tracking_uri: PlanTrackingUri = None, runs_dir: RunsDir = Path("runs"), workers: PlanWorkers = 1,
 ) -> None:
     """One row per run: variant, seed, overrides, parameters, tokens and estimated time (measured from this machine's
     earlier runs of the same shape where the store has some, else a rough guess from FLOPs); rejects bad cells."""
     _run(show_plan, sweep, experiment=experiment, as_json=as_json, flops_per_second=flops_per_second,
-         workspace=Workspace(runs_dir=runs_dir, tracking_uri=tracking_uri))
+         workspace=Workspace(runs_dir=runs_dir, tracking_uri=tracking_uri), workers=workers)
 
 
 @sweep_app.command("run")

@@ -46,6 +46,8 @@ TrainRunsDir = Annotated[Path, typer.Option(help="checkpoints and the default ML
 TrackingUri = Annotated[Optional[str], typer.Option(help="MLflow tracking URI (default: sqlite under runs/)")]
 PlanTrackingUri = Annotated[Optional[str], typer.Option(
     help="MLflow store whose earlier runs' step times price the plan (default: sqlite under runs/)")]
+PlanWorkers = Annotated[int, typer.Option(min=1, help="price the sweep's wall time on this many workers side by "
+                                                     "side, as sweep run --workers")]
 WorkerTrackingUri = Annotated[Optional[str], typer.Option(help="MLflow tracking URI, e.g. http://host:5000")]
 
 Ledger = Annotated[Optional[str], typer.Option(help="the ledger (default: the journal under runs/)")]

@@ -9,9 +9,10 @@ from gatelab.workspace import Workspace
 
 
 def show_plan(sweep_path: Path, *, experiment: Path | None = None, as_json: bool = False,
-              flops_per_second: float | None = None, workspace: Workspace | None = None) -> None:
-    """Load and validate the sweep (GatelabError on any bad cell), then print its plan. With a `workspace` and no
-    `flops_per_second`, times are measured where its store holds earlier runs of the same shape from this machine."""
+              flops_per_second: float | None = None, workspace: Workspace | None = None, workers: int = 1) -> None:
+    """Load and validate the sweep (GatelabError on any bad cell), then print its plan, its time for `workers` workers.
+    With a `workspace` and no `flops_per_second`, times are measured where its store holds earlier runs of the same
+    shape from this machine."""
     from gatelab.sweep.plan import plan_rows, sweep_measurements
     from gatelab.sweep.plan_render import corpus_warnings, render_plan
     from gatelab.sweep.spec import load_sweep
@@ -36,4 +37,4 @@ def show_plan(sweep_path: Path, *, experiment: Path | None = None, as_json: bool
     title += f" (paper {sweep.paper})" if sweep.paper else ""
     extra = {"sweep": sweep.name, "experiment": str(sweep.experiment_path), "paper": sweep.paper,
              "duplicates": [str(d) for d in sweep.duplicates], "warnings": warnings}
-    render_plan(rows, as_json, title=title, notes=warnings + notes, extra=extra)
+    render_plan(rows, as_json, title=title, notes=warnings + notes, extra=extra, workers=workers)

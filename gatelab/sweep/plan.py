@@ -60,6 +60,8 @@ from gatelab.model.params import added_parameters, resolve_model
 from gatelab.progress import DEVICE_TAG, HOST_TAG
 from gatelab.store_checks import store_errors
 from gatelab.store_uris import missing_local_store, run_tracking_uri
+from gatelab.sweep.flops import active_parameters, training_flops
+from gatelab.sweep.ladder import RUNG
 from gatelab.sweep.spec import Progress, RunSpec, format_value
 from gatelab.variants import apply_variant
 
@@ -103,21 +105,6 @@ EVAL_FIXED_S = 3.0
 LONG_CONTEXT_DOMAIN, LONG_CONTEXT_DOCUMENTS = "speeches", 16
 BLIMP_PARADIGMS, BLIMP_PACKAGED_PAIRS, BLIMP_RELEASE_PAIRS, BLIMP_SENTENCE_TOKENS = 67, 100, 1000, 16
 IN_CONTEXT_MAX_PAIRS = 32
-
-
-def active_parameters(model: ModelConfig, total: int) -> int:
-    """N_active of the module docstring: no input embedding table, routed experts at top_k / n_experts."""
-    embedding = model.vocab_size * model.d_model
-    active = total - (0 if model.tie_embeddings else embedding)  # tied: the one table is the output head's matmul
-    if model.ffn == "moe" and model.moe is not None:
-        per_expert = 3 * model.d_model * model.moe.expert_hidden  # SwiGLU gate, up and down
-        active -= model.n_layers * (model.moe.n_experts - model.moe.top_k) * per_expert
-    return active
-
-
-def training_flops(model: ModelConfig, active: int, tokens: int, seq_len: int) -> float:
-    attention_per_token = 12 * model.n_layers * seq_len * model.n_heads * model.head_dim
-    return float(6 * active * tokens + attention_per_token * tokens)
 
 
 def evaluation_flops(experiment: ExperimentConfig, model: ModelConfig, active: int,
@@ -401,6 +388,7 @@ def _flops_row(spec: RunSpec, count_corpus: CorpusCounter, flops_per_second: flo
         "variant": experiment.variant,
         "seed": experiment.seed,
         "overrides": " ".join(f"{key}={format_value(value)}" for key, value in spec.settings().items()),
+        "rung": spec.cell.get(RUNG),  # its ladder rung (also in overrides); None outside a ladder
         "total_params": total,
         "added_params": added,
         "active_params": active,
@@ -445,6 +433,30 @@ def _price_measured(row: dict[str, Any], experiment: ExperimentConfig, here: Seq
         if rate.setup_s is not None:
             row.update(setup_s=rate.setup_s, setup_basis="measured")
     return step
+
+
+def rung_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per ladder rung, in the ladder's order: its runs; the baseline's parameters at the rung (a run's total
+    less what its variant adds: the count the tokens rule reads), the tokens of a run and their ratio (each distinct
+    value: a grid over batch size or sequence length gives several); its runs' FLOPs and seconds together. [] for a
+    sweep without a ladder."""
+    by_rung: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        if row.get("rung") is not None:
+            by_rung.setdefault(row["rung"], []).append(row)
+    summary = []
+    for rung, members in by_rung.items():
+        summary.append({
+            "rung": rung,
+            "runs": sum(row["trials"] for row in members),
+            "baseline_params": sorted({row["total_params"] - row["added_params"] for row in members}),
+            "tokens": sorted({row["tokens"] for row in members}),
+            "tokens_per_parameter": sorted({row["tokens"] / (row["total_params"] - row["added_params"])
+                                            for row in members}),
+            "flops": sum(row["flops"] * row["trials"] for row in members),
+            "seconds": sum(row["seconds"] * row["trials"] for row in members),
+        })
+    return summary
 
 
 def plan_totals(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from gatelab.data.budget import format_tokens, repeat_warning
 from gatelab.progress import DONE, format_duration, step_time
-from gatelab.sweep.plan import EVAL_FIXED_S, plan_rows, plan_totals, sweep_measurements, wall_seconds
+from gatelab.sweep.plan import EVAL_FIXED_S, plan_rows, plan_totals, rung_rows, sweep_measurements, wall_seconds
 from gatelab.sweep.spec import RunSpec
 
 RICH_TABLE_ROWS = 500  # a longer plan is printed as plain aligned text (`_plain_table`): rich takes 2 ms a row
@@ -51,6 +51,9 @@ def corpus_warnings(rows: Sequence[dict[str, Any]], specs: Sequence[RunSpec]) ->
         lines.append("warning: " + repeat_warning(subject, experiment.data, tokens, corpus_tokens,
                                                   experiment.train.batch_size * experiment.data.seq_len,
                                                   estimated=how == "estimate"))
+    if cases and any(row.get("rung") is not None for row in rows):
+        lines.append("  (a ladder sets train.max_steps from its tokens rule: for fewer passes, lower ladder.tokens or "
+                     "the rungs, or add text)")
     for how, mark in (("estimate", "~"), ("unknown", "?")):
         notes: dict[str, list[int]] = {}
         for row in rows:
@@ -61,7 +64,8 @@ def corpus_warnings(rows: Sequence[dict[str, Any]], specs: Sequence[RunSpec]) ->
 
 
 def plan_json(rows: Sequence[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-    return {"runs": list(rows), "totals": plan_totals(rows), **extra}
+    rungs = rung_rows(rows)
+    return {"runs": list(rows), "totals": plan_totals(rows), **({"rungs": rungs} if rungs else {}), **extra}
 
 
 def _params(count: int, signed: bool = False) -> str:
@@ -86,8 +90,10 @@ def _duration(seconds: float) -> str:
 
 
 def render_plan(rows: Sequence[dict[str, Any]], as_json: bool = False, *, title: str | None = None,
-                notes: Sequence[str] = (), extra: dict[str, Any] | None = None, console: Any = None) -> None:
-    """Print the plan: a rich table with a totals line and notes, or JSON {"runs": [...], "totals": {...}, ...}."""
+                notes: Sequence[str] = (), extra: dict[str, Any] | None = None, console: Any = None,
+                workers: int = 1) -> None:
+    """Print the plan: a rich table (and a ladder's table of rungs) with a totals line and notes, the time for
+    `workers` workers, or JSON {"runs": [...], "totals": {...}, "rungs": [...] (a ladder's), ...}."""
     if as_json:
         print(json.dumps(plan_json(rows, **(extra or {})), indent=2), file=getattr(console, "file", sys.stdout))
         return
@@ -107,13 +113,33 @@ def render_plan(rows: Sequence[dict[str, Any]], as_json: bool = False, *, title:
         for row_cells in cells:
             table.add_row(*row_cells)
         console.print(table)
+    rungs = rung_rows(rows)
+    if rungs:
+        console.print(_rung_table(rungs))
     totals = plan_totals(rows)
     console.print(f"{totals['runs']} runs, {format_tokens(totals['tokens'])} tokens, {totals['flops']:.2e} FLOPs",
                   highlight=False)
-    for line in estimate_lines(rows):
+    for line in estimate_lines(rows, workers):
         console.print(line, highlight=False, markup=False)
     for note in notes:
         console.print(note, highlight=False, markup=False)
+
+
+def _rung_table(rungs: Sequence[dict[str, Any]]) -> Table:
+    """The ladder at a glance: what each rung trains, and what its runs cost together (time: on one worker)."""
+    def spread(values: Sequence[float], show: Any) -> str:
+        return show(values[0]) if len(values) == 1 else f"{show(values[0])}-{show(values[-1])}"
+
+    table = Table(box=None, title="ladder rungs (parameters: the baseline's, which the tokens rule reads)",
+                  title_justify="left")
+    for column in ("rung", "runs", "parameters", "tokens a run", "tokens a parameter", "FLOPs (all runs)",
+                   "est. time (1 worker)"):
+        table.add_column(column, justify="left" if column == "rung" else "right")
+    for rung in rungs:
+        table.add_row(rung["rung"], str(rung["runs"]), spread(rung["baseline_params"], _params),
+                      spread(rung["tokens"], format_tokens), spread(rung["tokens_per_parameter"], "{:.1f}".format),
+                      f"{rung['flops']:.2e}", _duration(rung["seconds"]))
+    return table
 
 
 def _row_cells(row: dict[str, Any], with_paper: bool, with_trials: bool) -> list[str]:

@@ -4,12 +4,13 @@ A sweep is an experiment preset plus axes (see `SweepFile` for the keys). Expans
 `index`: the `grid` product (axes in file order, the first axis outermost), each grid cell multiplied by the rows of
 `zip` (zip innermost), minus the cells `exclude` matches, then the `include` cells in file order. With no grid and no
 zip the product is one empty cell (the preset itself) unless `include` is given, in which case the includes are the
-runs. `exclude` acts on the product only: an include is always run.
+runs. `exclude` acts on the product only: an include is always run. A `ladder` multiplies the product by its rungs,
+the rung outermost (`gatelab.sweep.ladder`); an include then names its rung.
 
-Each cell resolves as: preset, then `overrides`, then the cell's own values (so a cell wins over an override), then
-`name` := the sweep's name. Two cells that resolve to the same config (same `spec_hash`) are one run: the first is
-kept, the others are listed in `Sweep.duplicates`; indices are not renumbered, so `cell 7` means the same cell in an
-error message, the plan and the ledger.
+Each cell resolves as: preset, then `overrides`, then its rung's model values, then the cell's own values (so a cell
+wins over an override), then its rung's train.max_steps, then `name` := the sweep's name. Two cells that resolve to the
+same config (same `spec_hash`) are one run: the first is kept, the others are listed in `Sweep.duplicates`; indices are
+not renumbered, so `cell 7` means the same cell in an error message, the plan and the ledger.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from gatelab.data.identity import spec_hash
 from gatelab.data.resolve import VocabularyTooSmall, experiment_from_dict, resolve_experiment
 from gatelab.errors import GatelabError
 from gatelab.metrics import KEY_METRICS, find, names_for
-from gatelab.sweep.sweep_file import SearchParam, SearchSpace, SweepFile
+from gatelab.sweep.ladder import RUNG, ladder_cells, ladder_problems, set_rung_model, set_rung_steps
+from gatelab.sweep.sweep_file import Ladder, SearchParam, SearchSpace, SweepFile
 from gatelab.variants import variant_ids
 
 MAX_LISTED_LINES = 20  # an error listing longer than this ends in "and N more"
@@ -117,6 +119,10 @@ class Sweep:
     @property
     def search(self) -> SearchSpace | None:
         return self.file.search
+
+    @property
+    def ladder(self) -> Ladder | None:
+        return self.file.ladder
 
 
 def expand(sweep: Sweep) -> list[RunSpec]:
@@ -242,7 +248,8 @@ def _structure_problems(sweep_file: SweepFile) -> list[str]:
         if problem:
             problems.append(problem)
 
-    axes = list(sweep_file.grid) + list(sweep_file.zip)
+    problems += ladder_problems(sweep_file)
+    axes = list(sweep_file.grid) + list(sweep_file.zip) + ([RUNG] if sweep_file.ladder else [])
     for index, partial in enumerate(sweep_file.exclude):
         if not partial:
             problems.append(f"exclude[{index}]: empty; give the axis values of the runs to drop")
@@ -287,6 +294,8 @@ def _cells(sweep_file: SweepFile, problems: list[str]) -> list[dict[str, Any]]:
         product = [{**grid_cell, **row} for grid_cell in product for row in rows]
     if not sweep_file.grid and not sweep_file.zip and sweep_file.include:
         product = []
+    elif sweep_file.ladder is not None:
+        product = ladder_cells(sweep_file.ladder, product)
 
     kept = []
     matched = [False] * len(sweep_file.exclude)
@@ -298,7 +307,8 @@ def _cells(sweep_file: SweepFile, problems: list[str]) -> list[dict[str, Any]]:
         if not hits:
             kept.append(cell)
     for i, partial in enumerate(sweep_file.exclude):
-        if partial and not matched[i] and all(key in sweep_file.grid or key in sweep_file.zip for key in partial):
+        axes = {*sweep_file.grid, *sweep_file.zip, *([RUNG] if sweep_file.ladder else [])}
+        if partial and not matched[i] and all(key in axes for key in partial):
             problems.append(f"exclude[{i}] {format_cell(partial)}: matches no run of the grid; check its values")
     cells = kept + [dict(cell) for cell in sweep_file.include]
     if not cells and not problems:
@@ -387,14 +397,19 @@ def _resolve_cell(base: dict[str, Any], sweep_file: SweepFile, cell: dict[str, A
     tree = copy.deepcopy(base)
     for key, value in sweep_file.overrides.items():
         set_dotted(tree, key, copy.deepcopy(value))  # paths checked in _structure_problems
+    ladder = sweep_file.ladder if RUNG in cell else None  # ladder_problems saw that every cell has a rung
+    if ladder is not None:
+        set_rung_model(tree, ladder, cell[RUNG])
     problems = []
     for key, value in cell.items():
         try:
-            set_dotted(tree, key, copy.deepcopy(value))
+            if key != RUNG:
+                set_dotted(tree, key, copy.deepcopy(value))
         except GatelabError as exc:
             problems.append(str(exc))  # reported with whatever else is wrong with the cell
     tree["name"] = sweep_file.name
-    experiment, found = check(tree)
+    rung_problems = set_rung_steps(tree, ladder, check) if ladder is not None and not problems else []
+    experiment, found = (None, rung_problems) if rung_problems else check(tree)
     problems += found
     if problems or sweep_file.search is None:
         return (None if problems else experiment), problems
@@ -495,6 +510,9 @@ def _canonical(cell: dict[str, Any], experiment: ExperimentConfig) -> dict[str, 
     dumped: Any = experiment.model_dump(mode="json")
     canonical = {}
     for key, value in cell.items():
+        if key == RUNG:  # a name of the ladder, no key of the config
+            canonical[key] = value
+            continue
         node = dumped
         for part in key.split("."):
             node = node.get(part) if isinstance(node, dict) else None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import Field, PositiveInt, field_validator, model_validator
+from pydantic import Field, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from gatelab.config import StrictModel
 from gatelab.metrics import PPL_AVG
@@ -91,6 +91,40 @@ class SearchSpace(StrictModel):
         return {key: param.suggest(trial, key) for key, param in self.params.items()}
 
 
+class RungTokens(StrictModel):
+    """How many tokens each rung of a ladder trains on, as one of two rules; either gives train.max_steps."""
+
+    per_parameter: PositiveFloat | None = None  # tokens = this x the baseline's parameters at the rung (Chinchilla: 20)
+    flops: PositiveFloat | None = None  # training FLOPs of the baseline at each rung (the plan's count)
+
+    @model_validator(mode="after")
+    def _one_rule(self) -> RungTokens:
+        if (self.per_parameter is None) == (self.flops is None):
+            given = "both" if self.per_parameter is not None else "neither"
+            raise ValueError(f"{given} of per_parameter and flops given; a ladder's tokens follow one rule: "
+                             "{per_parameter: 20} (tokens per parameter) or {flops: 1e15} (FLOPs per run)")
+        return self
+
+
+class Ladder(StrictModel):
+    """Model sizes as an axis of a sweep: named rungs (each a set of `model.*` values) crossed with the grid, every run
+    of a rung trained for the steps its `tokens` rule gives the baseline model at that rung."""
+
+    rungs: dict[str, dict[str, Any]]  # rung name -> dotted model.* key -> value, smallest first by convention
+    tokens: RungTokens
+
+    @field_validator("rungs")
+    @classmethod
+    def _named_rungs(cls, rungs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        if len(rungs) < 2:
+            raise ValueError(f"{len(rungs)} rung(s); a ladder compares model sizes, so it needs at least 2 "
+                             "(e.g. {xs: {model.d_model: 48}, s: {model.d_model: 64}})")
+        for name in rungs:
+            if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+                raise ValueError(f"rung '{name}' names a table group: use letters, digits, '_', '.' and '-' only")
+        return rungs
+
+
 class SweepFile(StrictModel):
     """The keys of a sweep YAML file."""
 
@@ -104,6 +138,7 @@ class SweepFile(StrictModel):
     overrides: dict[str, Any] = {}  # dotted path -> value, applied to every run before the cell's own values
     paper: PaperTable | None = None  # the paper table a report compares against
     search: SearchSpace | None = None
+    ladder: Ladder | None = None  # model sizes crossed with the grid, each trained for its tokens rule's steps
     retries: int = Field(2, ge=0)  # how many times a failed run is retried
 
     @field_validator("name")
