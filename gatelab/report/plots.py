@@ -150,13 +150,14 @@ def _law_label(name: str, fit: LadderFit) -> str:
 
 
 def plot_ladder(points_by_arm: Mapping[str, Rungs], fits: Mapping[str, LadderFit], path: str | Path,
-                baseline: str = "baseline", unit: str = "FLOPs", colours: Mapping[str, str] | None = None) -> Path:
+                baseline: str = "baseline", unit: str = "FLOPs", colours: Mapping[str, str] | None = None,
+                loss_label: str = "final val/loss (nats)") -> Path:
     """Final loss against compute (log axis) over a ladder of model sizes: each seed's loss at each rung a point, and
     each arm's fitted law L = L_inf + A C^-alpha a line, in the arm's colour. `fits` are `fit_ladder`'s results by
     variant; the baseline's line comes from the first with a law (all share the baseline's), each variant's from its
-    own, labelled with its compute multiplier and interval."""
+    own, labelled with its compute multiplier and interval. `loss_label` names the loss the points are."""
     figure, axes = new_figure("Loss against compute over the ladder, and each arm's fitted law",
-                              f"compute ({unit}, log scale)", "final val/loss (nats)")
+                              f"compute ({unit}, log scale)", loss_label)
     colours = colours if colours is not None else VariantColours()
     seen: list[float] = []
     drawn = 0

@@ -13,6 +13,7 @@ from gatelab.eval.plots import VariantColours, plot_first_token_attention, plot_
 from gatelab.metrics import SPIKE, SPIKES, SPIKES_TOTAL, STEP_S, TRAIN_LOSS
 from gatelab.progress import fit_columns, fit_line, terminal_columns
 from gatelab.report.export import ReportSection, ReportTable, export_report
+from gatelab.report.ladder_table import ladder_report
 from gatelab.report.plots import plot_context_length, plot_delta_vs_paper
 from gatelab.report.regimes import regime_reports
 from gatelab.report.stats import mean_std
@@ -153,15 +154,17 @@ def write_report(sweep_name: str, paper: str | None, records: Sequence[RunRecord
     # Where the sweep has them: the gap to baseline against the step, and final loss against the learning rate.
     regime_tables, regime_plots = regime_reports(records, store, sweep_name, out, colours)
     plots += regime_plots
+    ladder, ladder_plots = ladder_report(records, sweep_name, out, colours)  # nothing where no rungs
+    plots += ladder_plots
     main = ReportTable(comparison_title(sweep_name, records, paper), comparison.frame, comparison.notes,
                        key="main", secondary=comparison.secondary)
     arms = ReportTable(f"{sweep_name}: each arm's {PPL} and step time", arm_frame(records, PPL), [ARMS_NOTE],
                        key="arms")
-    written = export_report([main, arms, *regime_tables], plots, out, formats, sweep_name, command=command,
+    written = export_report([main, arms, *ladder, *regime_tables], plots, out, formats, sweep_name, command=command,
                             stamp=data_stamp(records), markdown_name=MARKDOWN_NAME,
                             sections=[closeness_section(records)], data={"seeds": seed_values(records, [PPL, STEP_S])})
     store.log_report(sweep_name, written + plots)  # the report opens from the MLflow UI too
-    for table in (main, arms, *regime_tables):
+    for table in (main, arms, *ladder, *regime_tables):
         log_table(table, written, log)
     return written + plots
 

@@ -1,0 +1,148 @@
+"""A ladder sweep's arms against the baseline's fitted law (`gatelab table`, issue 44): one row per variant with its
+compute multiplier at the largest rung (gatelab.report.ladder.fit_ladder), its wall-clock multiplier (that times the
+tokens-a-second ratio at the largest rung) and the law's alpha, and the plot of every arm's ladder.
+
+A sweep is a ladder sweep where its runs carry a `rung` setting (gatelab.sweep.ladder). An arm is a variant with its
+settings other than rung; its baseline is the baseline arm of the same settings. A rung's compute is a run's training
+FLOPs as `gatelab sweep plan` counts them (each arm its own: a gate's parameters cost it FLOPs), its loss ln of the
+table's perplexity metric (ppl/avg), the cross-entropy in nats.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from gatelab.report.claims_file import group_name
+from gatelab.report.claims_rules import COMMENSURATE
+from gatelab.report.export import ReportTable
+from gatelab.report.ladder import LadderFit, fit_ladder, wall_clock_multiplier
+from gatelab.report.plots import plot_ladder
+from gatelab.report.step_cost import NOT_COMPARABLE, step_cost
+from gatelab.report.tables import PPL, RunRecord
+from gatelab.sweep.ladder import RUNG
+
+UNIT = "FLOPs"
+MULTIPLIER = "compute multiplier [95%]"
+WALL_CLOCK = "wall-clock multiplier"
+LADDER_COLUMNS = ("variant", "rungs", "largest rung", MULTIPLIER, WALL_CLOCK, "alpha", "alpha source")
+PLOT_NAME = "ladder.png"
+
+
+def is_ladder(records: Sequence[RunRecord]) -> bool:
+    return any(RUNG in record.spec.settings() for record in records)
+
+
+def _arm(record: RunRecord, variant: str | None = None) -> str:
+    """The arm's name: the variant (or `variant`) and its settings other than rung."""
+    settings = {key: value for key, value in record.spec.settings().items() if key != RUNG}
+    return group_name(variant or record.spec.experiment.variant, settings)
+
+
+def ladder_points(records: Sequence[RunRecord], metric: str = PPL) -> tuple[dict, dict]:
+    """({arm: {rung compute: [each finished seed's ln(metric)]}}, {arm: {rung compute: rung name}}), arms in the
+    sweep's order."""
+    from gatelab.sweep.plan import run_training_flops  # torch: only for a ladder sweep's report
+
+    points: dict[str, dict[float, list[float]]] = {}
+    rungs: dict[str, dict[float, str]] = {}
+    for record in records:
+        compute = run_training_flops(record.spec.experiment)
+        rungs.setdefault(_arm(record), {})[compute] = record.spec.settings()[RUNG]
+        arm = points.setdefault(_arm(record), {})
+        value = record.metrics.get(metric)
+        if record.status == "finished" and value is not None and math.isfinite(value) and value > 0:
+            arm.setdefault(compute, []).append(math.log(value))
+    return points, rungs
+
+
+def _multiplier_cell(fit: LadderFit) -> str:
+    if not fit.testable:
+        return f"not testable: {fit.why_not}"
+    low, high = fit.interval
+    return f"{fit.multiplier:.3f} [{low:.3f}, {high:.3f}]"
+
+
+def _wall_clock_cell(fit: LadderFit, variant: list[RunRecord], baseline: list[RunRecord]) -> str:
+    """The compute multiplier times 1 / the step-time ratio at the largest rung (equal tokens a step in a rung)."""
+    if not fit.testable:
+        return "n/a: the compute multiplier is not testable"
+    cost = step_cost(variant, baseline)
+    if cost.ratio is None:
+        return f"{NOT_COMPARABLE}: {cost.why_not}"
+    if not math.isfinite(cost.ratio.ratio):
+        return f"{NOT_COMPARABLE}: {cost.ratio.reason}"
+    step_interval = cost.ratio.interval
+    wall = wall_clock_multiplier(fit.multiplier, 1 / cost.ratio.ratio, fit.interval,
+                                 None if step_interval is None else (1 / step_interval[1], 1 / step_interval[0]))
+    if wall.interval is None:
+        return f"{wall.multiplier:.3f} (no interval: {cost.ratio.reason})"
+    return f"{wall.multiplier:.3f} [{wall.interval[0]:.3f}, {wall.interval[1]:.3f}]"
+
+
+def ladder_rows(records: Sequence[RunRecord], metric: str = PPL) -> tuple[pd.DataFrame, dict, dict]:
+    """The ladder table's frame, the points by arm and the fits by variant arm."""
+    points, rung_names = ladder_points(records, metric)
+    members: dict[tuple[str, str], list[RunRecord]] = {}
+    for record in records:
+        members.setdefault((_arm(record), record.spec.settings()[RUNG]), []).append(record)
+    baselines = {_arm(record): _arm(record, "baseline") for record in records}
+    lines, fits = [], {}
+    for arm, baseline in baselines.items():
+        if arm == baseline:
+            continue
+        fit = fit_ladder(points.get(baseline, {}), points.get(arm, {}), unit=UNIT)
+        fits[arm] = fit
+        fitted = math.isfinite(fit.alpha)
+        largest = rung_names[arm].get(fit.largest_compute, "")
+        used = [rung_names[arm][compute] for compute in sorted(points.get(arm, {}))]
+        lines.append({
+            "variant": arm, "rungs": f"{len(used)} ({', '.join(used)})" if used else "0",
+            "largest rung": f"{largest} ({fit.largest_compute:.3g} {UNIT})" if largest else "",
+            MULTIPLIER: _multiplier_cell(fit),
+            WALL_CLOCK: _wall_clock_cell(fit, members.get((arm, largest), []), members.get((baseline, largest), [])),
+            "alpha": f"{fit.alpha:.3f}" if fitted else "", "alpha source": fit.alpha_source if fitted else ""})
+    return pd.DataFrame(lines, columns=list(LADDER_COLUMNS)), points, fits
+
+
+def ladder_notes(metric: str = PPL) -> list[str]:
+    return [
+        f"{MULTIPLIER}: the baseline's compute that reaches the variant's loss, over the variant's compute, read off "
+        "the baseline's law L(C) = L_inf + A C^-alpha (each arm its own A, L_inf and alpha the baseline's), so the "
+        "same at every rung; shown at the largest rung. Above 1 the variant reaches the baseline's loss with less "
+        f"compute. Loss: ln({metric}), each seed's cross-entropy in nats; compute: each run's training {UNIT} as "
+        "`gatelab sweep plan` counts them. In brackets the seed bootstrap's 95% interval.",
+        "Identifiability: the baseline fits one parameter fewer than it has rungs. 4 rungs or more fit L_inf, alpha "
+        "and A; 3 rungs fix alpha to Chinchilla's and fit L_inf and A; fewer, or a baseline whose mean loss does not "
+        "fall from rung to rung, is not testable (the cell says why). Each variant needs 3 rungs, and a bootstrap 2 "
+        "seeds a rung.",
+        f"{WALL_CLOCK}: the compute multiplier times the variant's tokens a second over the baseline's at the largest "
+        "rung (1 over that rung's step-time ratio; every variant of a rung trains the same tokens a step), where both "
+        "arms' step times compare.",
+        "A multiplier is a statement of size: the claims table's regime rule (gatelab.report.claims_rules) reads "
+        f"sizes only where the sweep's G1 effect is within {COMMENSURATE:g}x of the paper's, either way. This table "
+        "does not apply that rule.",
+    ]
+
+
+def ladder_report(records: Sequence[RunRecord], sweep_name: str, out: Path, colours,
+                  metric: str = PPL) -> tuple[list[ReportTable], list[Path]]:
+    """The ladder table and its plot (the first baseline's arms), as `regime_reports` gives its own; nothing where
+    the sweep has no rungs."""
+    if not is_ladder(records):
+        return [], []
+    frame, points, fits = ladder_rows(records, metric)
+    baseline = next((_arm(r, "baseline") for r in records), "baseline")
+    drawn = {arm: fit for arm, fit in fits.items() if _arm_baseline(records, arm) == baseline}
+    path = plot_ladder({arm: points[arm] for arm in [baseline, *drawn] if arm in points}, drawn, out / PLOT_NAME,
+                       baseline=baseline, unit=UNIT, colours=colours, loss_label=f"final ln({metric}) (nats)")
+    table = ReportTable(f"{sweep_name}: each variant's compute multiplier over the ladder", frame,
+                        ladder_notes(metric), key="ladder")
+    return [table], [path]
+
+
+def _arm_baseline(records: Sequence[RunRecord], arm: str) -> str | None:
+    return next((_arm(r, "baseline") for r in records if _arm(r) == arm), None)
