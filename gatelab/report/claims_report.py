@@ -30,7 +30,7 @@ from gatelab.report.claims import (
 )
 from gatelab.report.claims_evidence import LOSS_SPIKES, SPIKE_SIGMAS
 from gatelab.report.claims_file import Claim
-from gatelab.report.claims_rules import COMMENSURATE, CORRECTION_NAMES, SECTIONS
+from gatelab.report.claims_rules import COMMENSURATE, CORRECTION_NAMES, SECTIONS, Regime
 from gatelab.report.tables import RunRecord
 
 # Printed under the claims table: every rule of gatelab.report.claims, in words.
@@ -207,11 +207,12 @@ def summary(table: pd.DataFrame, regimes: Sequence[tuple[str, float]] = (),
 
 
 def _commensurate(cell: str | None) -> bool:
+    """Whether a table's regime cell ("1.3x") is inside the regime rule's bounds (`Regime.commensurate`)."""
     try:
         ratio = float(str(cell).rstrip("x"))
     except ValueError:
         return False
-    return 1.0 / COMMENSURATE <= ratio <= COMMENSURATE
+    return Regime(ratio, "").commensurate
 
 
 def run_setups(records_by_sweep: Mapping[str, Sequence[RunRecord]],

@@ -45,7 +45,7 @@ def _arm(record: RunRecord, variant: str | None = None) -> str:
 def ladder_points(records: Sequence[RunRecord], metric: str = PPL) -> tuple[dict, dict]:
     """({arm: {rung compute: [each finished seed's ln(metric)]}}, {arm: {rung compute: rung name}}), arms in the
     sweep's order."""
-    from gatelab.sweep.plan import run_training_flops  # torch: only for a ladder sweep's report
+    from gatelab.sweep.flops import run_training_flops  # torch: only for a ladder sweep's report
 
     points: dict[str, dict[float, list[float]]] = {}
     rungs: dict[str, dict[float, str]] = {}

@@ -4,7 +4,7 @@ plan's estimate count the same FLOPs."""
 
 from __future__ import annotations
 
-from gatelab.config import ModelConfig
+from gatelab.config import ExperimentConfig, ModelConfig
 
 
 def active_parameters(model: ModelConfig, total: int) -> int:
@@ -21,3 +21,14 @@ def training_flops(model: ModelConfig, active: int, tokens: int, seq_len: int) -
     """Training FLOPs of `tokens` tokens (forward and backward) in sequences of `seq_len`."""
     attention_per_token = 12 * model.n_layers * seq_len * model.n_heads * model.head_dim
     return float(6 * active * tokens + attention_per_token * tokens)
+
+
+def run_training_flops(experiment: ExperimentConfig, tokens: int | None = None) -> float:
+    """The training FLOPs of an experiment's run (its resolved model; `tokens` defaults to the run's max_steps x
+    batch_size x seq_len): a ladder rung's FLOP budget and the compute `gatelab table` reads for a rung."""
+    from gatelab.model.params import count_parameters, resolve_model  # torch: only where FLOPs are counted
+
+    model = resolve_model(experiment)
+    if tokens is None:
+        tokens = experiment.train.max_steps * experiment.train.batch_size * experiment.data.seq_len
+    return training_flops(model, active_parameters(model, count_parameters(model)), tokens, experiment.data.seq_len)

@@ -22,7 +22,7 @@ from typing import Any
 from gatelab.config import ExperimentConfig
 from gatelab.config_files import set_dotted
 from gatelab.errors import GatelabError
-from gatelab.sweep.flops import active_parameters, training_flops
+from gatelab.sweep.flops import run_training_flops
 from gatelab.sweep.sweep_file import Ladder, RungTokens, SweepFile
 
 RUNG = "rung"  # the cell key naming a run's rung
@@ -35,13 +35,12 @@ def rung_steps(baseline: ExperimentConfig, tokens: RungTokens) -> int:
     """train.max_steps of every run of a rung, from the baseline's model at that rung (module docstring)."""
     from gatelab.model.params import count_parameters, resolve_model  # torch: only once a sweep is being resolved
 
-    model = resolve_model(baseline, "baseline")
     step_tokens = baseline.train.batch_size * baseline.data.seq_len
-    total = count_parameters(model)
     if tokens.per_parameter is not None:  # Fractions: 10 x 12,800 / 1,280 is 100 steps, not 101 by a rounding error
+        total = count_parameters(resolve_model(baseline, "baseline"))
         wanted = Fraction(repr(tokens.per_parameter)) * total / step_tokens
     else:
-        per_step = training_flops(model, active_parameters(model, total), step_tokens, baseline.data.seq_len)
+        per_step = run_training_flops(baseline.model_copy(update={"variant": "baseline"}), tokens=step_tokens)
         wanted = Fraction(repr(tokens.flops)) / Fraction(per_step)
     return max(1, math.ceil(wanted))
 

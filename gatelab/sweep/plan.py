@@ -365,15 +365,6 @@ def plan_rows(specs: Sequence[RunSpec], paper: str | None = None, flops_per_seco
     return rows
 
 
-def run_training_flops(experiment: ExperimentConfig) -> float:
-    """A run's training FLOPs as the plan's row counts them (module docstring): also a ladder rung's compute in
-    `gatelab table` (gatelab.report.ladder_table), so the plan and the fit count the same FLOPs."""
-    model = resolve_model(experiment)
-    total, _ = added_parameters(experiment, experiment.variant)
-    tokens = experiment.train.max_steps * experiment.train.batch_size * experiment.data.seq_len
-    return training_flops(model, active_parameters(model, total), tokens, experiment.data.seq_len)
-
-
 def _flops_row(spec: RunSpec, count_corpus: CorpusCounter, flops_per_second: float | None,
                measured: Sequence[MeasuredRun], trials: int) -> tuple[dict[str, Any], list[MeasuredRun]]:
     """A run's row priced on the FLOPs basis, and the `measured` runs of its device."""
@@ -382,7 +373,7 @@ def _flops_row(spec: RunSpec, count_corpus: CorpusCounter, flops_per_second: flo
     total, added = added_parameters(experiment, experiment.variant)
     active = active_parameters(model, total)
     tokens = experiment.train.max_steps * experiment.train.batch_size * experiment.data.seq_len
-    flops = run_training_flops(experiment)
+    flops = training_flops(model, active, tokens, experiment.data.seq_len)  # as flops.run_training_flops counts
     corpus = count_corpus(experiment.data, experiment.model.vocab_size)
     device = plan_device(experiment)
     defaults = device_defaults(device, experiment.train.precision)

@@ -16,7 +16,7 @@ from gatelab.app.report import make_report
 from gatelab.progress import DEVICE_TAG, HOST_TAG
 from gatelab.report.ladder_table import MULTIPLIER, WALL_CLOCK, ladder_rows
 from gatelab.report.tables import RunRecord
-from gatelab.sweep.plan import run_training_flops
+from gatelab.sweep.flops import run_training_flops
 from gatelab.sweep.spec import expand, load_sweep
 from gatelab.workspace import Workspace
 from tests.helpers import sqlite_uri, write_sweep
