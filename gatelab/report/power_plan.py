@@ -1,35 +1,32 @@
 """The seeds a confirmatory sweep needs (issue 43), computed from a pilot's runs and written beside the sweep file.
 
-The rule: seeds = max(14, the smallest n that gives 80% power to detect half the paper's dense G1 effect (the mean of
-(G1 - baseline) / baseline over Table 2's four blocks, times the pilot's baseline mean) at the pilot's paired spread,
-two-sided paired t-test at alpha 0.05 / m, m the size of the declared confirmatory family: Holm's first, most
-stringent step, so the row keeps that power at whichever step of Holm's it is tested.
+The rule: seeds = max(14, the smallest n that gives 80% power to detect half the paper's G1 effect (the mean of
+(G1 - baseline) / baseline over the paper's row pairs that the claims file gives the sweep's G1 row, times the pilot's
+baseline mean) at the pilot's paired spread, two-sided paired t-test at alpha 0.05 / m, m the number of confirmatory
+rows the claims file declares: Holm's first, most stringent step, so the row keeps that power at whichever step of
+Holm's it is tested. Both come from the claims file, so a row added to the family, or a pair to the paper's effect,
+changes the plan rather than leaving a number typed on a command line behind.
 
-    python -m gatelab.report.power_plan sweeps/repro-matched-confirm.yaml --pilot repro-matched --family-size 9
+    python -m gatelab.report.power_plan sweeps/repro-matched-confirm.yaml --pilot repro-matched
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Annotated, Optional
 
 import numpy as np
+import typer
 
 from gatelab.errors import GatelabError, exit_code, print_failure
 from gatelab.metrics import PPL_AVG
 
-PAPER_TABLE = "table2"
-# G1 against the baseline in each of Table 2's blocks at one learning rate: the pairs of the claims rows on these sweeps
-# (`table2_g1_gain` in sweeps/claims/tiny.yaml; tests/report/test_power_plan.py keeps the two the same).
-PAPER_PAIRS = (("dense28_400b_g1_elem_sig", "dense28_400b_baseline"),
-               ("dense28_3p5t_g1_elem_sig", "dense28_3p5t_baseline"),
-               ("dense48_400b_g1_elem_sig_lr4e-3", "dense48_400b_baseline_lr4e-3"),
-               ("dense48_1t_g1_elem_sig_lr5.3e-3", "dense48_1t_baseline_lr5.3e-3"))
-VARIANT = "g1_elem_sig"  # what the pairs' G1 rows are, compared with baseline (a sweep may run more variants)
+CLAIMS = Path("sweeps/claims/tiny.yaml")  # relative to the repository root, as `gatelab claims` reads it
+VARIANT = "g1_elem_sig"  # the claims row whose paper pairs give the effect: this against baseline
 
 
 @dataclass(frozen=True)
@@ -49,6 +46,7 @@ class PowerPlan:
     """What the seed count is made of: the pilot's paired spread, the paper's effect, the level; and the count."""
 
     pilot: str  # the pilot sweep's name
+    paper_table: str  # the gatelab.paper table the pairs are rows of
     a: str  # the groups compared, a - b, paired by seed
     b: str
     metric: str
@@ -80,7 +78,37 @@ class PowerPlan:
         return max(self.min_seeds, self.seeds_for_power)
 
 
-def paper_pairs(table: str = PAPER_TABLE, pairs: Sequence[tuple[str, str]] = PAPER_PAIRS) -> tuple[PaperPair, ...]:
+@dataclass(frozen=True)
+class ClaimsInputs:
+    """What the plan takes from the claims file: the paper's table and row pairs of the sweep's G1 row, and the size
+    of the declared confirmatory family."""
+
+    table: str
+    pairs: tuple[tuple[str, str], ...]
+    family_size: int
+
+
+def claims_inputs(claims_path: Path, sweep) -> ClaimsInputs:
+    """The sweep's row comparing VARIANT with baseline in the claims file, and the file's confirmatory rows."""
+    from gatelab.report.claims_file import load_claims
+
+    claims = load_claims(claims_path, {sweep.name: sweep})
+    rows = [c for c in claims if c.sweep == sweep.name and (c.a, c.b) == (VARIANT, "baseline") and c.paper.table]
+    if len(rows) != 1:
+        raise GatelabError(f"{claims_path}: {len(rows)} rows compare {VARIANT} with baseline on sweep {sweep.name} "
+                           "against a table of the paper; the plan reads the paper's effect from exactly one (add it, "
+                           "with paper: {table: ..., pairs: ...}, or name another file with --claims)")
+        # (a claims file that names no pairs compares the variants' own rows: the one pair (a, b))
+    row = rows[0]
+    pairs = tuple(tuple(pair) for pair in row.paper.pairs or [tuple(row.paper.ids or (row.a, row.b))])
+    family = sum(c.section == "confirmatory" for c in claims)
+    if family < 1:
+        raise GatelabError(f"{claims_path}: no row has section: confirmatory; the plan corrects alpha over the "
+                           "declared confirmatory family, so declare it before planning its seeds")
+    return ClaimsInputs(row.paper.table, pairs, family)
+
+
+def paper_pairs(table: str, pairs: Sequence[tuple[str, str]]) -> tuple[PaperPair, ...]:
     """The paper's perplexities of each row pair (gatelab.paper's CSVs)."""
     from gatelab.report.tables import paper_reference
 
@@ -93,19 +121,19 @@ def paper_pairs(table: str = PAPER_TABLE, pairs: Sequence[tuple[str, str]] = PAP
 
 
 def plan_seeds(a_values: Mapping[int, float], b_values: Mapping[int, float], pairs: Sequence[PaperPair], *,
-               family_size: int, pilot: str, a: str, b: str, metric: str = PPL_AVG, alpha: float = 0.05,
-               power: float = 0.8, effect_fraction: float = 0.5, min_seeds: int = 14) -> PowerPlan:
+               family_size: int, pilot: str, a: str, b: str, paper_table: str = "table2", metric: str = PPL_AVG,
+               alpha: float = 0.05, power: float = 0.8, effect_fraction: float = 0.5, min_seeds: int = 14) -> PowerPlan:
     """The plan from the pilot's {seed: value} of groups a and b, paired over the seeds both have finite values for."""
     from gatelab.report.stats import seeds_needed, shared_seeds
 
     if family_size < 1:
-        raise GatelabError(f"--family-size {family_size}: the confirmatory family has at least one row")
+        raise GatelabError(f"a confirmatory family of {family_size} rows: it has at least one")
     seeds = shared_seeds(a_values, b_values)
     if len(seeds) < 2:
         raise GatelabError(f"pilot {pilot}: {len(seeds)} seed(s) with finished runs of both {a} and {b}; the paired "
                            "spread needs two or more: name a pilot that ran them (--pilot)")
     a_seeds, b_seeds = (np.array([float(values[s]) for s in seeds]) for values in (a_values, b_values))
-    plan = PowerPlan(pilot, a, b, metric, tuple(seeds), float(np.std(a_seeds - b_seeds, ddof=1)),
+    plan = PowerPlan(pilot, paper_table, a, b, metric, tuple(seeds), float(np.std(a_seeds - b_seeds, ddof=1)),
                      float(np.mean(b_seeds)), tuple(pairs), family_size, alpha, power, effect_fraction, min_seeds)
     needed = seeds_needed(plan.target, plan.sd, paired=True, alpha=plan.level, power=power)
     if needed is None:
@@ -128,7 +156,7 @@ def render(plan: PowerPlan, sweep_file: str, declared_seeds: Sequence[int], comm
     from gatelab.paper import TABLES
     from gatelab.report.claims_evidence import row_labels
 
-    table, (_, labels) = TABLES[PAPER_TABLE], row_labels(PAPER_TABLE)
+    table, (_, labels) = TABLES[plan.paper_table], row_labels(plan.paper_table)
     rows = [f"| {labels.get(p.a, p.a)} {p.a} | {p.a_value:.3f} | {labels.get(p.b, p.b)} {p.b} | {p.b_value:.3f} | "
             f"{100 * p.effect:+.3f}% |" for p in plan.paper_pairs]
     short = plan.seeds_needed - len(declared_seeds)
@@ -142,7 +170,7 @@ def render(plan: PowerPlan, sweep_file: str, declared_seeds: Sequence[int], comm
         f"The rule (issue 43): seeds = max({plan.min_seeds}, the smallest n that gives {100 * plan.power:g}% power to "
         f"detect {plan.effect_fraction:g} x the paper's effect at the pilot's paired spread, two-sided paired t-test "
         f"at alpha {plan.alpha:g} / m, m = {plan.family_size} the declared confirmatory family: Holm's first, most "
-        "stringent step).",
+        "stringent step). The paper's pairs and the family are the claims file's.",
         "",
         "## The pilot",
         "",
@@ -181,9 +209,11 @@ def _check_variants(sweep) -> None:
                            f"against baseline, so a power plan needs a sweep that runs both")
 
 
-def write_plan(sweep_path: Path, pilot: str, family_size: int, runs_dir: Path, out: Path | None = None) -> Path:
+def write_plan(sweep_path: Path, pilot: str, runs_dir: Path, out: Path | None = None,
+               claims_path: Path = CLAIMS) -> Path:
     """The plan's page for the sweep file, from the runs of the pilot (a sweep file beside it) in the store under
-    runs_dir, only read; by default beside the sweep file, NAME.power.md."""
+    runs_dir, only read, and the paper's effect and the family in the claims file; by default beside the sweep file,
+    NAME.power.md."""
     from gatelab.report.claims_evidence import by_seed
     from gatelab.report.tables import collect_runs, data_stamp
     from gatelab.store_uris import missing_local_store
@@ -197,6 +227,10 @@ def write_plan(sweep_path: Path, pilot: str, family_size: int, runs_dir: Path, o
     pilot_path = sweep_path.parent / f"{pilot}.yaml"
     if not pilot_path.is_file():
         raise GatelabError(f"--pilot {pilot}: no sweep file {pilot_path}; name a sweep of {sweep_path.parent}/")
+    if not Path(claims_path).is_file():
+        raise GatelabError(f"--claims {claims_path}: no such file; run from the repository root or name the claims "
+                           "file that declares the sweep's rows")
+    inputs = claims_inputs(claims_path, sweep)
     pilot_sweep = load_sweep(pilot_path)
     uri = Workspace(runs_dir=runs_dir).store(create=False)
     if missing_local_store(uri):  # reading a missing store would create an empty one
@@ -205,32 +239,43 @@ def write_plan(sweep_path: Path, pilot: str, family_size: int, runs_dir: Path, o
     records = collect_runs(list(pilot_sweep.runs), RunStore(uri, runs_dir, read_only=True), pilot_sweep.name)
     # A diverged run would count as uniform prediction (claims' rule): an outlier that no pilot spread should carry.
     finished = [r for r in records if r.status == "finished" and r.group in (a, b)]
-    plan = plan_seeds(by_seed(finished, a, PPL_AVG), by_seed(finished, b, PPL_AVG), paper_pairs(),
-                      family_size=family_size, pilot=pilot_sweep.name, a=a, b=b)
+    plan = plan_seeds(by_seed(finished, a, PPL_AVG), by_seed(finished, b, PPL_AVG),
+                      paper_pairs(inputs.table, inputs.pairs), family_size=inputs.family_size,
+                      pilot=pilot_sweep.name, a=a, b=b, paper_table=inputs.table)
     declared = sorted({s.experiment.seed for s in sweep.runs if s.experiment.variant == a}
                       & {s.experiment.seed for s in sweep.runs if s.experiment.variant == b})
-    command = (f"python -m gatelab.report.power_plan {sweep_path.as_posix()} --pilot {pilot} "
-               f"--family-size {family_size}")
+    claims_option = "" if Path(claims_path) == CLAIMS else f" --claims {Path(claims_path).as_posix()}"
+    command = f"python -m gatelab.report.power_plan {sweep_path.as_posix()} --pilot {pilot}{claims_option}"
     page = render(plan, sweep_path.as_posix(), declared, command, data_stamp(finished))
     out = out or sweep_path.with_suffix(".power.md")
     out.write_text(page, encoding="utf-8")
     return out
 
 
+def plan_command(
+    sweep_file: Annotated[Path, typer.Argument(help="the sweep whose seeds are planned")],
+    pilot: Annotated[str, typer.Option(help="the sweep beside SWEEP_FILE whose runs give the spread")],
+    claims: Annotated[Path, typer.Option(help="the claims file: the sweep's G1 row gives the paper's pairs, its "
+                                              "confirmatory rows the family")] = CLAIMS,
+    runs_dir: Annotated[Path, typer.Option(help="the folder of the MLflow store")] = Path("runs"),
+    out: Annotated[Optional[Path], typer.Option(help="default: beside the sweep file, NAME.power.md")] = None,
+) -> None:
+    """The seeds a confirmatory sweep needs, from a pilot's runs, written beside the sweep file."""
+    typer.echo(f"wrote {write_plan(sweep_file, pilot, runs_dir, out, claims)}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gatelab.report.power_plan", description=__doc__.split("\n")[0])
-    parser.add_argument("sweep_file", type=Path, help="the sweep whose seeds are planned")
-    parser.add_argument("--pilot", required=True, help="the sweep beside SWEEP_FILE whose runs give the spread")
-    parser.add_argument("--family-size", type=int, required=True, help="rows in the declared confirmatory family")
-    parser.add_argument("--runs-dir", type=Path, default=Path("runs"), help="the folder of the MLflow store")
-    parser.add_argument("--out", type=Path, help="default: beside the sweep file, NAME.power.md")
-    options = parser.parse_args(argv)
+    """The command; a bad value ends in one line and exit code 2 (typer's usage errors as typer prints them), never a
+    traceback."""
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    app.command()(plan_command)
     try:
-        out = write_plan(options.sweep_file, options.pilot, options.family_size, options.runs_dir, options.out)
+        app(list(sys.argv[1:] if argv is None else argv), prog_name="python -m gatelab.report.power_plan")
+    except SystemExit as done:  # click's standalone mode ends every command so
+        return int(done.code or 0)
     except Exception as error:
         print_failure(error)
         return exit_code(error)
-    print(f"wrote {out}")
     return 0
 
 
