@@ -262,7 +262,7 @@ def budget_windows(corpus: TokenCorpus, domain: str, seq_len: int, budget: EvalB
     table) counts a bytes budget. Unlike `heldout_windows`' spread, the same documents or bytes under any tokenizer."""
     held = corpus.get(domain, "heldout")
     width = seq_len + 1
-    end = _budget_end(held, budget, token_bytes)
+    end = budget_tokens(held, budget, token_bytes)
     if end < width:
         raise DataError(f"eval.budget {budget.name}: {domain}'s held-out text within it is {end} tokens, less than "
                         f"one window of data.seq_len + 1 = {width}; raise eval.budget.{budget.unit} or lower "
@@ -274,8 +274,8 @@ def budget_windows(corpus: TokenCorpus, domain: str, seq_len: int, budget: EvalB
 BUDGET_CHUNK_TOKENS = 1 << 20  # a bytes budget is counted this many tokens at a time, not over a whole large split
 
 
-def _budget_end(held: TokenSplit, budget: EvalBudget, token_bytes: np.ndarray | None) -> int:
-    """How many of the split's first tokens the budget holds."""
+def budget_tokens(held: TokenSplit, budget: EvalBudget, token_bytes: np.ndarray | None) -> int:
+    """How many of the split's first tokens the budget holds (all of them where it holds more)."""
     if budget.documents is not None:
         return int(held.doc_starts[min(budget.documents, len(held.doc_starts) - 1)])
     if budget.tokens is not None:
