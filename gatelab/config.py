@@ -382,14 +382,54 @@ class LmEvalConfig(StrictModel):
     include_path: str | None = None  # a folder of your own task YAMLs, beside gatelab's offline ones
 
 
+class EvalBudget(StrictModel):
+    """How much held-out text of each domain the end-of-run scores read (perplexity, bits per byte, W8A8, the probes'
+    batches): exactly one of `documents` (the first N held-out documents, whole), `bytes` (the held-out text up to N
+    UTF-8 bytes, cut at the last token that ends within them; needs a byte-level tokenizer) or `tokens` (the first N
+    held-out tokens). The text is packed into windows of data.seq_len + 1 tokens, a tail shorter than one dropped.
+    Documents and bytes are the same text under any tokenizer; tokens only under one tokenizer."""
+
+    documents: PositiveInt | None = None
+    bytes: PositiveInt | None = None
+    tokens: PositiveInt | None = None
+
+    @model_validator(mode="after")
+    def _one_unit(self) -> EvalBudget:
+        given = [unit for unit in BUDGET_UNITS if getattr(self, unit) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of {', '.join(BUDGET_UNITS)} (got {', '.join(given) or 'none'}), e.g. "
+                             "eval.budget: {bytes: 1000000}: bytes and documents are the same held-out text under "
+                             "any tokenizer, so cells with different tokenizers compare; tokens only where every "
+                             "cell shares the tokenizer")
+        return self
+
+    @property
+    def unit(self) -> str:
+        return next(unit for unit in BUDGET_UNITS if getattr(self, unit) is not None)
+
+    @property
+    def name(self) -> str:
+        """The budget in its canonical form, e.g. `bytes=1000000`."""
+        return f"{self.unit}={getattr(self, self.unit)}"
+
+
+BUDGET_UNITS = ("documents", "bytes", "tokens")
+
+
 class EvalConfig(StrictModel):
     """End-of-run (and optionally periodic) evaluation. BLiMP runs on every text run unless `blimp: false`: on
     `blimp_path` (a folder of the official release's `<paradigm>.jsonl` files) or, unset, on the subset shipped with
-    gatelab (100 pairs a paradigm)."""
+    gatelab (100 pairs a paradigm).
+
+    `budget` (an EvalBudget) fixes the held-out text the end-of-run scores read, the same for every cell of a sweep;
+    unset, they read `max_windows_per_domain` windows of data.seq_len + 1 tokens spread over each domain's held-out
+    split. It is not in a run's spec hash: a run records it as the param `resolved.eval.budget` (`budget_name`), and
+    reports never compare runs whose budgets differ (gatelab.report.budgets)."""
 
     every_n_steps: PositiveInt | None = None
     batch_size: PositiveInt = 16  # sequences per evaluation forward pass
-    max_windows_per_domain: PositiveInt = 64
+    max_windows_per_domain: PositiveInt = 64  # without a budget; also the periodic validation's windows
+    budget: EvalBudget | None = None
     long_context_multipliers: list[PositiveInt] = [1, 2, 4, 8]
     blimp: bool = True
     blimp_path: str | None = None
@@ -397,6 +437,11 @@ class EvalConfig(StrictModel):
     in_context_examples: PositiveInt = 64
     probe_batches: PositiveInt = 2
     lm_eval: LmEvalConfig | None = None
+
+    def budget_name(self, seq_len: int) -> str:
+        """The budget the end-of-run scores read, in canonical form: `windows=64x256` (max_windows_per_domain windows
+        of seq_len) without one, else the budget's, e.g. `bytes=1000000`."""
+        return self.budget.name if self.budget is not None else f"windows={self.max_windows_per_domain}x{seq_len}"
 
 
 class TrackingConfig(StrictModel):
@@ -435,6 +480,9 @@ class ExperimentConfig(StrictModel):
             if self.eval.blimp_path is not None:
                 raise ValueError("eval.blimp_path must be unset with data.task 'bigram_backcopy': BLiMP scores English "
                                  "sentences through a text tokenizer, and the synthetic task has neither")
+            if self.eval.budget is not None and self.eval.budget.bytes is not None:
+                raise ValueError("eval.budget.bytes counts the held-out text's UTF-8 bytes, which data.task "
+                                 "'bigram_backcopy' does not have: use eval.budget.documents (its sequences)")
         return self
 
     def with_train(self, **changes) -> ExperimentConfig:

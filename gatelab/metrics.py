@@ -84,7 +84,9 @@ _LM_EVAL = "lm-eval installed, and `gatelab eval` run on the run or eval.lm_eval
 # (`LONG_PPL.format(multiplier=4)`); the code that logs or reads a metric imports it, so a name is spelled here only.
 CATALOGUE: tuple[Metric, ...] = (
     # the evaluation at the end of a run (the key ones first: KEY_METRICS keeps this order)
-    Metric(PPL_AVG := "ppl/avg", "perplexity", "lower", "eval", "held-out perplexity, mean over the domains", key=True),
+    Metric(PPL_AVG := "ppl/avg", "perplexity", "lower", "eval",
+           "held-out perplexity, mean over the domains; held-out is eval.budget's text (the param "
+           "resolved.eval.budget), and runs of different budgets never compare", key=True),
     Metric(VAL_LOSS := "val/loss", "nats/token", "lower", "train", "validation loss during training", key=True,
            condition="eval.every_n_steps set (validation during training)"),
     Metric(UNIGRAM_PPL_AVG := "unigram_ppl/avg", "perplexity", "lower", "eval",
@@ -101,7 +103,8 @@ CATALOGUE: tuple[Metric, ...] = (
     Metric(DOMAIN_PPL := "ppl/{domain}", "perplexity", "lower", "eval", "held-out perplexity of one domain"),
     Metric(BPB_AVG := "bpb/avg", "bits/byte", "lower", "eval",
            "held-out bits per UTF-8 byte, mean over the domains as ppl/avg is (not pooled); the tokenizer stays out "
-           "of it, so runs of different tokenizers compare", condition=_BYTES),
+           "of it, so runs of different tokenizers compare (on one eval.budget in bytes or documents: the same text)",
+           condition=_BYTES),
     Metric(DOMAIN_BPB := "bpb/{domain}", "bits/byte", "lower", "eval",
            "held-out bits per byte of one domain: the nats of its text tokens over ln 2 x their UTF-8 bytes (special "
            "tokens in neither)", condition=_BYTES),

@@ -54,6 +54,9 @@ RUN_NAME_TAG = "mlflow.runName"
 REPORTS_OF_TAG = "gatelab.reports_of"  # on the experiment "<sweep> reports": the sweep whose report runs it holds
 TOTAL_PARAMS_PARAM = "model.total_params"  # the parameter count a run logs as it starts (gatelab.train.recording)
 RESOLVED_PRECISION_PARAM = "resolved.train.precision"  # the precision it trained in (auto resolved)
+# The held-out text its end-of-run scores read (EvalConfig.budget_name, e.g. "windows=64x256" or "bytes=1000000"); a run
+# recorded before this param is read as its own config's default (gatelab.report.budgets).
+EVAL_BUDGET_PARAM = "resolved.eval.budget"
 
 # What the MLflow UI opens on: the runs table, where a missing tag lands on the GenAI overview. MLflow 3.17's UI reads
 # the URL's `workflowType` instead (see gatelab.report.ui), so gatelab sets both.
@@ -184,8 +187,9 @@ class RunStore:
     def sweep_runs(self, experiment_name: str) -> pd.DataFrame:
         """Every gatelab run of an experiment that is not superseded, newest first, as `mlflow.search_runs` lays it
         out: run_id, status, start_time, end_time (UTC timestamps), one `metrics.<name>` column per metric and one
-        `tags.<name>` per tag. Empty where the experiment does not exist yet. Read through this store's client, never
-        MLflow's global URI. Every report reads its runs here, so a superseded run is read by none."""
+        `tags.<name>` per tag, and of the params only `params.<EVAL_BUDGET_PARAM>` (None where a run has none).
+        Empty where the experiment does not exist yet. Read through this store's client, never MLflow's global URI.
+        Every report reads its runs here, so a superseded run is read by none."""
         import pandas as pd
 
         experiment = self.client.get_experiment_by_name(experiment_name)
@@ -402,6 +406,8 @@ def _run_row(run) -> dict[str, Any]:
                            "start_time": run.info.start_time, "end_time": run.info.end_time}
     row.update({f"metrics.{k}": v for k, v in run.data.metrics.items()})
     row.update({f"tags.{k}": v for k, v in run.data.tags.items()})
+    # The one param a report reads (every config key is a param: a hundred columns no report wants).
+    row[f"params.{EVAL_BUDGET_PARAM}"] = run.data.params.get(EVAL_BUDGET_PARAM)
     return row
 
 

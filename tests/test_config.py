@@ -226,3 +226,34 @@ def test_a_dumped_experiment_reads_back_as_itself(preset, files, tmp_path):
     experiment = ExperimentConfig.model_validate(tree)
     again = ExperimentConfig.model_validate(experiment.model_dump(mode="json"))
     assert again == experiment and spec_hash(again) == spec_hash(experiment)
+
+
+@pytest.mark.parametrize(("assignment", "says"), [
+    ("eval.budget={bytes: 1000, tokens: 500}", "eval.budget: give exactly one of documents, bytes, tokens (got bytes, "
+                                               "tokens)"),
+    ("eval.budget={}", "eval.budget: give exactly one of documents, bytes, tokens (got none)"),
+    ("eval.budget={bytes: 0}", "eval.budget.bytes: "),
+    ("eval.budget={lines: 10}", "eval.budget.lines: unknown key"),
+])
+def test_a_bad_evaluation_budget_is_one_message_naming_its_key(assignment, says):
+    with pytest.raises(GatelabError) as caught:
+        load_experiment(REPO / "experiments" / "tiny.yaml", [assignment])
+    assert says in str(caught.value)
+    if "exactly one" in says:  # the portable units, and why
+        assert "bytes and documents are the same held-out text under any tokenizer" in str(caught.value)
+
+
+def test_the_evaluation_budget_stays_out_of_the_spec_hash_and_is_named_in_canonical_form():
+    default = load_experiment(REPO / "experiments" / "tiny.yaml")
+    budgeted = load_experiment(REPO / "experiments" / "tiny.yaml", ["eval.budget.bytes=1000000"])
+    assert budgeted.eval.budget is not None and spec_hash(budgeted) == spec_hash(default)
+    assert budgeted.eval.budget_name(default.data.seq_len) == "bytes=1000000"
+    windows = default.eval.max_windows_per_domain
+    assert default.eval.budget_name(default.data.seq_len) == f"windows={windows}x{default.data.seq_len}"
+    assert flatten(budgeted)["eval.budget.bytes"] == 1000000
+
+
+def test_a_bytes_budget_is_refused_for_the_synthetic_task_which_has_no_text():
+    with pytest.raises(GatelabError, match="eval.budget.bytes counts the held-out text's UTF-8 bytes.*documents"):
+        load_experiment(REPO / "experiments" / "sink-bb.yaml", ["eval.budget.bytes=1000"])
+    assert load_experiment(REPO / "experiments" / "sink-bb.yaml", ["eval.budget.documents=64"]).eval.budget.documents

@@ -18,6 +18,7 @@ import torch
 from tokenizers import Tokenizer
 from torch.utils.data import Dataset
 
+from gatelab.config import EvalBudget, EvalConfig
 from gatelab.data.corpora import SPLITS, CorpusManifest, DataError, Log
 from gatelab.data.shards import (
     SHARD_BYTES,
@@ -29,7 +30,7 @@ from gatelab.data.shards import (
     write_manifest,
     write_split,
 )
-from gatelab.data.tokenizer import bos_id, eos_id, tokenizer_fingerprint
+from gatelab.data.tokenizer import bos_id, bytes_per_token, eos_id, tokenizer_fingerprint
 
 
 @dataclass(frozen=True)
@@ -241,6 +242,57 @@ def heldout_windows(corpus: TokenCorpus, domain: str, seq_len: int, max_windows:
         )
     picks = np.unique(np.linspace(0, available - 1, min(max_windows, available)).round().astype(np.int64))
     return np.stack([np.asarray(tokens[i * width : (i + 1) * width], dtype=np.int64) for i in picks])
+
+
+def evaluation_windows(corpus: TokenCorpus, domains: Sequence[str], evaluation: EvalConfig, seq_len: int,
+                       tokenizer: Tokenizer | None) -> dict[str, np.ndarray]:
+    """The held-out windows the end-of-run scores read, by domain: those of `evaluation.budget` (`budget_windows`),
+    or without one `heldout_windows`' max_windows_per_domain."""
+    budget = evaluation.budget
+    if budget is None:
+        return {d: heldout_windows(corpus, d, seq_len, evaluation.max_windows_per_domain) for d in domains}
+    token_bytes = bytes_per_token(tokenizer) if budget.bytes is not None and tokenizer is not None else None
+    return {d: budget_windows(corpus, d, seq_len, budget, token_bytes) for d in domains}
+
+
+def budget_windows(corpus: TokenCorpus, domain: str, seq_len: int, budget: EvalBudget,
+                   token_bytes: np.ndarray | None = None) -> np.ndarray:
+    """The held-out text `budget` names, from the split's start, packed into consecutive windows of ``seq_len + 1``
+    tokens, int64 ``(n, seq_len + 1)``; a tail shorter than a window is dropped. `token_bytes` (`bytes_per_token`'s
+    table) counts a bytes budget. Unlike `heldout_windows`' spread, the same documents or bytes under any tokenizer."""
+    held = corpus.get(domain, "heldout")
+    width = seq_len + 1
+    end = budget_tokens(held, budget, token_bytes)
+    if end < width:
+        raise DataError(f"eval.budget {budget.name}: {domain}'s held-out text within it is {end} tokens, less than "
+                        f"one window of data.seq_len + 1 = {width}; raise eval.budget.{budget.unit} or lower "
+                        "data.seq_len")
+    count = end // width
+    return np.asarray(held.tokens[: count * width], dtype=np.int64).reshape(count, width)
+
+
+BUDGET_CHUNK_TOKENS = 1 << 20  # a bytes budget is counted this many tokens at a time, not over a whole large split
+
+
+def budget_tokens(held: TokenSplit, budget: EvalBudget, token_bytes: np.ndarray | None) -> int:
+    """How many of the split's first tokens the budget holds (all of them where it holds more)."""
+    if budget.documents is not None:
+        return int(held.doc_starts[min(budget.documents, len(held.doc_starts) - 1)])
+    if budget.tokens is not None:
+        return min(budget.tokens, len(held.tokens))
+    if token_bytes is None:
+        raise DataError(f"eval.budget {budget.name}: the tokenizer is not byte-level (or there is none), so its "
+                        "tokens' bytes are not fixed and a bytes budget cannot be counted; use eval.budget.documents, "
+                        "the same text under any tokenizer")
+    counted = 0
+    for start in range(0, len(held.tokens), BUDGET_CHUNK_TOKENS):
+        chunk = np.asarray(held.tokens[start : start + BUDGET_CHUNK_TOKENS], dtype=np.int64)
+        cumulative = counted + np.cumsum(token_bytes[chunk])
+        within = int(np.searchsorted(cumulative, budget.bytes, side="right"))
+        if within < len(chunk):
+            return start + within
+        counted = int(cumulative[-1])
+    return len(held.tokens)
 
 
 def long_context_windows(

@@ -146,6 +146,9 @@ HASH_RULES: tuple[HashRule, ...] = (
                             "logits to decay"),
     HashRule("eval.lm_eval", LeftOutAt(None), _ADDED_LATER),
     HashRule("eval.blimp", LeftOutAt(True), _ADDED_LATER),
+    HashRule("eval.budget", LeftOut(), "which held-out text the end-of-run scores read, not what the run trains: "
+                                       "a run records it (resolved.eval.budget), and reports never compare runs "
+                                       "scored on different budgets"),
     HashRule("data.task", LeftOutWhen(_text_task), _SYNTHETIC_TASK),
     HashRule("data.bigram_backcopy", LeftOutWhen(_text_task), _SYNTHETIC_TASK),
     HashRule("data.source", LeftOutWhen(_builtin_source), _SOURCE),

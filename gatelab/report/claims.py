@@ -19,6 +19,7 @@ import pandas as pd
 from scipy import stats as scipy_stats
 
 from gatelab.metrics import INIT_SCALE
+from gatelab.report.budgets import BUDGET_FIX, NOT_COMPARABLE, not_comparable
 from gatelab.report.claims_evidence import (
     LOSS_SPIKES,
     PaperEffect,
@@ -56,6 +57,7 @@ from gatelab.report.claims_rules import (
     NOT_RUN,
     NOT_TESTABLE,
     PAPER_SIZE_EXCLUDED,
+    RULE_BUDGET,
     RULE_INIT_SCALE,
     RULE_POSITIVE_CONTROL,
     RULE_PRECONDITION,
@@ -537,6 +539,21 @@ class Context:
         return self.answers[key]
 
 
+def _unread(claim: Claim, records: Sequence[RunRecord] | None) -> Outcome | None:
+    """The outcome of a row whose runs cannot be read together: its sweep or a group it reads not run, or the runs
+    it reads scored on different evaluation budgets (gatelab.report.budgets); None where they can be."""
+    if not records:
+        return Outcome(_no_figures("none (its sweep has not run)"), None, lambda q: NOT_RUN, [claim.why])
+    missing = _missing(claim, records)
+    if missing:
+        return Outcome(_no_figures("none (not run)"), None, lambda q: NOT_RUN, [*missing, claim.why])
+    apart = not_comparable(_runs_read(claim, records))
+    if apart is not None:
+        return Outcome(_no_figures(f"none ({NOT_COMPARABLE})"), None, lambda q: NOT_TESTABLE,
+                       [apart, BUDGET_FIX, claim.why], rule=RULE_BUDGET)
+    return None
+
+
 def evaluate_claim(claim: Claim, records: Sequence[RunRecord] | None, context: Context | None = None
                    ) -> tuple[dict[str, str], Outcome]:
     """One row of the claims table before the correction: its fixed cells, and the outcome of its test."""
@@ -547,11 +564,9 @@ def evaluate_claim(claim: Claim, records: Sequence[RunRecord] | None, context: C
            "metric": "-" if claim.kind == "not addressed" else claim.metric, "paper": paper_text}
     if claim.kind == "not addressed":
         return row, CHECKS[claim.kind](claim, (), None)
-    if not records:
-        return row, Outcome(_no_figures("none (its sweep has not run)"), None, lambda q: NOT_RUN, [claim.why])
-    missing = _missing(claim, records)
-    if missing:
-        return row, Outcome(_no_figures("none (not run)"), None, lambda q: NOT_RUN, [*missing, claim.why])
+    unread = _unread(claim, records)
+    if unread is not None:
+        return row, unread
     effect, compared = _matching_effect(claim, effect, records)
     outcome = CHECKS[claim.kind](claim, records, effect)
     if claim.metric == LOSS_SPIKES:

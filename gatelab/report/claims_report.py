@@ -49,8 +49,8 @@ VERDICT_RULES = [
     "verdicts are decided on q < 0.05. Rows without a p-value are in no family.",
     "Rule (column rule): the rule that gave the row its verdict: its own test (q < 0.05, or no decision at "
     "q >= 0.05), the paper's size (the interval against the paper's effects), the margin (the interval beyond it), "
-    "the init scale, the regime, a positive control, a precondition; columns init ratio and regime give the figures "
-    "those rules read.",
+    "the init scale, the regime, a positive control, a precondition, the evaluation budget; columns init ratio and "
+    "regime give the figures those rules read.",
     "Direction (paired t): holds at q < 0.05 the paper's way; does not hold at q < 0.05 the other way; for "
     "perplexity, does not hold (the paper's size excluded) when the 95% interval of our relative difference lies "
     "wholly on the near side of every effect the paper reports for the sweep's kind of model (Table 2 for a dense "
@@ -91,6 +91,9 @@ VERDICT_RULES = [
     "construction (shown with the reason) and "
     "descriptive rows get no p-value, are not in the Benjamini-Hochberg family, and count neither for nor against "
     "the paper.",
+    "Evaluation budget: a row whose runs were scored on different evaluation budgets (param resolved.eval.budget: "
+    "the held-out text the end-of-run scores read) is not testable, and no regime is read from such a reference row; "
+    "the note names the budgets.",
     "Not addressed: a claim of the paper no sweep here tests (what is missing is in the note); shown so that the "
     "table's silence is not read as support, and outside the count and the correction.",
     f"Loss spikes (metric {LOSS_SPIKES}): counted per run on the logged train/loss after warmup, a spike being a rise "

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gatelab.report.budgets import not_comparable
 from gatelab.report.claims_evidence import PaperEffect, by_seed
 from gatelab.report.claims_file import Claim
 from gatelab.report.stats import benjamini_hochberg, shared_seeds
@@ -42,6 +43,7 @@ RULE_SCALE_CONTROL = "init scale: its control holds"
 RULE_REGIME = "regime: reference effect vs the paper's"
 RULE_POSITIVE_CONTROL = "positive control: within the margin"
 RULE_PRECONDITION = "precondition: did not arise"
+RULE_BUDGET = "evaluation budget: runs scored on different ones"
 RULE_CONSTRUCTION, RULE_DESCRIPTIVE = "true by construction", "descriptive"
 RULE_NOT_RUN, RULE_NOT_ADDRESSED = "not run", "not addressed"
 
@@ -74,6 +76,9 @@ NO_REFERENCE = Regime(None, "no reference row in this sweep: no size can be comp
 def regime(claim: Claim, records: Sequence[RunRecord], paper: PaperEffect | None) -> Regime:
     """The regime that reference row `claim` sets for its sweep: its relative effect (mean over the shared seeds)
     against the mean of the paper's effects for the sweep's kind of model (`paper`, None where the paper has none)."""
+    apart = not_comparable(r for r in records if r.group in (claim.a, claim.b))
+    if apart is not None:
+        return Regime(None, f"reference \"{claim.claim}\": {apart}")
     a, b = by_seed(records, claim.a, claim.metric), by_seed(records, claim.b or "", claim.metric)
     seeds = [s for s in shared_seeds(a, b) if math.isfinite(a[s]) and math.isfinite(b[s])]
     if paper is None or not seeds:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from gatelab.report.budgets import BUDGET_FIX, not_comparable
 from gatelab.report.claims_file import group_name
 from gatelab.report.claims_rules import COMMENSURATE
 from gatelab.report.export import ReportTable
@@ -94,6 +95,11 @@ def ladder_rows(records: Sequence[RunRecord], metric: str = PPL) -> tuple[pd.Dat
     for arm, baseline in baselines.items():
         if arm == baseline:
             continue
+        apart = not_comparable(r for (name, _), runs in members.items() if name in (arm, baseline) for r in runs)
+        if apart is not None:  # the law is fitted on every rung of both arms: all of them on one budget
+            lines.append({"variant": arm, "rungs": "", "largest rung": "", MULTIPLIER: apart, WALL_CLOCK: "n/a",
+                          "alpha": "", "alpha source": ""})
+            continue
         fit = fit_ladder(points.get(baseline, {}), points.get(arm, {}), unit=UNIT)
         fits[arm] = fit
         fitted = math.isfinite(fit.alpha)
@@ -139,8 +145,10 @@ def ladder_report(records: Sequence[RunRecord], sweep_name: str, out: Path, colo
     drawn = {arm: fit for arm, fit in fits.items() if _arm_baseline(records, arm) == baseline}
     path = plot_ladder({arm: points[arm] for arm in [baseline, *drawn] if arm in points}, drawn, out / PLOT_NAME,
                        baseline=baseline, unit=UNIT, colours=colours, loss_label=f"final ln({metric}) (nats)")
-    table = ReportTable(f"{sweep_name}: each variant's compute multiplier over the ladder", frame,
-                        ladder_notes(metric), key="ladder")
+    apart = frame.loc[frame[MULTIPLIER].str.startswith(NOT_COMPARABLE), "variant"].tolist()
+    notes = ladder_notes(metric) + ([f"{BUDGET_FIX} Not compared here: {', '.join(apart)}."] if apart else [])
+    table = ReportTable(f"{sweep_name}: each variant's compute multiplier over the ladder", frame, notes,
+                        key="ladder")
     return [table], [path]
 
 

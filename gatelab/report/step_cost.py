@@ -17,10 +17,10 @@ import pandas as pd
 
 from gatelab.metrics import STEP_S, WALL_STEP_S
 from gatelab.progress import DEVICE_TAG, HOST_TAG
+from gatelab.report.budgets import NOT_COMPARABLE, not_comparable
 from gatelab.report.stats import Ratio, compare_shared_seeds, mean_std, ratio_of_means
 
 STEP_TIME_RATIO = "step-time ratio"
-NOT_COMPARABLE = "not comparable"
 ARM_COLUMNS = ("variant", "metric", "n", "mean", "sd", "Δ vs baseline", "p")
 STEP_TIME_NOTE = (f"{STEP_TIME_RATIO}: the row's mean {STEP_S} (the steady-state step: the median step after the "
                   "warm-up, without validation) over its baseline's, over the seeds both have; in brackets its 95% "
@@ -91,19 +91,23 @@ def step_cost_notes(costs: dict[str, StepCost]) -> list[str]:
 
 def arm_frame(records: Sequence[Any], metric: str) -> pd.DataFrame:
     """Each arm (group) for `metric` and for the step time: n, mean and sd over its finished seeds, and its change
-    against the baseline of the same settings with the paired t-test's p over the seeds both have."""
+    against the baseline of the same settings with the paired t-test's p over the seeds both have; for `metric`, not
+    where the two arms' runs were scored on different evaluation budgets (gatelab.report.budgets)."""
     groups: dict[str, list[Any]] = {}
     for record in records:
         groups.setdefault(record.group, []).append(record)
     lines = []
     for group, members in groups.items():
         baseline = groups.get(members[0].baseline_group, [])
+        apart = not_comparable(members + ([] if baseline is members else baseline))
         for name in (metric, STEP_S):
             values = values_by_seed(members, name)
             mean, sd, n = mean_std(values.values())
             line = {"variant": group, "metric": name, "n": str(n), "mean": "" if n == 0 else f"{mean:.4g}",
                     "sd": "" if sd is None else f"{sd:.3g}", "Δ vs baseline": "", "p": ""}
-            if baseline and baseline is not members and values:
+            if apart is not None and name == metric:  # a step time is the training's: no budget reads it
+                line["Δ vs baseline"] = apart
+            elif baseline and baseline is not members and values:
                 result = compare_shared_seeds(values, values_by_seed(baseline, name))
                 line["Δ vs baseline"] = "" if math.isnan(result.delta) else f"{result.delta:+.4g}"
                 line["p"] = f"{result.p_value:.3g}" if result.p_value is not None else f"n/a ({result.reason})"

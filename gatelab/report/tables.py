@@ -19,10 +19,11 @@ import pandas as pd
 from gatelab import metrics as catalogue
 from gatelab import paper as paper_tables
 from gatelab.progress import DEVICE_TAG, HOST_TAG
+from gatelab.report.budgets import BUDGET_FIX, not_comparable
 from gatelab.report.claims_file import group_name
 from gatelab.report.stats import PAIRED, Comparison, compare, mean_std, rank_agreement, sign_agreement
 from gatelab.report.step_cost import STEP_TIME_RATIO, StepCost, step_cost, step_cost_notes, values_by_seed
-from gatelab.tracking import SPEC_HASH_TAG, STATUS_TAG, RunStore
+from gatelab.tracking import EVAL_BUDGET_PARAM, SPEC_HASH_TAG, STATUS_TAG, RunStore
 
 PPL = catalogue.PPL_AVG
 # The probes that tell "do-nothing" attention mechanisms apart (issue 33; gatelab.eval.probes and .quantization): Gu et
@@ -51,6 +52,7 @@ class RunRecord:
     ended: str | None = None  # MLflow's end time, "YYYY-MM-DD HH:MM:SS UTC"
     host: str | None = None  # HOST_TAG and DEVICE_TAG: where it ran (None for runs from before the tags)
     device: str | None = None
+    budget: str | None = None  # EVAL_BUDGET_PARAM: what it was scored on (None before it: budgets.run_budget)
 
     @property
     def group(self) -> str:
@@ -89,14 +91,19 @@ def collect_runs(specs, store: RunStore, sweep_name: str, ledger_states=None) ->
         ended = None if row is None or pd.isna(row.get("end_time")) else \
             pd.Timestamp(row["end_time"]).strftime("%Y-%m-%d %H:%M:%S UTC")
         host, device = (None, None) if row is None else (_tag(row, HOST_TAG), _tag(row, DEVICE_TAG))
+        budget = None if row is None else _text(row, f"params.{EVAL_BUDGET_PARAM}")
         records.append(RunRecord(spec, status, None if row is None else row["run_id"], metrics,
-                                 int(step) if step is not None else None, ended, host, device))
+                                 int(step) if step is not None else None, ended, host, device, budget))
     return records
 
 
 def _tag(row: pd.Series, name: str) -> str | None:
     """A run's tag, None where the store has no such column or this run lacks it (NaN)."""
-    value = row.get(f"tags.{name}")
+    return _text(row, f"tags.{name}")
+
+
+def _text(row: pd.Series, column: str) -> str | None:
+    value = row.get(column)
     return value if isinstance(value, str) and value else None
 
 
@@ -148,6 +155,9 @@ class GroupNumbers:
     paper_benchmarks: dict[str, float] = field(default_factory=dict)  # the paper's benchmark column -> its value
     baseline_mean: float = math.nan  # the baseline's mean over the runs `comparison` set this group against
     step_cost: StepCost | None = None  # the step-time ratio to that baseline; None for baseline or without one
+    # Set where the group's runs and its baseline's were scored on different evaluation budgets
+    # (budgets.not_comparable): then nothing is compared, and `comparison` and `score_comparisons` stay empty.
+    not_comparable: str | None = None
 
     @property
     def settings(self) -> str:
@@ -207,7 +217,9 @@ def comparison_numbers(records: list[RunRecord], reference: pd.DataFrame, metric
     rows = []
     for group, members in groups.items():
         variant = members[0].spec.experiment.variant
-        baseline = by_seed.get(members[0].baseline_group, {})
+        baseline_members = groups.get(members[0].baseline_group, [])
+        apart = not_comparable(members + ([] if baseline_members is members else baseline_members))
+        baseline = by_seed.get(members[0].baseline_group, {}) if apart is None else {}
         comparison = compare(by_seed[group], baseline) if variant != "baseline" and by_seed[group] and baseline \
             else None
         paper_value = paper_ppl.get(variant, math.nan) if paper_ppl is not None else math.nan
@@ -215,9 +227,8 @@ def comparison_numbers(records: list[RunRecord], reference: pd.DataFrame, metric
                         if c in reference.columns}
         extra = {name: [r.metrics[name] for r in members if r.status == "finished" and name in r.metrics]
                  for name in shown}
-        baseline_members = groups.get(members[0].baseline_group, [])
         score_comparisons = {}
-        if variant != "baseline":
+        if variant != "baseline" and apart is None:
             for name in scores:
                 ours, base = values_by_seed(members, name), values_by_seed(baseline_members, name)
                 if ours and base:
@@ -230,7 +241,7 @@ def comparison_numbers(records: list[RunRecord], reference: pd.DataFrame, metric
         rows.append(GroupNumbers(group, variant, members, list(by_seed[group].values()), comparison, paper_value,
                                  paper_value - paper_baseline, paper_probes, {k: v for k, v in extra.items() if v},
                                  score_comparisons, paper_benchmarks, _baseline_mean(comparison, by_seed[group],
-                                                                                     baseline), cost))
+                                                                                     baseline), cost, apart))
     return rows
 
 
@@ -284,6 +295,8 @@ def format_comparison(rows: list[GroupNumbers], metric: str = PPL) -> pd.DataFra
         else:
             for column in TEST_COLUMNS:
                 line[column] = "" if variant == "baseline" else "n/a"
+            if number.not_comparable is not None:
+                line["Δ vs baseline"] = number.not_comparable
         if number.step_cost is not None:
             line[STEP_TIME_RATIO] = number.step_cost.cell
         line["paper Avg PPL"] = "" if math.isnan(number.paper) else f"{number.paper:.3f}"
@@ -318,8 +331,9 @@ def _agreement(rows: list[GroupNumbers], reference: pd.DataFrame) -> tuple[dict[
     ranked = [r for r in rows if r.settings == ranked_settings]
     ours = {r.variant: r.mean for r in ranked if not math.isnan(r.mean)}
     paper_values = {i: v for i, v in reference["ppl"].items() if not math.isnan(v)} if "ppl" in reference else {}
+    apart = not_comparable([member for r in ranked for member in r.members])  # a rank compares every row's mean
     return {
-        "rank": rank_agreement(ours, paper_values),
+        "rank": rank_agreement(ours, paper_values) if apart is None else {"tau": None, "reason": apart},
         "sign": sign_agreement({r.variant: r.delta for r in ranked}, {r.variant: r.paper_delta for r in ranked}),
     }, ranked_settings
 
@@ -410,6 +424,9 @@ def build_comparison(records: list[RunRecord], paper: str | None, metric: str = 
     main = {"variant", "runs", f"{metric} (mean ± std (n))", *TEST_COLUMNS, *PAPER_COLUMNS}
     notes = comparison_notes(rows, agreement, ranked_settings, paper, metric)
     notes += step_cost_notes({r.group: r.step_cost for r in rows if r.step_cost is not None})
+    apart = [r.group for r in rows if r.not_comparable is not None]
+    if apart:
+        notes.append(f"{BUDGET_FIX} Not compared here: {', '.join(apart)}.")
     if catalogue.LONG_PPL.format(multiplier=1) in frame.columns:
         notes.append(LONG_PPL_NOTE)
     return ComparisonResult(frame, numbers_frame(rows), notes, agreement, [c for c in frame.columns if c not in main])

@@ -33,6 +33,7 @@ from gatelab.config import DataConfig, ExperimentConfig, format_validation_error
 from gatelab.config_files import read_yaml, set_dotted
 from gatelab.data.identity import spec_hash
 from gatelab.data.resolve import VocabularyTooSmall, experiment_from_dict, resolve_experiment
+from gatelab.data.tokenizer import TRAINED_BPE
 from gatelab.errors import GatelabError
 from gatelab.metrics import KEY_METRICS, find, names_for
 from gatelab.sweep.ladder import RUNG, ladder_cells, ladder_problems, set_rung_model, set_rung_steps
@@ -193,8 +194,25 @@ def load_sweep(path: str | Path, experiment_override: str | Path | None = None) 
         if problem:
             raise GatelabError(f"{source}: {problem}; nothing was run")
 
+    problem = _token_budget_problem([experiment for _, _, experiment, _ in resolved])
+    if problem:
+        raise GatelabError(f"{source}: {problem}; nothing was run")
     runs, duplicates = _runs_once(sweep_file.name, resolved)
     return Sweep(path, sweep_file.name, experiment_path, sweep_file, runs, duplicates)
+
+
+def _token_budget_problem(experiments: list[ExperimentConfig]) -> str | None:
+    """Why the cells' eval.budget.tokens would not score one text: their tokenizers differ (a tokenizer file or Hub
+    name and its framing, or the trained BPE's vocabulary size), and N tokens of each is other text; else None."""
+    if not any(e.eval.budget is not None and e.eval.budget.tokens is not None for e in experiments):
+        return None
+    tokenizers = {(e.data.tokenizer, e.data.bos_token, e.data.eos_token,
+                   e.model.vocab_size if e.data.tokenizer == TRAINED_BPE else None) for e in experiments}
+    if len(tokenizers) < 2:
+        return None
+    return (f"eval.budget.tokens: the cells use {len(tokenizers)} tokenizers (data.tokenizer, or model.vocab_size of "
+            "the trained BPE), and the same number of tokens is other held-out text under each, so their scores would "
+            "not compare; use eval.budget.bytes or eval.budget.documents, the same text under any tokenizer")
 
 
 def _runs_once(sweep_name: str, resolved: list[tuple[int, dict[str, Any], ExperimentConfig, str]],

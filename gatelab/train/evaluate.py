@@ -11,7 +11,12 @@ import torch
 
 from gatelab import metrics as catalogue
 from gatelab.config import ExperimentConfig
-from gatelab.data.datasets import domain_with_long_documents, heldout_windows, long_context_windows, unigram_perplexity
+from gatelab.data.datasets import (
+    domain_with_long_documents,
+    evaluation_windows,
+    long_context_windows,
+    unigram_perplexity,
+)
 from gatelab.data.synthetic import DOMAIN as BIGRAM_BACKCOPY
 from gatelab.data.synthetic import BigramBackcopy
 from gatelab.data.tokenizer import bytes_per_token
@@ -62,8 +67,8 @@ def _evaluate(model, device: torch.device, experiment: ExperimentConfig, tokeniz
               log) -> tuple[dict[str, float], dict[str, Callable[[Path], object]]]:
     evaluation, seq_len = experiment.eval, experiment.data.seq_len
     batch_size = evaluation_batch_size(evaluation.batch_size, experiment.train.batch_size, device)
-    windows = {d: torch.from_numpy(heldout_windows(corpus, d, seq_len, evaluation.max_windows_per_domain))
-               for d in domains}
+    windows = {d: torch.from_numpy(w)
+               for d, w in evaluation_windows(corpus, domains, evaluation, seq_len, tokenizer).items()}
     metrics, nlls = heldout_metrics(model, corpus, domains, windows, batch_size, log)
     metrics |= bits_per_byte_metrics(tokenizer, windows, nlls, log)
     metrics |= quantization_metrics(model, windows, nlls, evaluation.batch_size, log)

@@ -82,6 +82,7 @@ def start_params(experiment: ExperimentConfig, model_config: ModelConfig, precis
                                     if k in ("gates", "n_heads", "n_kv_heads", "ffn_hidden")}
     params[tracking.TOTAL_PARAMS_PARAM] = count_parameters(model_config)
     params[tracking.RESOLVED_PRECISION_PARAM] = precision
+    params[tracking.EVAL_BUDGET_PARAM] = experiment.eval.budget_name(experiment.data.seq_len)
     return params
 
 

@@ -20,7 +20,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from tokenizers import Tokenizer
 
 from gatelab.config import ExperimentConfig, ModelConfig
-from gatelab.data.datasets import TokenCorpus, heldout_windows, train_dataset
+from gatelab.data.datasets import TokenCorpus, evaluation_windows, heldout_windows, train_dataset
 from gatelab.data.identity import spec_hash
 from gatelab.data.prepare import load_data
 from gatelab.errors import GatelabError
@@ -175,6 +175,8 @@ class Run:
             if self.rank == 0:
                 self.ownership.acquire()
             data = load_data(self.experiment, log=self.chatter, warn=self.log)
+            if self.experiment.eval.budget is not None:  # a budget the text cannot fill fails now, not after training
+                evaluation_windows(data[1], data[2], self.experiment.eval, self.experiment.data.seq_len, data[0])
             if self.rank == 0 and embedded:  # made only once the data is ready, as bad input leaves no runs/ behind
                 self.runs_dir.mkdir(parents=True, exist_ok=True)
                 check_store(uri)

@@ -13,12 +13,15 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from gatelab.config import DataConfig
+from gatelab.config import DataConfig, EvalBudget, EvalConfig
 from gatelab.data import datasets as dsmod
 from gatelab.data.corpora import CorpusManifest, DataError, domains_from_files
 from gatelab.data.datasets import (
     PackedDataset,
     TokenCorpus,
+    budget_tokens,
+    budget_windows,
+    evaluation_windows,
     heldout_windows,
     long_context_windows,
     tokenize_corpus,
@@ -27,7 +30,7 @@ from gatelab.data.datasets import (
 )
 from gatelab.data.external import prepare_source
 from gatelab.data.shards import SHARD_BYTES, TokenStream
-from gatelab.data.tokenizer import load_or_train_tokenizer
+from gatelab.data.tokenizer import bytes_per_token, load_or_train_tokenizer
 
 SEQ = 16
 
@@ -154,6 +157,50 @@ def test_heldout_windows(setup: tuple[CorpusManifest, TokenCorpus]) -> None:
     assert np.array_equal(capped[0], all_windows[0]) and np.array_equal(capped[-1], all_windows[-1])
     with pytest.raises(DataError, match="no window"):
         heldout_windows(corpus, "left", 10**7, max_windows=3)
+
+
+def test_without_a_budget_the_evaluation_reads_exactly_the_spread_windows_of_before(setup) -> None:
+    manifest, corpus = setup
+    tok = load_or_train_tokenizer(manifest, 300, log=lambda _: None)
+    windows = evaluation_windows(corpus, ["left", "right"], EvalConfig(max_windows_per_domain=3), SEQ, tok)
+    for domain in ("left", "right"):
+        assert np.array_equal(windows[domain], heldout_windows(corpus, domain, SEQ, max_windows=3))
+
+
+def _budget_text(manifest: CorpusManifest, vocab_size: int, budget: EvalBudget) -> tuple[bytes, np.ndarray]:
+    """The held-out text of `left` that `budget` holds under a BPE of `vocab_size` (special tokens dropped), and its
+    windows."""
+    tok = load_or_train_tokenizer(manifest, vocab_size, log=lambda _: None)
+    corpus = tokenize_corpus(manifest, tok, log=lambda _: None)
+    held = corpus.get("left", "heldout")
+    end = budget_tokens(held, budget, bytes_per_token(tok))
+    windows = evaluation_windows(corpus, ["left"], EvalConfig(budget=budget), SEQ, tok)["left"]
+    assert np.array_equal(windows.reshape(-1), held.tokens[: windows.size]) and end - windows.size < SEQ + 1
+    return tok.decode(np.asarray(held.tokens[:end]).tolist()).encode("utf-8"), windows
+
+
+def test_a_documents_or_bytes_budget_is_the_same_text_under_two_tokenizers(setup) -> None:
+    manifest, _ = setup
+    documents = EvalBudget(documents=1)  # of the 2 held-out ones
+    small, small_windows = _budget_text(manifest, 300, documents)
+    large, large_windows = _budget_text(manifest, 400, documents)
+    assert small == large and len(small_windows) != len(large_windows)  # one text, other tokens
+    assert small == next(manifest.documents("left", "heldout")).text.encode("utf-8")
+    bytes_budget = EvalBudget(bytes=700)
+    small, _ = _budget_text(manifest, 300, bytes_budget)
+    large, _ = _budget_text(manifest, 400, bytes_budget)
+    shorter, longer = sorted((small, large), key=len)
+    assert longer.startswith(shorter) and 700 - 40 < len(shorter) <= len(longer) <= 700  # up to a token short
+
+
+def test_a_budget_the_text_cannot_fill_or_count_names_its_key(setup) -> None:
+    _, corpus = setup
+    with pytest.raises(DataError, match=r"eval.budget tokens=5: left's held-out text within it is 5 tokens"):
+        budget_windows(corpus, "left", SEQ, EvalBudget(tokens=5))
+    with pytest.raises(DataError, match="not byte-level.*use eval.budget.documents"):
+        budget_windows(corpus, "left", SEQ, EvalBudget(bytes=10_000), token_bytes=None)
+    whole = budget_windows(corpus, "left", SEQ, EvalBudget(documents=10**6))  # more than there is: all of it
+    assert len(whole) == len(corpus.tokens("left", "heldout")) // (SEQ + 1)
 
 
 def test_long_context_windows(setup: tuple[CorpusManifest, TokenCorpus]) -> None:

@@ -391,3 +391,15 @@ def test_searched_values_valid_alone_are_checked_together(tmp_path):
         "train.min_lr": {"type": "float", "low": 1.0e-5, "high": 1.0e-3, "log": True}}, "n_trials": 2}}))
     assert "search.params: together, {train.lr: 0.0001, train.min_lr: 0.001} make an invalid run" in message
     assert "min_lr (0.001) is above lr (0.0001)" in message and "narrow the ranges" in message
+
+
+def test_a_tokens_budget_is_refused_where_the_cells_tokenizers_differ(tmp_path):
+    budget = {"eval.budget": {"tokens": 10_000}}
+    path = write_sweep(tmp_path, {"grid": {"model.vocab_size": [64, 128]}, "overrides": budget})
+    with pytest.raises(GatelabError, match="eval.budget.tokens: the cells use 2 tokenizers .* use eval.budget.bytes or "
+                                           "eval.budget.documents, the same text under any tokenizer; nothing was run"):
+        load_sweep(path)
+    shared = write_sweep(tmp_path, {"grid": {"variant": ["baseline", "g1_elem_sig"]}, "overrides": budget})
+    assert {spec.experiment.eval.budget.tokens for spec in expand(load_sweep(shared))} == {10_000}
+    portable = write_sweep(tmp_path, {"grid": {"model.vocab_size": [64, 128]}, "overrides": {"eval.budget.bytes": 1}})
+    assert len(expand(load_sweep(portable))) == 2
