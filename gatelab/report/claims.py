@@ -3,9 +3,10 @@ effect and a verdict, one row per claim (`gatelab claims`).
 
 The claims are data (sweeps/claims/tiny.yaml, read by gatelab.report.claims_file): which sweep, which groups of runs,
 which metric, which way the paper says it goes, the paper's figure, and when this scale can test it at all. This
-module turns each claim into a row from what it reads (gatelab.report.claims_evidence). Every tested row has a p-value;
-the p-values of the whole table are corrected together (Benjamini-Hochberg) and the verdicts are decided on the
-q-values. gatelab.report.claims_report states every rule in words under the table, and writes the summary paragraph.
+module turns each claim into a row from what it reads (gatelab.report.claims_evidence). Every tested row has a p-value
+but a ladder's compute multiplier, which its bootstrap interval decides (gatelab.report.claims_ladder); the p-values are
+corrected within each section (claims_rules.SECTIONS) and the verdicts are decided on the q-values.
+gatelab.report.claims_report states every rule in words under the table, and writes the summary paragraph.
 """
 
 from __future__ import annotations

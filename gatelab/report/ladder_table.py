@@ -169,7 +169,7 @@ def ladder_notes(metric: str = PPL) -> list[str]:
         "row) against the row's baseline at the largest rung, its relative ppl/avg change (mean over the shared "
         "seeds) over the mean of the paper's dense G1 effects (Table 2's four blocks, the pairs of the claims rows); "
         f"column {SIZE_READ}: \"may be read\" inside [1/{COMMENSURATE:g}, {COMMENSURATE:g}], else \"{NOT_TESTABLE}\" "
-        "(the figures are shown, and are not a size to compare with anything), with why; a sweep without a "
+        "(the figures are shown, not read as a size), with why; a sweep without a "
         f"{REFERENCE_VARIANT} arm has no reference, and no size is read.",
     ]
 

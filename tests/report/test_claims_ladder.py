@@ -21,9 +21,10 @@ from gatelab.report.claims_rules import (
     RULE_REGIME,
     inconclusive,
 )
+from gatelab.report.ladder_table import REGIME, ladder_rows
 from gatelab.report.power_plan import PAPER_PAIRS
 from tests.helpers import REPO
-from tests.report.test_ladder_table import TRUE_MULTIPLIER, _sweep, scaled_records
+from tests.report.test_ladder_table import RUNGS, TRUE_MULTIPLIER, _sweep, scaled_records
 
 REFERENCE = """\
   - claim: G1 at the largest rung
@@ -58,8 +59,12 @@ def _claims(tmp_path, rows: str):
 
 def _multiplier_row(tmp_path, g1_over_paper: float, rows: str = REFERENCE + MULTIPLIER, rungs: int = 4) -> dict:
     claims = _claims(tmp_path, rows)
-    table = claims_table({"t": scaled_records(tmp_path, g1_over_paper, rungs=rungs)}, claims)
-    return table[table["claim"] == "G1's compute multiplier is above 1"].iloc[0].to_dict()
+    records = scaled_records(tmp_path, g1_over_paper, rungs=rungs)
+    table = claims_table({"t": records}, claims)
+    row = table[table["claim"] == "G1's compute multiplier is above 1"].iloc[0].to_dict()
+    if "regime_reference" in rows and rungs == len(RUNGS):  # the ladder table reads the same regime
+        assert ladder_rows(records, sweep_name="t")[0][REGIME].tolist() == [row["regime"]]
+    return row
 
 
 def test_a_variant_at_1_3x_compute_in_a_commensurate_regime_holds_by_its_interval(tmp_path):
