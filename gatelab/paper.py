@@ -65,6 +65,14 @@ TABLES: dict[str, PaperTable] = {
     "table6": PaperTable("paper_table6_switchhead.csv", "Table 6", "moe", _MOE, ppl="PPL", added="Added Param (M)"),
 }
 CATALOGUE = "variant_catalogue.csv"  # every variant id with its formula and per-layer parameter cost
+# The paper's dense G1 effect: G1 against the baseline in each of Table 2's blocks at one learning rate (-0.8% to
+# -3.6%), the regime reference of a dense sweep where no claims file names one (the ladder table). The claims file
+# spells the same pairs (`table2_g1_gain` in sweeps/claims/tiny.yaml; tests/report/test_claims_ladder.py keeps them so).
+DENSE_G1_TABLE, DENSE_G1_VARIANT = "table2", "g1_elem_sig"
+DENSE_G1_PAIRS = (("dense28_400b_g1_elem_sig", "dense28_400b_baseline"),
+                  ("dense28_3p5t_g1_elem_sig", "dense28_3p5t_baseline"),
+                  ("dense48_400b_g1_elem_sig_lr4e-3", "dense48_400b_baseline_lr4e-3"),
+                  ("dense48_1t_g1_elem_sig_lr5.3e-3", "dense48_1t_baseline_lr5.3e-3"))
 
 # A sweep's `paper:` key: the tables its report compares against; where one variant id is in several, the last one's
 # values win and the earlier ones fill its gaps.

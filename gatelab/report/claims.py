@@ -3,9 +3,10 @@ effect and a verdict, one row per claim (`gatelab claims`).
 
 The claims are data (sweeps/claims/tiny.yaml, read by gatelab.report.claims_file): which sweep, which groups of runs,
 which metric, which way the paper says it goes, the paper's figure, and when this scale can test it at all. This
-module turns each claim into a row from what it reads (gatelab.report.claims_evidence). Every tested row has a p-value;
-the p-values of the whole table are corrected together (Benjamini-Hochberg) and the verdicts are decided on the
-q-values. gatelab.report.claims_report states every rule in words under the table, and writes the summary paragraph.
+module turns each claim into a row from what it reads (gatelab.report.claims_evidence). Every tested row has a p-value
+but a ladder's compute multiplier, which its bootstrap interval decides (gatelab.report.claims_ladder); the p-values are
+corrected within each section (claims_rules.SECTIONS) and the verdicts are decided on the q-values.
+gatelab.report.claims_report states every rule in words under the table, and writes the summary paragraph.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from gatelab.report.claims_file import (
     parse_group,
     parse_settings,
 )
+from gatelab.report.claims_ladder import read_multiplier
 from gatelab.report.claims_rules import (
     CONFOUNDED,
     DESCRIPTIVE,
@@ -59,6 +61,8 @@ from gatelab.report.claims_rules import (
     PAPER_SIZE_EXCLUDED,
     RULE_BUDGET,
     RULE_INIT_SCALE,
+    RULE_INTERVAL,
+    RULE_LADDER,
     RULE_POSITIVE_CONTROL,
     RULE_PRECONDITION,
     RULE_REGIME,
@@ -67,8 +71,10 @@ from gatelab.report.claims_rules import (
     TRUE_BY_CONSTRUCTION,
     Regime,
     corrected,
+    inconclusive,
     regimes_by_sweep,
     rule_of,
+    size_not_read,
 )
 from gatelab.report.stats import (
     compare_shared_seeds,
@@ -118,17 +124,12 @@ class Outcome:
     scale: str = ""  # two-group rows: MATCHED, DIFFERS or NOT_LOGGED (`_init_scale`)
     init_ratio: float | None = None  # group a's mean init scale over b's
     rule: str | None = None  # set where a rule before the test decided the verdict (a precondition, the regime)
+    test_rule: str | None = None  # the rule of the row's own test where no q-value decides it (an interval)
     regime: Regime | None = None  # the sweep's, where the row makes a statement of size
 
 
 def _relative(metric: str) -> bool:
     return metric.startswith("ppl/")
-
-
-def inconclusive(sign: float, expected: float) -> str:
-    """Inconclusive, with the way the figures point."""
-    way = "the paper's direction" if sign == expected else "the other way" if sign == -expected else "no difference"
-    return f"{INCONCLUSIVE} ({way})"
 
 
 def _excludes(interval: tuple[float, float], effects: Sequence[float], expected: float) -> bool:
@@ -363,6 +364,13 @@ def _not_addressed_claim(claim: Claim, records: Sequence[RunRecord], paper: Pape
     return Outcome(_no_figures("none (no runs)"), None, lambda q: NOT_ADDRESSED, [claim.why])
 
 
+def _multiplier_claim(claim: Claim, records: Sequence[RunRecord], paper: PaperEffect | None) -> Outcome:
+    """multiplier: a ladder's compute multiplier, decided by its bootstrap interval (gatelab.report.claims_ladder)."""
+    reading = read_multiplier(claim, records)
+    return Outcome(reading.cells, None, lambda q: reading.verdict, reading.notes,
+                   rule=None if reading.testable else RULE_LADDER, test_rule=RULE_INTERVAL)
+
+
 # How each kind of claim is tested: (claim, its sweep's records, the paper's relative effect for the sweep's model) ->
 # the row's outcome.
 CHECKS: dict[str, Callable[[Claim, Sequence[RunRecord], PaperEffect | None], Outcome]] = {
@@ -374,6 +382,7 @@ CHECKS: dict[str, Callable[[Claim, Sequence[RunRecord], PaperEffect | None], Out
     "rank": _rank_claim,
     "lr sensitivity": _lr_sensitivity_claim,
     "stable rate": _stable_rate_claim,
+    "multiplier": _multiplier_claim,
 }
 
 
@@ -424,7 +433,7 @@ def _rule_holds(rule: TestableIf, records: Sequence[RunRecord]) -> tuple[bool, s
 def _groups(claim: Claim, records: Sequence[RunRecord]) -> list[str]:
     """The groups of runs a claim reads, as RunRecord.group names them (an axis claim's are read by `axis_runs`)."""
     groups = list(_rank_ids(claim)) if claim.kind == "rank" else [g for g in (claim.a, claim.b) if g]
-    if claim.kind in ("lr sensitivity", "stable rate"):
+    if claim.kind in ON_AN_AXIS:
         groups = []  # read over the axis: see axis_runs
     if claim.kind == "change":
         groups = [with_settings(g, parse_settings(s)) for g in groups for s in claim.setting or ()]
@@ -433,7 +442,7 @@ def _groups(claim: Claim, records: Sequence[RunRecord]) -> list[str]:
 
 def _runs_read(claim: Claim, records: Sequence[RunRecord]) -> list[RunRecord]:
     """The runs a claim's test reads (not its testable_if rules')."""
-    if claim.kind in ("lr sensitivity", "stable rate"):
+    if claim.kind in ON_AN_AXIS:
         return [r for g in (claim.a, claim.b or "") for rs in axis_runs(records, g, claim.axis or "").values()
                 for r in rs]
     groups = set(_groups(claim, records))
@@ -448,7 +457,7 @@ def _missing(claim: Claim, records: Sequence[RunRecord]) -> list[str]:
     reads = [(g, claim.metric) for g in _groups(claim, records)]
     reads += [(rule.group, rule.metric) for rule in claim.testable_if if rule.rule not in AXIS_RULES]
     unrun = [g for g, _ in reads if not by_seed(records, g, claim.metric)]
-    axis_groups = [(g, claim.axis) for g in (claim.a, claim.b) if g and claim.kind in ("lr sensitivity", "stable rate")]
+    axis_groups = [(g, claim.axis) for g in (claim.a, claim.b) if g and claim.kind in ON_AN_AXIS]
     axis_groups += [(rule.group, rule.axis) for rule in claim.testable_if if rule.rule in AXIS_RULES]
     unrun += [f"{g} over {axis}" for g, axis in axis_groups if not axis_runs(records, g, axis or "")]
     unmeasured = [f"no {metric} in the runs of {g}" for g, metric in reads
@@ -461,7 +470,7 @@ def _comparison(claim: Claim) -> str:
         return f"{len(_rank_ids(claim))} variants" + (" with a gate" if claim.only_gated else "")
     if claim.kind == "change":
         return f"{claim.a} vs {claim.b}, {' -> '.join(claim.setting or ())}"
-    if claim.kind in ("lr sensitivity", "stable rate"):
+    if claim.kind in ON_AN_AXIS:
         return f"{claim.a} vs {claim.b}, over {claim.axis}"
     return claim.a if claim.b is None else f"{claim.a} vs {claim.b}"
 
@@ -593,18 +602,17 @@ def evaluate_claim(claim: Claim, records: Sequence[RunRecord] | None, context: C
     if failed:
         return not_testable(RULE_PRECONDITION, [f"not testable: {rule.reason} ({text})" for rule, text in failed])
     sweep_regime = context.regimes.get(claim.sweep or "", NO_REFERENCE)
-    if claim.kind == "direction" and effect is not None or claim.kind == "closeness":
+    if claim.kind == "direction" and effect is not None or claim.kind in ("closeness", "multiplier"):
         outcome.regime = sweep_regime  # the row can make a statement of size
-    if claim.kind == "closeness":
-        stated = claim.margin.paper_gain is None
-        if not sweep_regime.commensurate and (not stated or sweep_regime.ratio is not None):
-            return not_testable(RULE_REGIME, [f"not testable: a closeness is a statement of size; {sweep_regime.text}"])
-        if stated:
-            moved, text = _positive_control(claim, records, float(claim.margin.relative))
-            if not moved:
-                return not_testable(RULE_POSITIVE_CONTROL, [f"not testable: the margin is wider than what the sweep "
-                                                            f"can tell apart ({text})"])
-            outcome.notes.append(text)
+    unread = None if outcome.rule else size_not_read(claim, sweep_regime)
+    if unread:
+        return not_testable(RULE_REGIME, [unread])
+    if claim.kind == "closeness" and claim.margin.paper_gain is None:
+        moved, text = _positive_control(claim, records, float(claim.margin.relative))
+        if not moved:
+            return not_testable(RULE_POSITIVE_CONTROL, [f"not testable: the margin is wider than what the sweep can "
+                                                        f"tell apart ({text})"])
+        outcome.notes.append(text)
     if claim.kind in TWO_GROUPS:
         outcome.scale, scale_note, outcome.init_ratio = _init_scale(claim, records)
         outcome.notes += [compared, scale_note]
@@ -623,7 +631,7 @@ def _verdicts(claims: Sequence[Claim], outcomes: Sequence[Outcome], q_values: Se
     first: list[tuple[str, str, list[str]]] = []
     for claim, outcome, q in zip(claims, outcomes, q_values, strict=True):
         verdict = outcome.decide(q)
-        rule = outcome.rule or rule_of(verdict)
+        rule = outcome.rule or outcome.test_rule or rule_of(verdict)
         if outcome.scale == DIFFERS and outcome.rule is None and not (verdict == HOLDS and claim.scale_control):
             control = "" if claim.scale_control else "; no scale-matched control row (scale_control)"
             first.append((CONFOUNDED, RULE_INIT_SCALE, [f"the test alone: {verdict}{control}"]))

@@ -25,14 +25,16 @@ from gatelab.config_files import read_yaml
 from gatelab.errors import GatelabError
 from gatelab.metrics import PPL_AVG
 from gatelab.paper import SWEEP_TABLES, missing_files, model_kinds, reference
+from gatelab.sweep.ladder import RUNG
 from gatelab.sweep.spec import expand, load_sweep
 
-Kind = Literal["direction", "closeness", "level", "change", "rank", "lr sensitivity", "stable rate", "not addressed"]
+Kind = Literal["direction", "closeness", "level", "change", "rank", "lr sensitivity", "stable rate", "multiplier",
+               "not addressed"]
 Direction = Literal["lower", "higher"]
 UNIFORM_FIRST_TOKEN = "uniform first-token attention"  # a named level: see claims.uniform_first_token_share
-DIRECTED: tuple[str, ...] = ("direction", "level", "change", "lr sensitivity", "stable rate")
-TWO_GROUPS: tuple[str, ...] = ("direction", "closeness", "change", "lr sensitivity", "stable rate")
-ON_AN_AXIS: tuple[str, ...] = ("lr sensitivity", "stable rate")
+DIRECTED: tuple[str, ...] = ("direction", "level", "change", "lr sensitivity", "stable rate", "multiplier")
+TWO_GROUPS: tuple[str, ...] = ("direction", "closeness", "change", "lr sensitivity", "stable rate", "multiplier")
+ON_AN_AXIS: tuple[str, ...] = ("lr sensitivity", "stable rate", "multiplier")
 
 
 class PaperFigure(StrictModel):
@@ -148,6 +150,7 @@ class Claim(StrictModel):
     level: float | None = None  # level: the claimed level
     setting: tuple[str, str] | None = None  # change: the (from, to) settings, e.g. two learning rates
     axis: str | None = None  # lr sensitivity, stable rate: the swept key whose values are compared, e.g. train.lr
+    # (multiplier: always the ladder's rung, gatelab.report.claims_ladder)
     rank_ids: list[str] = []  # rank: the groups ranked against the paper's
     only_gated: bool = False  # rank: keep only the variants with a gate (gatelab.variants), not baseline or references
     margin: Margin | None = None  # closeness: the equivalence margin
@@ -166,6 +169,14 @@ class Claim(StrictModel):
     # confirmatory: declared in this file before any run it reads (a test checks the commit dates); exploratory: the
     # paper's claims written after their data; other paper: another paper's claim. Each section is corrected apart.
     section: Literal["confirmatory", "exploratory", "other paper"] = "exploratory"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _rung_axis(cls, data: Any) -> Any:
+        """A multiplier reads a ladder, whose axis is its rung."""
+        if isinstance(data, dict) and data.get("kind") == "multiplier" and "axis" not in data:
+            return {**data, "axis": RUNG}
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> Claim:
@@ -191,6 +202,9 @@ class Claim(StrictModel):
                             "{relative: R, reason: WHY}")
         if self.scale_control is not None and self.kind != "direction":
             problems.append("scale_control is a direction claim's key")
+        if self.kind == "multiplier" and (self.axis != RUNG or not self.metric.startswith("ppl/")):
+            problems.append(f"a multiplier claim reads a ladder over its {RUNG} (give no axis) and a perplexity metric "
+                            "(ppl/...), whose ln is the loss the ladder's law is fitted to")
         if self.kind == "rank" and len(self.rank_ids) < 3:
             problems.append("a rank claim needs at least 3 rank_ids")
         if problems:

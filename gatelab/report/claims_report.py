@@ -30,6 +30,7 @@ from gatelab.report.claims import (
 )
 from gatelab.report.claims_evidence import LOSS_SPIKES, SPIKE_SIGMAS
 from gatelab.report.claims_file import Claim
+from gatelab.report.claims_ladder import MULTIPLIER_RULE
 from gatelab.report.claims_rules import COMMENSURATE, CORRECTION_NAMES, SECTIONS, Regime
 from gatelab.report.tables import RunRecord
 
@@ -265,7 +266,8 @@ def write_claims(records: Mapping[str, Sequence[RunRecord]], claims: Sequence[Cl
 
     frame = claims_table(records, claims)
     missing = dict.fromkeys(note for c in claims for note in missing_note(c.paper.table))  # one note per file
-    table = ReportTable("The paper's claims at tiny scale", frame, VERDICT_RULES + list(missing))
+    rules = VERDICT_RULES + ([MULTIPLIER_RULE] if any(c.kind == "multiplier" for c in claims) else [])
+    table = ReportTable("The paper's claims at tiny scale", frame, rules + list(missing))
     written = export_report([table], [], out_dir, formats, "claims", command=command,
                             stamp=data_stamp([r for rs in records.values() for r in rs]))
     if "md" in formats:  # the README's first paragraph, from the same table

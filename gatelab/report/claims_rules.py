@@ -46,6 +46,8 @@ RULE_PRECONDITION = "precondition: did not arise"
 RULE_BUDGET = "evaluation budget: runs scored on different ones"
 RULE_CONSTRUCTION, RULE_DESCRIPTIVE = "true by construction", "descriptive"
 RULE_NOT_RUN, RULE_NOT_ADDRESSED = "not run", "not addressed"
+RULE_INTERVAL = "interval: 95% bootstrap beside 1"  # a ladder's compute multiplier (gatelab.report.claims_ladder)
+RULE_LADDER = "ladder: no law to read"
 
 SECTIONS = {  # section: (heading in words, correction)
     "confirmatory": ("confirmatory: declared before the runs they read", "holm"),
@@ -92,6 +94,24 @@ def regime(claim: Claim, records: Sequence[RunRecord], paper: PaperEffect | None
     return Regime(ratio, f"regime of {claim.sweep}: its reference \"{claim.claim}\" is {100 * ours:+.3g}% against the "
                          f"paper's {100 * theirs:+.3g}% ({paper.source}, mean), {ratio:.3g}x, "
                          f"{'inside' if inside else 'outside'} [1/{COMMENSURATE:g}, {COMMENSURATE:g}]")
+
+
+def size_not_read(claim: Claim, sweep_regime: Regime) -> str | None:
+    """Why the regime rule leaves a row that is a statement of size unread (not testable), or None: a closeness, and a
+    ladder's compute multiplier, outside the regime. A closeness with a stated margin is read in a sweep without a
+    reference row (its positive control, not the paper's size, tells whether the sweep can see the margin)."""
+    stated = claim.kind == "closeness" and claim.margin.paper_gain is None
+    if claim.kind not in ("closeness", "multiplier") or sweep_regime.commensurate or \
+            (stated and sweep_regime.ratio is None):
+        return None
+    what = "a closeness" if claim.kind == "closeness" else "a compute multiplier"
+    return f"not testable: {what} is a statement of size; {sweep_regime.text}"
+
+
+def inconclusive(sign: float, expected: float) -> str:
+    """Inconclusive, with the way the figures point."""
+    way = "the paper's direction" if sign == expected else "the other way" if sign == -expected else "no difference"
+    return f"{INCONCLUSIVE} ({way})"
 
 
 def rule_of(verdict: str) -> str:

@@ -6,6 +6,10 @@ A sweep is a ladder sweep where its runs carry a `rung` setting (gatelab.sweep.l
 settings other than rung; its baseline is the baseline arm of the same settings. A rung's compute is a run's training
 FLOPs as `gatelab sweep plan` counts them (each arm its own: a gate's parameters cost it FLOPs), its loss ln of the
 table's perplexity metric (ppl/avg), the cross-entropy in nats.
+
+A multiplier is a statement of size, so the claims table's regime rule (gatelab.report.claims_rules) decides whether
+it is read: each baseline arm's regime is its G1 arm (g1_elem_sig, the paper's Table 2 row) against it at the largest
+rung, over the paper's mean dense G1 effect, as a claims file's `regime_reference` row on the sweep would give it.
 """
 
 from __future__ import annotations
@@ -16,9 +20,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from gatelab.paper import DENSE_G1_PAIRS, DENSE_G1_TABLE
+from gatelab.paper import DENSE_G1_VARIANT as REFERENCE_VARIANT
 from gatelab.report.budgets import BUDGET_FIX, not_comparable
-from gatelab.report.claims_file import group_name
-from gatelab.report.claims_rules import COMMENSURATE
+from gatelab.report.claims_evidence import paper_figure
+from gatelab.report.claims_file import Claim, PaperFigure, architecture, group_name
+from gatelab.report.claims_rules import COMMENSURATE, NOT_TESTABLE, Regime, regime
 from gatelab.report.export import ReportTable
 from gatelab.report.ladder import LadderFit, fit_ladder, wall_clock_multiplier
 from gatelab.report.plots import plot_ladder
@@ -29,7 +36,9 @@ from gatelab.sweep.ladder import RUNG
 UNIT = "FLOPs"
 MULTIPLIER = "compute multiplier [95%]"
 WALL_CLOCK = "wall-clock multiplier"
-LADDER_COLUMNS = ("variant", "rungs", "largest rung", MULTIPLIER, WALL_CLOCK, "alpha", "alpha source")
+REGIME, SIZE_READ = "regime", "size read"
+LADDER_COLUMNS = ("variant", "rungs", "largest rung", MULTIPLIER, WALL_CLOCK, REGIME, SIZE_READ, "alpha",
+                  "alpha source")
 PLOT_NAME = "ladder.png"
 
 
@@ -37,10 +46,13 @@ def is_ladder(records: Sequence[RunRecord]) -> bool:
     return any(RUNG in record.spec.settings() for record in records)
 
 
+def _arm_settings(record: RunRecord) -> dict:
+    return {key: value for key, value in record.spec.settings().items() if key != RUNG}
+
+
 def _arm(record: RunRecord, variant: str | None = None) -> str:
     """The arm's name: the variant (or `variant`) and its settings other than rung."""
-    settings = {key: value for key, value in record.spec.settings().items() if key != RUNG}
-    return group_name(variant or record.spec.experiment.variant, settings)
+    return group_name(variant or record.spec.experiment.variant, _arm_settings(record))
 
 
 def ladder_points(records: Sequence[RunRecord], metric: str = PPL) -> tuple[dict, dict]:
@@ -84,13 +96,40 @@ def _wall_clock_cell(fit: LadderFit, variant: list[RunRecord], baseline: list[Ru
     return f"{wall.multiplier:.3f} [{wall.interval[0]:.3f}, {wall.interval[1]:.3f}]"
 
 
-def ladder_rows(records: Sequence[RunRecord], metric: str = PPL) -> tuple[pd.DataFrame, dict, dict]:
+def reference_regime(records: Sequence[RunRecord], baseline: str, rung: str, sweep_name: str) -> Regime:
+    """The regime the `baseline` arm's G1 arm sets: G1 against it at `rung` (the largest), its relative ppl/avg change
+    over the paper's mean dense G1 effect (`claims_rules.regime`, with the Table 2 pairs of the claims rows)."""
+    settings = next(_arm_settings(r) for r in records if _arm(r) == baseline)
+    reference = group_name(REFERENCE_VARIANT, settings)
+    if not any(_arm(r) == reference for r in records):
+        return Regime(None, f"no reference: the sweep has no {reference} arm (G1, the paper's Table 2 row) beside "
+                            f"{baseline}, so no size can be compared with the paper's")
+    at_rung = {**settings, RUNG: rung}
+    claim = Claim(claim=f"{REFERENCE_VARIANT} against baseline at the largest rung, {rung}", sweep=sweep_name,
+                  kind="direction", direction="lower", a=group_name(REFERENCE_VARIANT, at_rung),
+                  b=group_name("baseline", at_rung), regime_reference=True,
+                  paper=PaperFigure(table=DENSE_G1_TABLE, pairs=list(DENSE_G1_PAIRS)))
+    effect = paper_figure(claim)[1]
+    models = {architecture(r.spec.experiment.model) for r in records}
+    return regime(claim, records, effect if effect is not None and {effect.model} == models else None)
+
+
+def _size_cell(fit: LadderFit, reference: Regime) -> str:
+    if not fit.testable:
+        return "n/a: no multiplier to read"
+    return f"may be read: {reference.text}" if reference.commensurate else f"{NOT_TESTABLE}: {reference.text}"
+
+
+def ladder_rows(records: Sequence[RunRecord], metric: str = PPL,
+                sweep_name: str = "the sweep") -> tuple[pd.DataFrame, dict, dict]:
     """The ladder table's frame, the points by arm and the fits by variant arm."""
     points, rung_names = ladder_points(records, metric)
     members: dict[tuple[str, str], list[RunRecord]] = {}
     for record in records:
         members.setdefault((_arm(record), record.spec.settings()[RUNG]), []).append(record)
     baselines = {_arm(record): _arm(record, "baseline") for record in records}
+    regimes = {baseline: reference_regime(records, baseline, rung_names[baseline][max(rung_names[baseline])],
+                                          sweep_name) for baseline in set(baselines.values()) if baseline in rung_names}
     lines, fits = [], {}
     for arm, baseline in baselines.items():
         if arm == baseline:
@@ -103,6 +142,7 @@ def ladder_rows(records: Sequence[RunRecord], metric: str = PPL) -> tuple[pd.Dat
         fit = fit_ladder(points.get(baseline, {}), points.get(arm, {}), unit=UNIT)
         fits[arm] = fit
         fitted = math.isfinite(fit.alpha)
+        reference = regimes.get(baseline, Regime(None, f"the sweep has no runs of {baseline}"))
         largest = rung_names[arm].get(fit.largest_compute, "")
         used = [rung_names[arm][compute] for compute in sorted(points.get(arm, {}))]
         lines.append({
@@ -110,6 +150,7 @@ def ladder_rows(records: Sequence[RunRecord], metric: str = PPL) -> tuple[pd.Dat
             "largest rung": f"{largest} ({fit.largest_compute:.3g} {UNIT})" if largest else "",
             MULTIPLIER: _multiplier_cell(fit),
             WALL_CLOCK: _wall_clock_cell(fit, members.get((arm, largest), []), members.get((baseline, largest), [])),
+            REGIME: reference.cell(), SIZE_READ: _size_cell(fit, reference),
             "alpha": f"{fit.alpha:.3f}" if fitted else "", "alpha source": fit.alpha_source if fitted else ""})
     return pd.DataFrame(lines, columns=list(LADDER_COLUMNS)), points, fits
 
@@ -129,8 +170,13 @@ def ladder_notes(metric: str = PPL) -> list[str]:
         "rung (1 over that rung's step-time ratio; every variant of a rung trains the same tokens a step), where both "
         "arms' step times compare.",
         "A multiplier is a statement of size: the claims table's regime rule (gatelab.report.claims_rules) reads "
-        f"sizes only where the sweep's G1 effect is within {COMMENSURATE:g}x of the paper's, either way. This table "
-        "does not apply that rule.",
+        f"sizes only where the sweep's G1 effect is within {COMMENSURATE:g}x of the paper's, either way, and this "
+        f"table applies it to both multipliers of a row. Column {REGIME}: {REFERENCE_VARIANT} (G1, the paper's Table 2 "
+        "row) against the row's baseline at the largest rung, its relative ppl/avg change (mean over the shared "
+        "seeds) over the mean of the paper's dense G1 effects (Table 2's four blocks, the pairs of the claims rows); "
+        f"column {SIZE_READ}: \"may be read\" inside [1/{COMMENSURATE:g}, {COMMENSURATE:g}], else \"{NOT_TESTABLE}\" "
+        "(the figures are shown, not read as a size), with why; a sweep without a "
+        f"{REFERENCE_VARIANT} arm has no reference, and no size is read.",
     ]
 
 
@@ -140,7 +186,7 @@ def ladder_report(records: Sequence[RunRecord], sweep_name: str, out: Path, colo
     the sweep has no rungs."""
     if not is_ladder(records):
         return [], []
-    frame, points, fits = ladder_rows(records, metric)
+    frame, points, fits = ladder_rows(records, metric, sweep_name)
     baseline = next((_arm(r, "baseline") for r in records), "baseline")
     drawn = {arm: fit for arm, fit in fits.items() if _arm_baseline(records, arm) == baseline}
     path = plot_ladder({arm: points[arm] for arm in [baseline, *drawn] if arm in points}, drawn, out / PLOT_NAME,

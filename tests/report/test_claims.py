@@ -54,7 +54,8 @@ def _row(frame, claim: str) -> dict:
 
 def test_the_shipped_claims_file_names_real_sweeps_groups_and_kinds(claims):
     assert len(claims) >= 50
-    assert {c.kind for c in claims} == set(get_args(Kind)) == set(C.CHECKS)
+    ladder = load_claims(CLAIMS_FILE.with_name("ladder.yaml"))  # the ladder's multipliers: a file of their own
+    assert {c.kind for c in claims} | {c.kind for c in ladder} == set(get_args(Kind)) == set(C.CHECKS)
     sweeps = {c.sweep for c in claims}
     assert sweeps == {CORE, MOE, SINK, TRAINED, LR, "repro-sink-free", "repro-trained-long", "repro-matched",
                       "repro-matched-confirm",

@@ -8,13 +8,17 @@ import csv
 import math
 import re
 
+import numpy as np
 import pytest
 from mlflow.entities import Metric
 
 from gatelab import tracking
 from gatelab.app.report import make_report
+from gatelab.paper import DENSE_G1_PAIRS, DENSE_G1_TABLE
 from gatelab.progress import DEVICE_TAG, HOST_TAG
-from gatelab.report.ladder_table import MULTIPLIER, WALL_CLOCK, ladder_rows
+from gatelab.report.claims_rules import NOT_TESTABLE
+from gatelab.report.ladder_table import MULTIPLIER, REGIME, SIZE_READ, WALL_CLOCK, ladder_notes, ladder_rows
+from gatelab.report.power_plan import paper_pairs
 from gatelab.report.tables import RunRecord
 from gatelab.sweep.flops import run_training_flops
 from gatelab.sweep.spec import expand, load_sweep
@@ -36,8 +40,8 @@ STEP_TIME_RATIO_BY_SEED = {0: 1.09, 1: 1.11, 2: 1.10}
 NOISE = {(rung, seed): 0.004 * math.sin(7 * index + 3 * seed) for index, rung in enumerate(RUNGS) for seed in SEEDS}
 
 
-def _sweep(tmp_path, ladder: bool = True):
-    body = {"grid": {"variant": ["baseline", "g1_elem_sig"], "seed": SEEDS}}
+def _sweep(tmp_path, ladder: bool = True, variants: tuple[str, ...] = ("baseline", "g1_elem_sig")):
+    body = {"grid": {"variant": list(variants), "seed": SEEDS}}
     if ladder:
         body["ladder"] = {"rungs": RUNGS, "tokens": {"per_parameter": 20}}
     return write_sweep(tmp_path, body)
@@ -61,11 +65,35 @@ def _metrics(spec, largest: float, falling: bool = True) -> dict[str, float]:
             "time/wall_step_s": 2 * step_s}
 
 
-def _records(tmp_path, falling: bool = True) -> list[RunRecord]:
-    specs = expand(load_sweep(_sweep(tmp_path)))
+def _records(tmp_path, falling: bool = True, variants: tuple[str, ...] = ("baseline", "g1_elem_sig")
+             ) -> list[RunRecord]:
+    specs = expand(load_sweep(_sweep(tmp_path, variants=variants)))
     largest = max(run_training_flops(spec.experiment) for spec in specs)
     return [RunRecord(spec, "finished", f"run-{spec.index}", _metrics(spec, largest, falling), None, None, "vm",
                       "cpu") for spec in specs]
+
+
+def paper_g1_effect() -> float:
+    """The paper's mean dense G1 effect on Avg PPL, relative (Table 2's four blocks)."""
+    return float(np.mean([pair.effect for pair in paper_pairs(DENSE_G1_TABLE, DENSE_G1_PAIRS)]))
+
+
+def scaled_records(tmp_path, g1_over_paper: float, variants: tuple[str, ...] = ("baseline", "g1_elem_sig"),
+                   rungs: int = len(RUNGS)) -> list[RunRecord]:
+    """`_records` with every loss's excess over L_inf scaled so that the variant's ppl/avg at the largest rung moves by
+    `g1_over_paper` times the paper's mean dense G1 effect (the variant still at 1.3x the baseline's compute, so its
+    multiplier is unchanged); the rungs past the first `rungs` not run."""
+    records = _records(tmp_path, variants=variants)
+    largest = [r for r in records if r.spec.settings()["rung"] == list(RUNGS)[-1]]
+    excess = {variant: np.mean([math.log(r.metrics["ppl/avg"]) - IRREDUCIBLE for r in largest
+                                if r.spec.experiment.variant == variant]) for variant in variants}
+    amplitude = math.log(1 + g1_over_paper * paper_g1_effect()) / (excess[variants[1]] - excess["baseline"])
+    for record in records:
+        excess = math.log(record.metrics["ppl/avg"]) - IRREDUCIBLE
+        record.metrics["ppl/avg"] = math.exp(IRREDUCIBLE + amplitude * excess)
+        if list(RUNGS).index(record.spec.settings()["rung"]) >= rungs:
+            record.status, record.metrics = "missing", {}
+    return records
 
 
 def _interval(cell: str) -> tuple[float, float, float]:
@@ -130,3 +158,29 @@ def test_the_report_has_a_ladder_table_and_plot_only_for_a_ladder_sweep(tmp_path
     if ladder:
         [row] = list(csv.DictReader((out / "t_ladder.csv").open()))
         assert _interval(row[MULTIPLIER])[0] == pytest.approx(TRUE_MULTIPLIER, rel=0.05)
+
+
+@pytest.mark.parametrize("g1_over_paper, readable", [(1.0, True), (8.0, False)])
+def test_the_multiplier_is_read_only_where_g1s_effect_at_the_largest_rung_is_commensurate(tmp_path, g1_over_paper,
+                                                                                         readable):
+    [row] = ladder_rows(scaled_records(tmp_path, g1_over_paper), sweep_name="t")[0].to_dict("records")
+    assert float(row[REGIME].rstrip("x")) == pytest.approx(g1_over_paper, rel=0.1)
+    assert _interval(row[MULTIPLIER])[0] == pytest.approx(TRUE_MULTIPLIER, rel=0.05)  # the figures stay in both
+    verdict, _, regime_text = row[SIZE_READ].partition(": ")
+    assert verdict == ("may be read" if readable else NOT_TESTABLE)
+    assert regime_text.startswith("regime of t: its reference \"g1_elem_sig against baseline at the largest rung, "
+                                  "r4\"") and ("inside" if readable else "outside") in regime_text
+
+
+def test_a_ladder_without_a_g1_elem_sig_arm_has_no_reference_and_reads_no_size(tmp_path):
+    [row] = ladder_rows(scaled_records(tmp_path, 1.0, variants=("baseline", "g1_head_sig")))[0].to_dict("records")
+    assert row["variant"] == "g1_head_sig" and row[REGIME] == "n/a"
+    assert row[SIZE_READ].startswith(f"{NOT_TESTABLE}: no reference: the sweep has no g1_elem_sig arm")
+
+
+def test_a_ladder_that_fits_no_law_has_no_size_to_read_and_the_notes_state_the_rule(tmp_path):
+    [row] = ladder_rows(scaled_records(tmp_path, 1.0, rungs=2))[0].to_dict("records")
+    assert row[MULTIPLIER].startswith("not testable: the baseline arm has 2 rungs")
+    assert row[SIZE_READ] == "n/a: no multiplier to read"
+    rule = ladder_notes()[-1]
+    assert "applies it to both multipliers" in rule and "does not apply" not in rule

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from gatelab.errors import GatelabError
+from gatelab.paper import DENSE_G1_PAIRS
 from gatelab.report.power_plan import CLAIMS, PaperPair, claims_inputs, main, paper_pairs, plan_seeds, render
 from gatelab.report.stats import seeds_needed
 from gatelab.sweep import spec
@@ -88,7 +89,7 @@ def test_the_paper_pairs_and_the_family_are_the_claims_files(sweep, monkeypatch)
     (row,) = [c for c in claims if c.get("sweep") == sweep and (c.get("a"), c.get("b")) == ("g1_elem_sig", "baseline")]
     inputs = claims_inputs(CLAIMS, load_sweep(Path(f"sweeps/{sweep}.yaml")))
     assert inputs.table == row["paper"]["table"] == "table2"
-    assert inputs.pairs == tuple(map(tuple, row["paper"]["pairs"]))
+    assert inputs.pairs == tuple(map(tuple, row["paper"]["pairs"])) == DENSE_G1_PAIRS  # the ladder table's too
     # A row added to the confirmatory family makes Holm's first step stricter: the plan counts the file's rows.
     assert inputs.family_size == sum(c.get("section") == "confirmatory" for c in claims) == 9
     effect = np.mean([pair.effect for pair in paper_pairs(inputs.table, inputs.pairs)])
