@@ -52,6 +52,11 @@ REPORT_TAG = "gatelab.report"  # the sweep-level run that holds `gatelab table`'
 VARIANT_TAG, SEED_TAG, EXPERIMENT_TAG = "variant", "seed", "experiment"
 RUN_NAME_TAG = "mlflow.runName"
 REPORTS_OF_TAG = "gatelab.reports_of"  # on the experiment "<sweep> reports": the sweep whose report runs it holds
+COMPARISONS_OF_TAG = "gatelab.comparisons_of"  # on "<sweep> comparisons": the sweep whose table's comparisons it holds
+# An experiment tagged with one of these holds runs made from a sweep's runs, never training runs: the UI's landing
+# pages and the lists of a store's experiments leave it out.
+DERIVED_EXPERIMENT_TAGS = (REPORTS_OF_TAG, COMPARISONS_OF_TAG)
+COMPARISON_KEY_TAG = "gatelab.comparison.key"  # which row of which table a comparison run is: stable across reruns
 TOTAL_PARAMS_PARAM = "model.total_params"  # the parameter count a run logs as it starts (gatelab.train.recording)
 RESOLVED_PRECISION_PARAM = "resolved.train.precision"  # the precision it trained in (auto resolved)
 # The held-out text its end-of-run scores read (EvalConfig.budget_name, e.g. "windows=64x256" or "bytes=1000000"); a run
@@ -76,6 +81,15 @@ HTTP_REQUEST_BOUNDS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQU
 def reports_experiment(experiment_name: str) -> str:
     """The experiment that holds a sweep's report run, apart from its training runs (their table and charts)."""
     return f"{experiment_name} reports"
+
+
+def comparisons_experiment(experiment_name: str) -> str:
+    """The experiment that holds one run per comparison of a sweep's table (gatelab.report.comparison_runs)."""
+    return f"{experiment_name} comparisons"
+
+
+def holds_training_runs(experiment: Experiment) -> bool:
+    return not any(tag in experiment.tags for tag in DERIVED_EXPERIMENT_TAGS)
 
 
 def key_metrics_view(now_ms: int | None = None) -> str:
@@ -157,8 +171,8 @@ class RunStore:
                 self.client.set_experiment_tag(experiment.experiment_id, key, value)
 
     def browsable_experiments(self) -> list[tuple[str, str]]:
-        """(name, id) of every active experiment with runs, report experiments aside, oldest first; each gets its
-        landing tags (unless the store is read-only)."""
+        """(name, id) of every active experiment with runs, report and comparison experiments aside, oldest first;
+        each gets its landing tags (unless the store is read-only)."""
         return [(name, experiment_id) for name, experiment_id, _ in self.browsable_experiment_views()]
 
     @reports_store_errors
@@ -167,7 +181,7 @@ class RunStore:
         store is read-only: then only where gatelab set it when it made the experiment)."""
         found = []
         for experiment in self.client.search_experiments(order_by=["creation_time ASC"]):
-            if REPORTS_OF_TAG in experiment.tags:
+            if not holds_training_runs(experiment):
                 continue
             if not self.client.search_runs([experiment.experiment_id], max_results=1):
                 continue  # MLflow's empty "Default", or an experiment whose first run has not started
@@ -250,7 +264,7 @@ class RunStore:
         found = self.client.get_experiment_by_name(name)
         if found is not None and found.lifecycle_stage == "active":
             return found
-        names = sorted(e.name for e in self.client.search_experiments() if REPORTS_OF_TAG not in e.tags)
+        names = sorted(e.name for e in self.client.search_experiments() if holds_training_runs(e))
         close = difflib.get_close_matches(name, names, n=1)
         raise GatelabError(f"no MLflow experiment '{name}' in {redact(self.uri)}"
                            + (f" (did you mean {close[0]}?)" if close else "")
@@ -370,6 +384,47 @@ class RunStore:
         for run in self.client.search_runs([training.experiment_id], filter_string=f"tags.`{REPORT_TAG}` = 'true'"):
             self.client.delete_run(run.info.run_id)
 
+    @reports_store_errors
+    def log_comparisons(self, experiment_name: str, comparisons: Sequence[ComparisonRun]) -> list[str]:
+        """One run per comparison in the experiment comparisons_experiment(experiment_name), found again by its key
+        (COMPARISON_KEY_TAG), so that each key has one active run however often the table is made. MLflow never
+        changes a logged param: a run whose params (what was compared) or metric names differ from the comparison's
+        is deleted (MLflow's soft delete) for a new one; one that matches gets the new metric values and tags. Runs
+        of keys no longer in `comparisons` are deleted too. Returns the runs' ids; [] on a read-only store, and no
+        experiment made for no comparisons."""
+        from mlflow.entities import Metric, Param, RunTag
+
+        name = comparisons_experiment(experiment_name)
+        if self.read_only or (not comparisons and self.client.get_experiment_by_name(name) is None):
+            return []
+        experiment = self.experiment_id(name, {COMPARISONS_OF_TAG: experiment_name})
+        logged: dict[str, list[Run]] = {}
+        for run in self._runs(experiment):
+            logged.setdefault(run.data.tags.get(COMPARISON_KEY_TAG, ""), []).append(run)
+        run_ids, now = [], int(time.time() * 1000)
+        for comparison in comparisons:
+            earlier = logged.pop(comparison.key, [])
+            kept = earlier[0] if len(earlier) == 1 and comparison.matches(earlier[0]) else None
+            if kept is None:
+                for run in earlier:
+                    self.client.delete_run(run.info.run_id)
+                run_id = self.client.create_run(experiment, tags={RUN_NAME_TAG: comparison.name}).info.run_id
+                self.client.log_batch(run_id, params=[Param(k, v) for k, v in comparison.params.items()])
+            else:
+                run_id = kept.info.run_id
+            before = {} if kept is None else kept.data.metrics
+            self.client.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in comparison.metrics.items()
+                                                   if before.get(k) != v],
+                                  tags=[RunTag(k, v) for k, v in {**comparison.tags,
+                                                                  COMPARISON_KEY_TAG: comparison.key}.items()])
+            self.client.log_dict(run_id, comparison.details, "comparison.json")
+            self.client.set_terminated(run_id, "FINISHED")
+            run_ids.append(run_id)
+        for stale in logged.values():
+            for run in stale:
+                self.client.delete_run(run.info.run_id)
+        return run_ids
+
 
 def lightning_logger(experiment_name: str, uri: str, run_id: str | None = None, tags: dict[str, str] | None = None,
                      run_name: str | None = None) -> QueuedMLFlowLogger:
@@ -380,6 +435,23 @@ def lightning_logger(experiment_name: str, uri: str, run_id: str | None = None, 
     bound_http_requests()
     return QueuedMLFlowLogger(experiment_name=experiment_name, tracking_uri=uri, run_id=run_id, tags=tags,
                               run_name=run_name)
+
+
+@dataclass(frozen=True)
+class ComparisonRun:
+    """One row of a sweep's table as its own MLflow run (RunStore.log_comparisons): `params` say what was compared
+    and never change on a run, `metrics` and `tags` what came of it; `details` is logged as comparison.json."""
+
+    key: str
+    name: str
+    params: dict[str, str]
+    metrics: dict[str, float]
+    tags: dict[str, str]
+    details: dict[str, Any]
+
+    def matches(self, run: Run) -> bool:
+        """Whether `run` logged these params and these metrics' names, so that it can take these values."""
+        return run.data.params == self.params and set(run.data.metrics) == set(self.metrics)
 
 
 @dataclass(frozen=True)

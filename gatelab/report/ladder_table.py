@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -50,7 +51,7 @@ def _arm_settings(record: RunRecord) -> dict:
     return {key: value for key, value in record.spec.settings().items() if key != RUNG}
 
 
-def _arm(record: RunRecord, variant: str | None = None) -> str:
+def arm_name(record: RunRecord, variant: str | None = None) -> str:
     """The arm's name: the variant (or `variant`) and its settings other than rung."""
     return group_name(variant or record.spec.experiment.variant, _arm_settings(record))
 
@@ -64,15 +65,15 @@ def ladder_points(records: Sequence[RunRecord], metric: str = PPL) -> tuple[dict
     rungs: dict[str, dict[float, str]] = {}
     for record in records:
         compute = run_training_flops(record.spec.experiment)
-        rungs.setdefault(_arm(record), {})[compute] = record.spec.settings()[RUNG]
-        arm = points.setdefault(_arm(record), {})
+        rungs.setdefault(arm_name(record), {})[compute] = record.spec.settings()[RUNG]
+        arm = points.setdefault(arm_name(record), {})
         value = record.metrics.get(metric)
         if record.status == "finished" and value is not None and math.isfinite(value) and value > 0:
             arm.setdefault(compute, []).append(math.log(value))
     return points, rungs
 
 
-def _multiplier_cell(fit: LadderFit) -> str:
+def multiplier_cell(fit: LadderFit) -> str:
     if not fit.testable:
         return f"not testable: {fit.why_not}"
     low, high = fit.interval
@@ -96,12 +97,23 @@ def _wall_clock_cell(fit: LadderFit, variant: list[RunRecord], baseline: list[Ru
     return f"{wall.multiplier:.3f} [{wall.interval[0]:.3f}, {wall.interval[1]:.3f}]"
 
 
+@dataclass(frozen=True)
+class LadderArm:
+    """A variant arm's fit against the baseline arm of its settings, and the rung its multiplier is read at."""
+
+    arm: str
+    variant: str
+    baseline: str
+    fit: LadderFit
+    largest_rung: str  # '' where the arm has no finished rung
+
+
 def reference_regime(records: Sequence[RunRecord], baseline: str, rung: str, sweep_name: str) -> Regime:
     """The regime the `baseline` arm's G1 arm sets: G1 against it at `rung` (the largest), its relative ppl/avg change
     over the paper's mean dense G1 effect (`claims_rules.regime`, with the Table 2 pairs of the claims rows)."""
-    settings = next(_arm_settings(r) for r in records if _arm(r) == baseline)
+    settings = next(_arm_settings(r) for r in records if arm_name(r) == baseline)
     reference = group_name(REFERENCE_VARIANT, settings)
-    if not any(_arm(r) == reference for r in records):
+    if not any(arm_name(r) == reference for r in records):
         return Regime(None, f"no reference: the sweep has no {reference} arm (G1, the paper's Table 2 row) beside "
                             f"{baseline}, so no size can be compared with the paper's")
     at_rung = {**settings, RUNG: rung}
@@ -121,16 +133,17 @@ def _size_cell(fit: LadderFit, reference: Regime) -> str:
 
 
 def ladder_rows(records: Sequence[RunRecord], metric: str = PPL,
-                sweep_name: str = "the sweep") -> tuple[pd.DataFrame, dict, dict]:
-    """The ladder table's frame, the points by arm and the fits by variant arm."""
+                sweep_name: str = "the sweep") -> tuple[pd.DataFrame, dict, dict[str, LadderArm]]:
+    """The ladder table's frame, the points by arm and each variant arm's fit."""
     points, rung_names = ladder_points(records, metric)
     members: dict[tuple[str, str], list[RunRecord]] = {}
     for record in records:
-        members.setdefault((_arm(record), record.spec.settings()[RUNG]), []).append(record)
-    baselines = {_arm(record): _arm(record, "baseline") for record in records}
+        members.setdefault((arm_name(record), record.spec.settings()[RUNG]), []).append(record)
+    baselines = {arm_name(record): arm_name(record, "baseline") for record in records}
+    variants = {arm_name(record): record.spec.experiment.variant for record in records}
     regimes = {baseline: reference_regime(records, baseline, rung_names[baseline][max(rung_names[baseline])],
                                           sweep_name) for baseline in set(baselines.values()) if baseline in rung_names}
-    lines, fits = [], {}
+    lines, arms = [], {}
     for arm, baseline in baselines.items():
         if arm == baseline:
             continue
@@ -140,19 +153,19 @@ def ladder_rows(records: Sequence[RunRecord], metric: str = PPL,
                           "alpha": "", "alpha source": ""})
             continue
         fit = fit_ladder(points.get(baseline, {}), points.get(arm, {}), unit=UNIT)
-        fits[arm] = fit
         fitted = math.isfinite(fit.alpha)
         reference = regimes.get(baseline, Regime(None, f"the sweep has no runs of {baseline}"))
         largest = rung_names[arm].get(fit.largest_compute, "")
+        arms[arm] = LadderArm(arm, variants[arm], baseline, fit, largest)
         used = [rung_names[arm][compute] for compute in sorted(points.get(arm, {}))]
         lines.append({
             "variant": arm, "rungs": f"{len(used)} ({', '.join(used)})" if used else "0",
             "largest rung": f"{largest} ({fit.largest_compute:.3g} {UNIT})" if largest else "",
-            MULTIPLIER: _multiplier_cell(fit),
+            MULTIPLIER: multiplier_cell(fit),
             WALL_CLOCK: _wall_clock_cell(fit, members.get((arm, largest), []), members.get((baseline, largest), [])),
             REGIME: reference.cell(), SIZE_READ: _size_cell(fit, reference),
             "alpha": f"{fit.alpha:.3f}" if fitted else "", "alpha source": fit.alpha_source if fitted else ""})
-    return pd.DataFrame(lines, columns=list(LADDER_COLUMNS)), points, fits
+    return pd.DataFrame(lines, columns=list(LADDER_COLUMNS)), points, arms
 
 
 def ladder_notes(metric: str = PPL) -> list[str]:
@@ -181,22 +194,18 @@ def ladder_notes(metric: str = PPL) -> list[str]:
 
 
 def ladder_report(records: Sequence[RunRecord], sweep_name: str, out: Path, colours,
-                  metric: str = PPL) -> tuple[list[ReportTable], list[Path]]:
-    """The ladder table and its plot (the first baseline's arms), as `regime_reports` gives its own; nothing where
-    the sweep has no rungs."""
+                  metric: str = PPL) -> tuple[list[ReportTable], list[Path], list[LadderArm]]:
+    """The ladder table and its plot (the first baseline's arms), as `regime_reports` gives its own, and each variant
+    arm's fit; nothing where the sweep has no rungs."""
     if not is_ladder(records):
-        return [], []
-    frame, points, fits = ladder_rows(records, metric, sweep_name)
-    baseline = next((_arm(r, "baseline") for r in records), "baseline")
-    drawn = {arm: fit for arm, fit in fits.items() if _arm_baseline(records, arm) == baseline}
+        return [], [], []
+    frame, points, arms = ladder_rows(records, metric, sweep_name)
+    baseline = next((arm_name(r, "baseline") for r in records), "baseline")
+    drawn = {arm: entry.fit for arm, entry in arms.items() if entry.baseline == baseline}
     path = plot_ladder({arm: points[arm] for arm in [baseline, *drawn] if arm in points}, drawn, out / PLOT_NAME,
                        baseline=baseline, unit=UNIT, colours=colours, loss_label=f"final ln({metric}) (nats)")
     apart = frame.loc[frame[MULTIPLIER].str.startswith(NOT_COMPARABLE), "variant"].tolist()
     notes = ladder_notes(metric) + ([f"{BUDGET_FIX} Not compared here: {', '.join(apart)}."] if apart else [])
     table = ReportTable(f"{sweep_name}: each variant's compute multiplier over the ladder", frame, notes,
                         key="ladder")
-    return [table], [path]
-
-
-def _arm_baseline(records: Sequence[RunRecord], arm: str) -> str | None:
-    return next((_arm(r, "baseline") for r in records if _arm(r) == arm), None)
+    return [table], [path], list(arms.values())

@@ -12,6 +12,7 @@ import numpy as np
 from gatelab.eval.plots import VariantColours, plot_first_token_attention, plot_gate_histograms, plot_loss_curves
 from gatelab.metrics import SPIKE, SPIKES, SPIKES_TOTAL, STEP_S, TRAIN_LOSS
 from gatelab.progress import fit_columns, fit_line, terminal_columns
+from gatelab.report.comparison_runs import log_comparison_runs
 from gatelab.report.export import ReportSection, ReportTable, export_report
 from gatelab.report.ladder_table import ladder_report
 from gatelab.report.plots import plot_context_length, plot_delta_vs_paper
@@ -154,7 +155,7 @@ def write_report(sweep_name: str, paper: str | None, records: Sequence[RunRecord
     # Where the sweep has them: the gap to baseline against the step, and final loss against the learning rate.
     regime_tables, regime_plots = regime_reports(records, store, sweep_name, out, colours)
     plots += regime_plots
-    ladder, ladder_plots = ladder_report(records, sweep_name, out, colours)  # nothing where no rungs
+    ladder, ladder_plots, ladder_arms = ladder_report(records, sweep_name, out, colours)  # nothing where no rungs
     plots += ladder_plots
     main = ReportTable(comparison_title(sweep_name, records, paper), comparison.frame, comparison.notes,
                        key="main", secondary=comparison.secondary)
@@ -164,6 +165,7 @@ def write_report(sweep_name: str, paper: str | None, records: Sequence[RunRecord
                             stamp=data_stamp(records), markdown_name=MARKDOWN_NAME,
                             sections=[closeness_section(records)], data={"seeds": seed_values(records, [PPL, STEP_S])})
     store.log_report(sweep_name, written + plots)  # the report opens from the MLflow UI too
+    log_comparison_runs(sweep_name, records, comparison.rows, ladder_arms, store)  # each row queryable on its own
     for table in (main, arms, *ladder, *regime_tables):
         log_table(table, written, log)
     return written + plots

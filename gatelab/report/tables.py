@@ -135,6 +135,7 @@ class ComparisonResult:
     notes: list[str]
     agreement: dict[str, Any]
     secondary: list[str] = field(default_factory=list)  # the frame's columns beyond the comparison itself
+    rows: list[GroupNumbers] = field(default_factory=list)  # the frame's rows before formatting
 
 
 @dataclass
@@ -429,7 +430,8 @@ def build_comparison(records: list[RunRecord], paper: str | None, metric: str = 
         notes.append(f"{BUDGET_FIX} Not compared here: {', '.join(apart)}.")
     if catalogue.LONG_PPL.format(multiplier=1) in frame.columns:
         notes.append(LONG_PPL_NOTE)
-    return ComparisonResult(frame, numbers_frame(rows), notes, agreement, [c for c in frame.columns if c not in main])
+    return ComparisonResult(frame, numbers_frame(rows), notes, agreement, [c for c in frame.columns if c not in main],
+                            rows)
 
 
 def probe_payloads(records: list[RunRecord], store: RunStore) -> dict[str, dict]:

@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -78,6 +79,14 @@ class _Store:
     def log_report(self, name, paths):
         _Store.logged = list(paths)
         return "report-run"
+
+    read_only = False  # the comparison runs are made, then dropped: gatelab.report.comparison_runs tests them
+
+    def run_data(self, run_id):
+        return SimpleNamespace(params={})
+
+    def log_comparisons(self, name, comparisons):
+        return [comparison.key for comparison in comparisons]
 
 
 @pytest.fixture
