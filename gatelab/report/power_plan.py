@@ -214,6 +214,7 @@ def write_plan(sweep_path: Path, pilot: str, runs_dir: Path, out: Path | None = 
     """The plan's page for the sweep file, from the runs of the pilot (a sweep file beside it) in the store under
     runs_dir, only read, and the paper's effect and the family in the claims file; by default beside the sweep file,
     NAME.power.md."""
+    from gatelab.report.budgets import BUDGET_FIX, not_comparable
     from gatelab.report.claims_evidence import by_seed
     from gatelab.report.tables import collect_runs, data_stamp
     from gatelab.store_uris import missing_local_store
@@ -239,6 +240,9 @@ def write_plan(sweep_path: Path, pilot: str, runs_dir: Path, out: Path | None = 
     records = collect_runs(list(pilot_sweep.runs), RunStore(uri, runs_dir, read_only=True), pilot_sweep.name)
     # A diverged run would count as uniform prediction (claims' rule): an outlier that no pilot spread should carry.
     finished = [r for r in records if r.status == "finished" and r.group in (a, b)]
+    apart = not_comparable(finished)
+    if apart is not None:
+        raise GatelabError(f"pilot {pilot_sweep.name}: {apart}; {BUDGET_FIX}")
     plan = plan_seeds(by_seed(finished, a, PPL_AVG), by_seed(finished, b, PPL_AVG),
                       paper_pairs(inputs.table, inputs.pairs), family_size=inputs.family_size,
                       pilot=pilot_sweep.name, a=a, b=b, paper_table=inputs.table)

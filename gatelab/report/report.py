@@ -27,13 +27,15 @@ MARKDOWN_NAME = "README.md"  # GitHub shows a folder's README.md under its file 
 REPORTS = "reports"  # the default output is <runs dir>/reports/<sweep name>/: the user's own, beside its store
 
 # sweeps/quickstart.yaml's three runs (ppl/avg of baseline, g1_elem_sig, g1_head_sig), same seed, each from a fresh
-# clone: where, and what it gave. The first two are issue 18's, the third the run issue 36 reported, the last the one
-# made for issue 36 that results/quickstart now shows (the README's first command on a 120-column pty, idle machine).
+# clone: where, and what it gave. The first two are issue 18's, the third the run issue 36 reported, the fourth the one
+# made for issue 36 (the README's first command on a 120-column pty, idle machine), the last the one results/quickstart
+# now shows (issue 44: a new checkout and an empty data directory, the cores shared with other work).
 CROSS_MACHINE_PPL = (
     ("the machine of the first shipped reference (issue 18)", (419.5, 294.2, 296.9)),
     ("a second machine (issue 18)", (425.2, 292.0, 297.2)),
     ("a 2-core AVX2 machine shared with other work (issue 36)", (408.8, 292.0, 297.2)),
-    ("an idle 2-core AVX2 EPYC in fp32, results/quickstart (issue 36)", (416.1, 292.0, 297.2)),
+    ("an idle 2-core AVX2 EPYC in fp32 (issue 36)", (416.1, 292.0, 297.2)),
+    ("a 2-core Xeon with AMX in bf16, results/quickstart (issue 44)", (418.0, 295.6, 296.8)),
 )
 CROSS_MACHINE_GROUPS = ("baseline", "g1_elem_sig", "g1_head_sig")
 

@@ -16,7 +16,16 @@ import yaml
 
 from gatelab.errors import GatelabError
 from gatelab.paper import DENSE_G1_PAIRS
-from gatelab.report.power_plan import CLAIMS, PaperPair, claims_inputs, main, paper_pairs, plan_seeds, render
+from gatelab.report.power_plan import (
+    CLAIMS,
+    PaperPair,
+    claims_inputs,
+    main,
+    paper_pairs,
+    plan_seeds,
+    render,
+    write_plan,
+)
 from gatelab.report.stats import seeds_needed
 from gatelab.sweep import spec
 from gatelab.sweep.spec import load_sweep
@@ -153,3 +162,15 @@ def test_a_bad_pilot_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
 def test_a_usage_error_is_typers_message_and_exit_2(capsys):
     assert main(["sweeps/repro-matched.yaml", "--pilot", "repro-matched", "--family-size", "9"]) == 2
     assert "No such option: --family-size" in capsys.readouterr().err
+
+
+def test_a_pilot_scored_on_two_budgets_is_refused(tmp_path, monkeypatch, committed_runs):
+    from gatelab.report import tables
+    from tests.report.test_budgets import _records, _variant_on_bytes
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(tables, "collect_runs", lambda *args, **kwargs: _records(tmp_path, _variant_on_bytes))
+    with pytest.raises(GatelabError, match="pilot repro-trained-long: not comparable: scored on different evaluation "
+                                           "budgets"):
+        write_plan(Path("sweeps/repro-matched.yaml"), "repro-trained-long", committed_runs, tmp_path / "page.md")
+    assert not (tmp_path / "page.md").exists()
