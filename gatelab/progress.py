@@ -83,6 +83,9 @@ def silence_noise() -> None:
     # stream's workers (`data.loader_workers`) are not persistent: StepBatches starts at the trainer's step.
     warnings.filterwarnings("ignore", message=r".*does not have many workers which may be a bottleneck.*")
     warnings.filterwarnings("ignore", message=r"Consider setting `persistent_workers=True`.*")
+    # On any host with Slurm's `srun` (a login node, a CI with a local Slurm) Lightning suggests prefixing the command
+    # with it. gatelab starts its own workers (one process each, or an sbatch array task each), so the hint is noise.
+    warnings.filterwarnings("ignore", message=r"The `srun` command is available on your system but is not used.*")
 
 
 def terminal_columns() -> int | None:

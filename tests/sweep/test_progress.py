@@ -145,19 +145,28 @@ def test_noise_is_dropped_and_gatelabs_own_warnings_kept(monkeypatch, restored_l
     assert all(logging.getLogger(name).isEnabledFor(logging.INFO) == verbose for name in restored_logging_levels)
 
 
-def test_lightning_says_nothing_about_devices_or_tips_once_silenced():
-    """The real Trainer, in a fresh process: its banners are INFO logs under names Lightning may change."""
+@pytest.mark.parametrize("srun", [False, True], ids=["plain host", "host with srun"])
+def test_lightning_says_nothing_about_devices_or_tips_once_silenced(tmp_path, srun):
+    """The real Trainer, in a fresh process: its banners are INFO logs under names Lightning may change. On a host with
+    Slurm's `srun` on the PATH (here a stand-in script) Lightning also suggests running under it (issue 45)."""
     script = ("import lightning as L\nfrom gatelab.progress import silence_noise\nsilence_noise()\n"
               "L.Trainer(accelerator='cpu', precision='bf16-mixed', logger=False, enable_progress_bar=False)\n"
               "print('built')\n")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("GATELAB_VERBOSE", None)
+    for name in ("SLURM_NTASKS", "SLURM_JOB_NAME"):  # not inside a Slurm job: the hint's own condition
+        env.pop(name, None)
+    if srun:
+        (tmp_path / "srun").write_text("#!/bin/sh\nexit 0\n")
+        (tmp_path / "srun").chmod(0o755)
+        env["PATH"] = f"{tmp_path}{os.pathsep}{env['PATH']}"
     quiet = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
     assert quiet.returncode == 0, quiet.stderr
     assert quiet.stdout == "built\n" and quiet.stderr == ""
     loud = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           env={**env, "GATELAB_VERBOSE": "1"}, timeout=120)
     assert "GPU available" in loud.stderr and "bfloat16" in loud.stderr  # what --verbose brings back
+    assert ("`srun` command is available" in loud.stderr) == srun  # the stand-in is what Lightning would have seen
 
 
 @pytest.mark.parametrize("verbose", [False, True])
