@@ -42,6 +42,9 @@ from gatelab.variants import variant_ids
 
 MAX_LISTED_LINES = 20  # an error listing longer than this ends in "and N more"
 MAX_COMBINATIONS = 4096  # searched values checked together; beyond, the corners of the space (each range's ends)
+# A grid larger than this is refused from its axes' lengths alone, before a cell is made: each cell is checked, planned
+# and run as a training run of its own, and a million took 85 s to check before anything could be said about them.
+MAX_CELLS = 10_000
 PROGRESS_AFTER_S = 5.0  # loading or planning a sweep that takes longer says how far it is, every PROGRESS_AFTER_S
 _RESERVED = {"name": "the run's name is the sweep's name; rename the sweep instead"}
 
@@ -157,7 +160,8 @@ def load_sweep(path: str | Path, experiment_override: str | Path | None = None) 
     except ValidationError as exc:
         raise GatelabError(format_validation_error(exc, source, SweepFile)) from None
 
-    problems = _structure_problems(sweep_file)
+    too_large = _size_problems(sweep_file)
+    problems = _structure_problems(sweep_file) + too_large
     if experiment_override is not None:
         experiment_path = Path(experiment_override)
     elif sweep_file.experiment is not None:
@@ -165,7 +169,7 @@ def load_sweep(path: str | Path, experiment_override: str | Path | None = None) 
     else:
         experiment_path = None
         problems.append(f"experiment: missing; name a preset relative to {path.parent}/ or pass --experiment")
-    cells = _cells(sweep_file, problems)
+    cells = [] if too_large else _cells(sweep_file, problems)  # never a million dicts to say there are too many
     if problems:
         raise GatelabError(f"{source}: invalid sweep\n" + "\n".join(f"  {p}" for p in problems))
 
@@ -288,6 +292,23 @@ def _structure_problems(sweep_file: SweepFile) -> list[str]:
                 problems.append(f"search.params.{key}: also set by grid, zip, include or overrides; a searched key "
                                 "takes its values from the search only")
     return problems
+
+
+def _size_problems(sweep_file: SweepFile) -> list[str]:
+    """The grid's cell count, from its axes' lengths, where it is over MAX_CELLS (before excludes: they are read cell by
+    cell)."""
+    lengths = {axis: len(values) for axis, values in sweep_file.grid.items()}
+    if sweep_file.zip:
+        lengths["zip"] = min((len(values) for values in sweep_file.zip.values()), default=0)
+    if sweep_file.ladder is not None:
+        lengths[RUNG] = len(sweep_file.ladder.rungs)
+    cells = math.prod(lengths.values()) + len(sweep_file.include)
+    if cells <= MAX_CELLS:
+        return []
+    largest = ", ".join(f"{axis} {n:,}" for axis, n in sorted(lengths.items(), key=lambda item: -item[1])[:3])
+    return [f"grid: {cells:,} cells (largest axes: {largest}), over the {MAX_CELLS:,} a sweep file may hold, each a "
+            "training run checked and run one by one; split it into several sweep files, or sample the space with a "
+            "search: block (search.params and search.n_trials, an Optuna search)"]
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -403,3 +403,32 @@ def test_a_tokens_budget_is_refused_where_the_cells_tokenizers_differ(tmp_path):
     assert {spec.experiment.eval.budget.tokens for spec in expand(load_sweep(shared))} == {10_000}
     portable = write_sweep(tmp_path, {"grid": {"model.vocab_size": [64, 128]}, "overrides": {"eval.budget.bytes": 1}})
     assert len(expand(load_sweep(portable))) == 2
+
+
+def test_a_grid_over_the_cell_limit_is_refused_from_its_axes_before_any_cell_is_made(tmp_path, monkeypatch):
+    """A million-cell grid took 85 s to check before it was refused (issue 45): the count comes from the axes' lengths,
+    and no cell is made or checked (the expansion fails the test if it runs)."""
+    from gatelab.sweep import spec
+
+    def made(*args):
+        raise AssertionError("cells were made for a grid refused by its size")
+
+    monkeypatch.setattr(spec, "_cells", made)
+    body = {"grid": {"seed": list(range(1000)), "train.lr": [1e-3 * (i + 1) for i in range(100)],
+                     "variant": ["baseline", "g1_elem_sig"]}}
+    with pytest.raises(GatelabError) as refused:
+        load_sweep(write_sweep(tmp_path, body))
+    message = str(refused.value)
+    assert "grid: 200,000 cells (largest axes: seed 1,000, train.lr 100, variant 2), over the 10,000" in message
+    assert "search: block" in message and "split it" in message
+
+
+def test_a_grid_at_the_cell_limit_is_expanded(tmp_path, monkeypatch):
+    from gatelab.sweep import spec
+
+    monkeypatch.setattr(spec, "MAX_CELLS", 4)
+    sweep = load_sweep(write_sweep(tmp_path, {"grid": {"seed": [0, 1], "variant": ["baseline", "g1_elem_sig"]}}))
+    assert len(expand(sweep)) == 4
+    monkeypatch.setattr(spec, "MAX_CELLS", 3)
+    with pytest.raises(GatelabError, match="grid: 4 cells"):
+        load_sweep(write_sweep(tmp_path, {"grid": {"seed": [0, 1], "variant": ["baseline", "g1_elem_sig"]}}))
