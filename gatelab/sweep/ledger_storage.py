@@ -16,6 +16,7 @@ import sys
 import threading
 import urllib.parse
 from collections.abc import Collection, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
@@ -301,24 +302,24 @@ class LedgerJournal(JournalFileBackend):
             self._lock.release()
 
     def _set_aside_torn_tail(self) -> None:
-        """Under the journal's lock a last line without its newline is a killed process's cut-short write, which
-        Optuna skips; the next entry appended would join it and stop every reader there, so it goes to <journal>.torn
-        and the journal is cut back to its last whole line."""
+        """Under the journal's lock a last line no reader takes as an entry (a killed process's cut-short write, or a
+        whole line of other text), which Optuna skips as the last line; the next entry appended after it would stop
+        every reader there, so it goes to <journal>.torn and the journal is cut back to its last entry."""
         with open(self._file_path, "r+b") as journal:
-            torn_at = _torn_tail_start(journal)
-            if torn_at is None:
+            tail = _unreadable_tail(journal)
+            if tail is None:
                 return
-            journal.seek(torn_at)
-            torn = journal.read()
+            journal.seek(tail.start)
+            torn = journal.read().rstrip(b"\n")
             with open(self._file_path + ".torn", "ab") as aside:
                 aside.write(torn + b"\n")
                 aside.flush()
                 os.fsync(aside.fileno())
-            journal.truncate(torn_at)
+            journal.truncate(tail.start)
             journal.flush()
             os.fsync(journal.fileno())
-        print(f"ledger {self._file_path}: its last line was a torn write ({len(torn)} bytes that a process killed "
-              f"while writing left), never read as an entry; moved to {self._file_path}.torn", file=sys.stderr)
+        print(f"ledger {self._file_path}: its last line, {tail.kind} ({len(torn)} bytes), was never read as an "
+              f"entry; moved to {self._file_path}.torn", file=sys.stderr)
 
     def _require_file(self) -> None:
         if not os.path.exists(self._file_path):
@@ -341,40 +342,62 @@ class LedgerJournal(JournalFileBackend):
                 ".bak), then run the command again")
 
 
-def _torn_tail_start(journal) -> int | None:
-    """The offset where the open journal's torn last line begins; None where it ends with a newline."""
+@dataclass(frozen=True)
+class UnreadableTail:
+    """A journal's last line that no reader takes as an entry: where it starts, and what it is, in words."""
+
+    start: int
+    kind: str
+
+
+TORN_WRITE = "a torn write (what a process killed while writing leaves)"
+OTHER_TEXT = "text that is not a ledger entry (something other than gatelab wrote it)"
+
+
+def _unreadable_tail(journal) -> UnreadableTail | None:
+    """The open journal's last line where no reader takes it as an entry: cut short (no newline), or whole but not a
+    journal entry; None where it is an entry (or the journal is empty)."""
     size = journal.seek(0, os.SEEK_END)
     if size == 0:
         return None
     journal.seek(size - 1)
-    if journal.read(1) == b"\n":
-        return None
-    end = size
-    while end > 0:  # back, block by block, to the newline before the torn line
-        start = max(0, end - 65536)
-        journal.seek(start)
-        newline = journal.read(end - start).rfind(b"\n")
+    whole = journal.read(1) == b"\n"
+    end = size - 1 if whole else size
+    start = 0
+    while end > 0:  # back, block by block, to the newline before the last line
+        block_start = max(0, end - 65536)
+        journal.seek(block_start)
+        newline = journal.read(end - block_start).rfind(b"\n")
         if newline >= 0:
-            return start + newline + 1
-        end = start
-    return 0
+            start = block_start + newline + 1
+            break
+        end = block_start
+    if not whole:
+        return UnreadableTail(start, TORN_WRITE)
+    journal.seek(start)
+    try:
+        entry = json.loads(journal.read(size - start))
+    except ValueError:
+        entry = None
+    return None if isinstance(entry, dict) and "op_code" in entry else UnreadableTail(start, OTHER_TEXT)
 
 
 def torn_tail_note(storage: str) -> str | None:
-    """A line for a journal ledger that ends in a torn write, which a read-only command leaves as it is; else None."""
+    """A line for a journal ledger whose last line no reader takes as an entry (a torn write, or other text), which a
+    read-only command leaves as it is and skips; else None."""
     path = Path(storage)
     if "://" in storage or not path.is_file():
         return None
     try:
         with path.open("rb") as journal:
-            torn_at = _torn_tail_start(journal)
+            tail = _unreadable_tail(journal)
             size = journal.seek(0, os.SEEK_END)
     except OSError:
         return None
-    if torn_at is None:
+    if tail is None:
         return None
-    return (f"note: ledger {path} ends in a torn write ({size - torn_at} bytes that a process killed while writing "
-            "left); no reader takes it as an entry, and the next `gatelab sweep run`, `worker` or `reset` moves it to "
+    return (f"note: ledger {path} ends in {tail.kind}, {size - tail.start} bytes that no reader takes as an entry: "
+            "skipped here, and the next `gatelab sweep run`, `worker` or `reset` moves it to "
             f"{path}.torn")
 
 

@@ -140,13 +140,16 @@ def _journal_ledger(folder, damage: str | None = None):
     if damage == "torn":  # a writer killed mid-write leaves part of a line, without its newline
         with path.open("ab") as journal:
             journal.write(b'{"op_code":8,"worker_id":"d7c1-')
+    elif damage == "junk last":  # a whole line of other text at the end (an editor, a shell's `>>`): Optuna skips it
+        with path.open("ab") as journal:
+            journal.write(b"<<<<<<< HEAD\n")
     elif damage == "junk":
         lines = path.read_text().splitlines(keepends=True)
         path.write_text("".join(lines[:3]) + "<<<<<<< HEAD\n" + "".join(lines[3:]))
     return path, specs
 
 
-@pytest.mark.parametrize("damage", [None, "torn", "junk"])
+@pytest.mark.parametrize("damage", [None, "torn", "junk", "junk last"])
 def test_reading_the_ledger_writes_nothing_to_it_even_read_only_or_damaged(tmp_path, damage):
     path, specs = _journal_ledger(tmp_path, damage)
     before = path.read_bytes()
@@ -187,6 +190,25 @@ def test_a_torn_last_line_is_named_as_such_and_set_aside_by_the_next_write(tmp_p
     assert capsys.readouterr().err.count("torn write") == 1
     assert path.read_bytes().startswith(whole) and path.read_bytes().endswith(b"\n")
     assert (tmp_path / "ledger.journal.torn").read_bytes() == b'{"op_code":8,"worker_id":"d7c1-\n'  # kept, not lost
+    assert [state.status for state in SweepLedger(str(path), "s").states(specs)] == ["finished", "running", "running"]
+    assert torn_tail_note(str(path)) is None
+
+
+def test_a_last_line_of_other_text_is_named_by_a_read_only_command_and_set_aside_by_the_next_write(tmp_path, capsys):
+    """Optuna skips an unreadable last line silently; the next entry appended after it would stop every reader there
+    (issue 45: `gatelab sweep status` said nothing about it)."""
+    from gatelab.sweep.ledger_storage import torn_tail_note
+
+    path, specs = _journal_ledger(tmp_path, "junk last")
+    whole = path.read_bytes()[: -len(b"<<<<<<< HEAD\n")]
+    note = torn_tail_note(str(path))
+    assert "ends in text that is not a ledger entry" in note and "13 bytes" in note and "skipped here" in note
+    assert str(path) in note
+    assert [state.status for state in SweepLedger(str(path), "s").states(specs)] == ["finished", "running", "pending"]
+    SweepLedger(str(path), "s").claim()  # a writer
+    assert "its last line, text that is not a ledger entry" in capsys.readouterr().err
+    assert path.read_bytes().startswith(whole)
+    assert (tmp_path / "ledger.journal.torn").read_bytes() == b"<<<<<<< HEAD\n"  # kept, not lost
     assert [state.status for state in SweepLedger(str(path), "s").states(specs)] == ["finished", "running", "running"]
     assert torn_tail_note(str(path)) is None
 
