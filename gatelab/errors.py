@@ -3,6 +3,7 @@ out of any text, and the one-line message for any other failure."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -13,6 +14,7 @@ import threading
 import traceback
 import urllib.parse
 import warnings
+from collections.abc import Iterator
 
 DEBUG_VARIABLE = "GATELAB_DEBUG"
 _HIDDEN = "***"
@@ -130,14 +132,28 @@ def exit_code(error: BaseException) -> int:
 def _os_error_message(error: OSError) -> str:
     where = " -> ".join(str(name) for name in (error.filename, error.filename2) if name is not None)
     if error.errno in _FULL:
-        disk = f"the disk holding {where}{_file_system_of(error.filename)}" if where else "the disk"
+        # A copy names its source then its destination (shutil's sendfile): the disk that filled is the destination's.
+        written = error.filename2 if error.filename2 is not None else error.filename
+        disk = f"the disk holding {where}{file_system_of(written)}" if where else "the disk"
         return f"{disk} {_FULL[error.errno]}: {_DISK_FIXES[error.errno]}"
     if error.errno in _DISK_FIXES:
         return f"{where or 'a file'} {_DISK_FIXES[error.errno]}"
     return f"{where}: {error.strerror or error}{_DEBUG_HINT}"
 
 
-def _file_system_of(path) -> str:
+@contextlib.contextmanager
+def naming_full_disk(path) -> Iterator[None]:
+    """A full disk or quota met inside (a write whose OSError names no file: a library's copy, a plot's save) as the
+    same OSError naming `path`, the file being written, so the message says which disk and how much room it has."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno in _FULL and error.filename is None:
+            raise OSError(error.errno, error.strerror or os.strerror(error.errno), os.fspath(path)) from error
+        raise
+
+
+def file_system_of(path) -> str:
     """' (the file system mounted at /data: 12 KB of 20 GB free)' for `path`, or its nearest folder that exists; ''
     where it cannot be read."""
     try:

@@ -13,7 +13,7 @@ import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
-from gatelab.errors import GatelabError, first_line, redact
+from gatelab.errors import GatelabError, file_system_of, first_line, redact
 from gatelab.store_uris import DEFAULT_STORE_FILE, sqlite_file
 
 CHECK_TIMEOUT_S = 4.0  # each request of the pre-flight check of a server or database
@@ -192,7 +192,7 @@ _SQLITE_MEANINGS = (
     ("readonly database", "it can no longer be written (the file was deleted, replaced or made read-only)"),
     ("unable to open database file", "its file cannot be opened (deleted, moved, or its folder is gone)"),
     ("disk i/o error", "the disk failed to read or write it"),
-    ("database or disk is full", "its disk is full"),
+    ("database or disk is full", "its disk is full"),  # then the file system's mount and room (file_system_of)
     ("database is locked", "another process holds its lock"),
     ("malformed", "its file is damaged"),
     ("no such table", "the file is no longer MLflow's database (a table is missing)"),
@@ -216,7 +216,8 @@ def describe_store_failure(uri: str, error: BaseException | None) -> str:
     said = first_line(driver or error)
     said = re.sub(r"^\((\w+\.)*\w+\)\s*", "", said)  # SQLAlchemy's "(sqlite3.OperationalError) " prefix
     if path is not None:
-        return next((meaning for text, meaning in _SQLITE_MEANINGS if text in said.lower()), said)
+        meaning = next((meaning for text, meaning in _SQLITE_MEANINGS if text in said.lower()), said)
+        return meaning + (file_system_of(path) if "disk is full" in said.lower() else "")
     return said
 
 

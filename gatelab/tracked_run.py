@@ -12,13 +12,14 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gatelab.errors import GatelabError, first_line, redact
+from gatelab.errors import GatelabError, first_line, naming_full_disk, redact
 from gatelab.store_checks import SERVER_SCHEMES, check_store, describe_store_failure
 from gatelab.tracking import (
     SPEC_HASH_TAG,
     STATUS_TAG,
     SUPERSEDED,
     RunStore,
+    artifact_target,
     code_version,
     lightning_logger,
     package_versions,
@@ -147,7 +148,8 @@ class TrackedRun:
             return
         self.logger.log_hyperparams({k: redact(str(v))[:500] for k, v in params.items()})
         for path, text in texts.items():
-            self.client.log_text(self.run_id, redact(text), path)
+            with naming_full_disk(artifact_target(self.client, self.run_id, path)):
+                self.client.log_text(self.run_id, redact(text), path)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         self.log_points((name, value, step) for name, value in metrics.items())
@@ -168,11 +170,14 @@ class TrackedRun:
         """Each `writers[name](path)` writes a file, logged as artifact `folder/name`."""
         if not self.writes_allowed():
             return
+        root = artifact_target(self.client, self.run_id, "")
         with tempfile.TemporaryDirectory() as local:
             for name, write in writers.items():
                 path = Path(local) / name
-                write(path)
-                self.client.log_artifact(self.run_id, str(path), folder)
+                with naming_full_disk(path):  # the temporary folder's disk (TMPDIR)
+                    write(path)
+                with naming_full_disk(f"{root}{folder}/{name}"):
+                    self.client.log_artifact(self.run_id, str(path), folder)
 
     def metric_history(self, name: str) -> tuple[list[int], list[float]]:
         """(steps, values) of one metric, every queued point of it sent first."""

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gatelab.errors import GatelabError, redact
+from gatelab.errors import GatelabError, naming_full_disk, redact
 from gatelab.host import repo_root
 from gatelab.metrics import KEY_METRICS, PPL_AVG
 from gatelab.store_checks import check_store, store_errors
@@ -355,7 +355,8 @@ class RunStore:
         now = int(time.time() * 1000)
         self.client.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in metrics.items()])
         for path in paths:
-            self.client.log_artifact(run_id, str(path), folder)
+            with naming_full_disk(artifact_target(self.client, run_id, f"{folder}/{Path(path).name}")):
+                self.client.log_artifact(run_id, str(path), folder)
         self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
 
     @reports_store_errors
@@ -370,7 +371,8 @@ class RunStore:
         run_id = found[0].info.run_id if found else self.client.create_run(
             experiment, tags={REPORT_TAG: "true", RUN_NAME_TAG: f"{experiment_name} report"}).info.run_id
         for path in paths:
-            self.client.log_artifact(run_id, str(path), "report")
+            with naming_full_disk(artifact_target(self.client, run_id, f"report/{Path(path).name}")):
+                self.client.log_artifact(run_id, str(path), "report")
         self.client.set_terminated(run_id, "FINISHED")
         self._retire_report_runs_among_training_runs(experiment_name)
         return run_id
@@ -417,13 +419,25 @@ class RunStore:
                                                    if before.get(k) != v],
                                   tags=[RunTag(k, v) for k, v in {**comparison.tags,
                                                                   COMPARISON_KEY_TAG: comparison.key}.items()])
-            self.client.log_dict(run_id, comparison.details, "comparison.json")
+            with naming_full_disk(artifact_target(self.client, run_id, "comparison.json")):
+                self.client.log_dict(run_id, comparison.details, "comparison.json")
             self.client.set_terminated(run_id, "FINISHED")
             run_ids.append(run_id)
         for stale in logged.values():
             for run in stale:
                 self.client.delete_run(run.info.run_id)
         return run_ids
+
+
+def artifact_target(client, run_id: str, relative: str) -> str:
+    """Where the run's artifact `relative` lands: a path for a local artifact store (what a full disk's message names,
+    with its file system), else its URI."""
+    import urllib.parse
+
+    root = client.get_run(run_id).info.artifact_uri or ""
+    if root.startswith("file:"):
+        root = urllib.parse.unquote(urllib.parse.urlparse(root).path)
+    return f"{root.rstrip('/')}/{relative}"
 
 
 def lightning_logger(experiment_name: str, uri: str, run_id: str | None = None, tags: dict[str, str] | None = None,

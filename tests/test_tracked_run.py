@@ -7,7 +7,7 @@ import pytest
 
 from gatelab import tracked_run, tracking
 from gatelab.errors import GatelabError
-from tests.helpers import open_tracked_run, sqlite_uri
+from tests.helpers import REPO, open_tracked_run, sqlite_uri
 
 
 def test_a_run_cut_off_during_evaluation_is_superseded_not_left_finished(tmp_path):
@@ -145,3 +145,43 @@ def test_a_sqlite_store_deleted_mid_run_is_named_in_plain_words(tmp_path):
         tracked.end("finished")
     assert "no longer exists" in str(raised.value) and "autoflush" not in str(raised.value)
     assert not (tmp_path / "mlflow.db").exists(), "nothing recreates an empty store in its place"
+
+
+# What the evaluation's recording does on a real full disk: the artifact folder on a 16 KiB tmpfs, mounted in a user and
+# mount namespace of its own (tests/data/test_prepare.py's helpers), the database beside it with room.
+FULL_DISK_SCRIPT = """
+import os, sys
+from pathlib import Path
+from gatelab.errors import failure_message
+from tests.helpers import open_tracked_run
+
+runs = Path(sys.argv[1])
+tracked = open_tracked_run(runs)
+try:
+    tracked.log_artifacts({"probes.json": lambda path: path.write_bytes(os.urandom(200_000))}, "eval")
+except OSError as error:
+    print(failure_message(error))
+"""
+
+
+def test_a_full_disk_while_the_evaluation_is_recorded_names_the_file_its_mount_and_the_room(tmp_path):
+    import shlex
+    import sys
+
+    from tests.data.test_prepare import _unshare_works, in_namespace
+
+    if not _unshare_works():
+        pytest.skip("needs `unshare --user --map-root-user --mount` (user namespaces) to mount a small tmpfs")
+    artifacts = tmp_path / "runs" / "mlartifacts"
+    artifacts.mkdir(parents=True)
+    script = tmp_path / "full.py"
+    script.write_text(FULL_DISK_SCRIPT)
+    run = shlex.join([sys.executable, str(script), str(tmp_path / "runs")])
+    done = in_namespace(f"mount -t tmpfs -o size=16k tmpfs {shlex.quote(str(artifacts))} && "
+                        f"PYTHONPATH={shlex.quote(str(REPO))} {run}", tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    message = done.stdout.strip().splitlines()[-1]
+    assert message.startswith("the disk holding ") and message.endswith("is full: free space and run the same command "
+                                                                        "again; what was recorded is kept"), message
+    assert f"{artifacts}/" in message and "/eval/probes.json" in message  # the file being written
+    assert f"(the file system mounted at {artifacts}: " in message and " free)" in message  # its mount, its room
