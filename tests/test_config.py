@@ -133,7 +133,7 @@ def test_an_unknown_attention_kind_names_the_kinds_and_the_closest(tmp_path):
 
 def test_the_readme_lists_the_attention_kinds_of_the_config_s_table():
     """The docs name the kinds `model.attention` takes, in the table's order, and each kind has its line of doc."""
-    listed = re.search(r"They are `model.attention` \(([^)]*)\)", (REPO / "README.md").read_text())
+    listed = re.search(r"They are `model.attention` \(([^)]*)\)", (REPO / "experiments" / "README.md").read_text())
     assert listed is not None
     assert listed.group(1) == ", ".join(f"`{kind}`" for kind in ATTENTION_KINDS)
     assert all(traits.doc for traits in ATTENTION_KINDS.values())

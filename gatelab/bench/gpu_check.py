@@ -1,5 +1,5 @@
-"""The GPU check's verdicts (experiments/gpu-check.sh): each line of issue 41's GPU acceptance read off what one step
-of the check left in its logs folder, PASS, FAIL or NOT RUN with its figure, printed the moment that step ends.
+"""The GPU check's verdicts (experiments/scripts/gpu-check.sh): each line of issue 41's GPU acceptance read off what
+one step of the check left in its logs folder, PASS, FAIL or NOT RUN with its figure, printed the moment that step ends.
 
     python -m gatelab.bench.gpu_check STEP --logs DIR [--runs DIR]     STEP: numerics, sweep, bench, pytest, table
 

@@ -2,7 +2,7 @@
 
 - F-Attn: head-averaged attention probability on token 0, per layer and its mean over layers. Query position 0 can only
   attend to itself, so the headline value excludes it; the value with it is kept too (the paper does not say;
-  README, 'Decisions the paper leaves open').
+  experiments/README.md, 'Decisions the paper leaves open').
 - M-Act: the largest |activation| of each layer's output hidden state (the residual stream after the FFN), and its
   mean over layers; with where the maximum sits (token 0 or not) and the share of tokens within half of it, because in
   small models the maximum can be a broad offset written into most tokens rather than an outlier on the sink token.

@@ -89,8 +89,9 @@ def start_params(experiment: ExperimentConfig, model_config: ModelConfig, precis
 def cut_off_before_a_checkpoint(tracked: TrackedRun, params: dict, set_aside: bool) -> bool:
     """Whether the MLflow run found for this spec hash was stopped (Ctrl-C, SIGTERM, a kill, a crash) before it wrote a
     checkpoint, so this start, from step 0 like it, continues it rather than leaving it KILLED beside a second run.
-    Not where a checkpoint was set aside at this start (that run trained past what is now lost: README, Reliability),
-    nor where it recorded other parameters (`train.precision: auto` resolved otherwise on another machine)."""
+    Not where a checkpoint was set aside at this start (that run trained past what is now lost: sweeps/README.md,
+    Reliability), nor where it recorded other parameters (`train.precision: auto` resolved otherwise on another
+    machine)."""
     if tracked.run_id is None or set_aside:
         return False
     recorded = tracked.client.get_run(tracked.run_id).data.params

@@ -363,7 +363,7 @@ def _remove_if_left_empty(folders: list[Path]) -> None:
 def initial_attention_scale(experiment: ExperimentConfig) -> float:
     """The attention output's RMS at step 0 of `experiment`'s run, made again without training: the same seeded
     initialisation and first training batch as `run` (the metric `init/attn_output_rms` that runs log since issue 34;
-    for runs recorded before, `experiments/backfill_init_scale.py` logs this). fp32 on the CPU."""
+    for runs recorded before, `experiments/scripts/backfill_init_scale.py` logs this). fp32 on the CPU."""
     _, corpus, domains = load_data(experiment, log=lambda line: None, warn=lambda line: None)
     model_config = resolve_model(experiment)
     module, data = _module_and_data(experiment, model_config, corpus, domains)

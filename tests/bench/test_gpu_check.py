@@ -1,4 +1,4 @@
-"""The GPU check (experiments/gpu-check.sh, gatelab/bench/gpu_check.py): every verdict rule on made-up logs, the
+"""The GPU check (experiments/scripts/gpu-check.sh, gatelab/bench/gpu_check.py): every verdict rule on made-up logs, the
 MLflow reader on a real store, and `pytest -m gpu` collecting where lm-eval is not importable."""
 
 from __future__ import annotations
@@ -160,7 +160,7 @@ def test_runs_are_read_from_the_sweeps_mlflow_store(tmp_path):
 
 def test_the_check_scripts_parse():
     for script in ("gpu-check.sh", "gpu-check-more.sh"):
-        subprocess.run(["bash", "-n", str(REPO / "experiments" / script)], check=True)
+        subprocess.run(["bash", "-n", str(REPO / "experiments" / "scripts" / script)], check=True)
 
 
 # What ../shared/gpu/bundle.sh leaves out of a GPU machine's install (lm-eval unless EVAL=1; MLflow's server and

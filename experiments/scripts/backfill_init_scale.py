@@ -1,6 +1,6 @@
 """Log `init/attn_output_rms` into the runs a store recorded before runs logged it themselves (issue 34).
 
-    python experiments/backfill_init_scale.py sweeps/repro-*.yaml [--tracking-uri URI]
+    python experiments/scripts/backfill_init_scale.py sweeps/repro-*.yaml [--tracking-uri URI]
 
 For every finished run of each sweep that lacks the metric: its seeded initialisation and first training batch are
 made again (gatelab.train.run.initial_attention_scale, fp32 on the CPU) and the attention output's RMS is logged at

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # repro-trained-long again on one lent GPU, after the misaligned-V fix (gatelab.model.attention_kinds.sdpa_layout),
-# once experiments/gpu_sdpa_layout_check.py has shown the kernel error it fixes (issue 34):
-#   CHECK_S=570 bash .gpu/check.sh -- bash experiments/repro-trained-long-rerun-gpu.sh   (timeout_s 600 on the call)
+# once experiments/scripts/gpu_sdpa_layout_check.py has shown the kernel error it fixes (issue 34):
+#   CHECK_S=570 bash .gpu/check.sh -- bash experiments/scripts/repro-trained-long-rerun-gpu.sh   (timeout_s 600 on the call)
 # It reads .gpu/store-db.tar.gz: the committed store's database and ledgers (`tar -czf .gpu/store-db.tar.gz
 # runs/mlflow.db runs/*/*.journal`, its artifacts left behind: the checkout and the bundle must stay under 64 MiB), in
 # which the first attempt is moved aside: its MLflow experiment renamed "repro-trained-long (misaligned V,
@@ -9,12 +9,12 @@
 # the ledgers) and the new runs' artifacts as two files, each under the 16 MiB a file that comes back; unpack both
 # over the store's runs/ here.
 set -u
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${OUT:-$ROOT/gpu-out}; mkdir -p "$OUT"
 T0=$(date +%s); say() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
 mkdir -p /work && { [ -e /work/main ] || ln -s "$ROOT" /work/main; }
 cd /work/main || exit 2
-python3 experiments/gpu_sdpa_layout_check.py 2>&1 | tee "$OUT/sdpa-layout-check.txt"
+python3 experiments/scripts/gpu_sdpa_layout_check.py 2>&1 | tee "$OUT/sdpa-layout-check.txt"
 confirmed=${PIPESTATUS[0]}
 say "layout check rc $confirmed"
 if [ "$confirmed" != 0 ]; then

@@ -1,6 +1,6 @@
 """Does a fused SDPA kernel on this GPU read a misaligned value view correctly? (issue 34)
 
-    python experiments/gpu_sdpa_layout_check.py      exit 0: a kernel errs on the misaligned view; 1: none does
+    python experiments/scripts/gpu_sdpa_layout_check.py      exit 0: a kernel errs on the misaligned view; 1: none does
 
 Each backend and layout runs in its own process: a kernel that faults (flash: "CUDA error: misaligned address")
 leaves the CUDA context unusable, and counts as an error on that layout.

@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# What the GPU check (experiments/gpu-check.sh) leaves out to fit one call of 10 minutes, in two more calls of the
+# What the GPU check (experiments/scripts/gpu-check.sh) leaves out to fit one call of 10 minutes, in two more calls of the
 # same kind, each at most 9 minutes from the start of the install (GPU_CHECK_T0, as there):
-#   export GPU_CHECK_T0=$(date +%s); CHECK_S=590 bash .gpu/check.sh -- bash experiments/gpu-check-more.sh bench
+#   export GPU_CHECK_T0=$(date +%s); CHECK_S=590 bash .gpu/check.sh -- bash experiments/scripts/gpu-check-more.sh bench
 #       the whole `gatelab bench experiments/small.yaml` with its GPU defaults (15 variants compiled, the Lightning
 #       step, eager against compiled and CUDA graphs, fp32 against bf16, the op profile and GEMM rate, the real runs)
 #   EVAL=1 ../shared/gpu/bundle.sh; export GPU_CHECK_T0=$(date +%s); CHECK_S=590 bash .gpu/check.sh -- \
-#       env PYTHONPATH=.gpu/evalsite bash experiments/gpu-check-more.sh eval
+#       env PYTHONPATH=.gpu/evalsite bash experiments/scripts/gpu-check-more.sh eval
 #       the quick-start sweep on small, then `gatelab eval` of its runs with lm-eval's offline BLiMP task, on the GPU
 # Output: $OUT/more-<part>.txt (the last lines of each step), $OUT/bench.md and bench.json, $OUT/more-logs.tgz.
 # Exit status: that of the last step.
 set -u
 part=${1:?"usage: gpu-check-more.sh bench | eval"}
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${OUT:-$ROOT/gpu-check-out}
 LOGS=$(mktemp -d)/more-logs
 RUNS=$(mktemp -d)/runs

@@ -5,7 +5,7 @@ runs `gatelab train ARGS...` until Lightning's `fit` would start, and prints eac
 that reached one of them, then: the stops (distinct frames on those stacks), the modules they are in, and the climbs
 (how often the next stack does not continue the last one, so the flow went back up before coming down again).
 
-    python experiments/variant_stops.py train experiments/tiny.yaml --variant g1_elem_sig --runs-dir /tmp/stops
+    python experiments/scripts/variant_stops.py train experiments/tiny.yaml --variant g1_elem_sig --runs-dir /tmp/stops
 
 Run it with PYTHONPATH pointing at another checkout to count an older gatelab the same way.
 """

@@ -2,7 +2,7 @@
 (B 64, H 12, K 6, T 1024, D 64, bf16 autocast), whole (`explicit_attention`, the path that kept (B, H, T, T) per
 layer) against query blocks (`explicit_output`); and the 8x long-context evaluation pass (B 8, T 8192, fp32) in blocks.
 
-    python experiments/gpu_explicit_memory_check.py
+    python experiments/scripts/gpu_explicit_memory_check.py
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The GPU check (issue 41): is this GPU machine's gatelab correct and fast? One command, at most 9 minutes from the
 # start of the install to its last line on one H100 or H200.
-#   export GPU_CHECK_T0=$(date +%s); CHECK_S=590 bash .gpu/check.sh -- bash experiments/gpu-check.sh
+#   export GPU_CHECK_T0=$(date +%s); CHECK_S=590 bash .gpu/check.sh -- bash experiments/scripts/gpu-check.sh
 #                on a lent machine, from ../shared/gpu/bundle.sh's bundle (check.sh installs first: GPU_CHECK_T0 makes
 #                that minute count against the 9; check.sh gives a step 420 s unless CHECK_S says more)
-#   bash experiments/gpu-check.sh      on a GPU machine where gatelab is installed
+#   bash experiments/scripts/gpu-check.sh      on a GPU machine where gatelab is installed
 # Steps, each given what is left of the 9 minutes (at most its own cap) and each printing its PASS/FAIL lines the
 # moment it ends (gatelab/bench/gpu_check.py reads them off the step's logs); nvidia-smi sampled every second:
 #   1. on the host's cores, `gatelab data prepare` of the small preset (timed apart from the sweep), then `gatelab
@@ -17,12 +17,12 @@
 #   3. `pytest -m gpu` with what is left (collects without lm-eval: what needs it skips, saying why)
 # and ends with one table of every line, also in $OUT/gpu-check.txt; $OUT/bench.md and bench.json go under
 # results/bench/<gpu name>/, the logs are $OUT/gpu-check-logs.tgz. Exit status: 0 when no line FAILs.
-# What does not fit in one call (the whole bench, `gatelab eval` with lm-eval) is experiments/gpu-check-more.sh.
-# A dry run on a CPU (the script's wiring, not its verdicts): DRY_RUN=1 bash experiments/gpu-check.sh
+# What does not fit in one call (the whole bench, `gatelab eval` with lm-eval) is experiments/scripts/gpu-check-more.sh.
+# A dry run on a CPU (the script's wiring, not its verdicts): DRY_RUN=1 bash experiments/scripts/gpu-check.sh
 # SKIP_STEPS="sweep pytest" leaves those steps out (their lines say NOT RUN), BUDGET_S=N shortens the 540 s: for a call
 # that must leave device time for other work.
 set -u
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${OUT:-$ROOT/gpu-check-out}
 LOGS=$(mktemp -d)/gpu-check-logs
 RUNS=$(mktemp -d)/runs

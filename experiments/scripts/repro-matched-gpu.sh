@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On one lent GPU: the standing GPU check, shortened to leave room, then sweeps/repro-matched.yaml (issue 43):
 #   ../shared/gpu/bundle.sh && tar -cJf .gpu/store-db.tar.xz runs/mlflow.db runs/*/*.journal
-#   export GPU_CHECK_T0=$(date +%s); CHECK_S=590 bash .gpu/check.sh -- bash experiments/repro-matched-gpu.sh
+#   export GPU_CHECK_T0=$(date +%s); CHECK_S=590 bash .gpu/check.sh -- bash experiments/scripts/repro-matched-gpu.sh
 # The check runs its numerics and bench steps (BUDGET_S, default 250 s from GPU_CHECK_T0; the quick-start sweep, which
 # passed on an H100, is left out); then `pytest -m gpu` and the sweep run side by side, the sweep in the committed
 # store's database (.gpu/store-db.tar.xz) so that its runs join the others, until SWEEP_END_S from GPU_CHECK_T0
@@ -10,11 +10,11 @@
 # (the database, the ledgers and the new runs' artifacts: `cat matched-store.part* | tar -xz` in the repository root).
 # SWEEP=sweeps/repro-matched-confirm.yaml runs the confirmatory sweep instead.
 set -u
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${OUT:-$ROOT/gpu-out}; mkdir -p "$OUT"
 T0=${GPU_CHECK_T0:-$(date +%s)}; export GPU_CHECK_T0=$T0
 say() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
-BUDGET_S=${BUDGET_S:-250} SKIP_STEPS="sweep pytest" bash "$ROOT/experiments/gpu-check.sh"
+BUDGET_S=${BUDGET_S:-250} SKIP_STEPS="sweep pytest" bash "$ROOT/experiments/scripts/gpu-check.sh"
 say "gpu check rc $?"
 mkdir -p /work && { [ -e /work/main ] || ln -s "$ROOT" /work/main; }
 cd /work/main || exit 2
