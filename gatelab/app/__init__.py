@@ -12,6 +12,7 @@ import shlex
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -22,11 +23,11 @@ from gatelab.errors import GatelabError, redact
 from gatelab.progress import fit_line, set_verbose, silence_noise, terminal_columns
 
 
-def run_command(work: Callable[..., int | None], first=None, /, **options) -> None:
-    """One call into gatelab.app from a command: a GatelabError ends in one message and exit code 2; a code returned,
-    as that code."""
+def run_command(work: Callable[..., int | None], /, *arguments: Any, **options: Any) -> None:
+    """`work(*arguments, **options)`, a call into gatelab.app from a command: a GatelabError ends in one message and
+    exit code 2; a code returned, as that code. (gatelab.app's functions take one positional argument at most.)"""
     try:
-        code = work(first, **options)
+        code = work(*arguments, **options)
     except GatelabError as error:
         # Text, not markup: a path or key holding `[red]` or `[/bold]` is printed as written.
         message = Text.assemble(("error:", "bold red"), " ", redact(str(error)))

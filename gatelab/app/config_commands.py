@@ -37,7 +37,7 @@ def print_schema(kind: FileKind | None, *, as_json: bool) -> None:
 @config_app.command()
 def schema(
     kind: Annotated[Optional[FileKind], typer.Option(help="only this kind of file (with --json, required)")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="the JSON Schema of --kind, for an editor's YAML language "
+    *, as_json: Annotated[bool, typer.Option("--json", help="the JSON Schema of --kind, for an editor's YAML language "
                                                          "server, instead of the markdown page")] = False,
 ) -> None:
     """Every key of an experiment file and of a sweep file, with its type, default, allowed values and help, as the

@@ -60,14 +60,14 @@ def _nested_model(annotation: Any) -> tuple[type[BaseModel], str] | None:
     return None
 
 
-def model_sections(root: type[BaseModel], path: str = "") -> list[tuple[str, type[BaseModel]]]:
+def model_sections(root: type[BaseModel], *, path: str = "") -> list[tuple[str, type[BaseModel]]]:
     """(dotted path, model) for `root` and every model nested in it, depth first in the fields' order."""
     sections = [(path, root)]
     for name, field in root.model_fields.items():
         found = _nested_model(field.annotation)
         if found is not None:
             model, reach = found
-            sections += model_sections(model, (f"{path}.{name}" if path else name) + reach)
+            sections += model_sections(model, path=(f"{path}.{name}" if path else name) + reach)
     return sections
 
 

@@ -43,8 +43,8 @@ def test_the_page_has_a_row_for_every_key_of_every_nested_model():
 
 @pytest.mark.parametrize("kind", FILE_KINDS)
 def test_every_key_has_help(kind):
-    assert keys_without_help(FILE_KINDS[kind]) == [], (
-        "give each of these keys a one-line Field(description=...): what it does, and its unit")
+    missing = keys_without_help(FILE_KINDS[kind])
+    assert not missing, f"{', '.join(missing)}: give each a one-line Field(description=...), what it does and its unit"
 
 
 def test_a_key_without_help_is_named_by_its_dotted_path():
