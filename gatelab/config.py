@@ -179,8 +179,7 @@ class ModelConfig(StrictModel):
     moe: MoEConfig | None = Field(None, description="the routed experts, with ffn: moe")
     tie_embeddings: bool = Field(True, description="the output head shares the input embedding's weights")
     qk_norm: bool = Field(True, description="RMSNorm on each head's queries and keys before RoPE")
-    sandwich_norm: bool = Field(
-        False, description="an extra RMSNorm on each sublayer's output before the residual add (Table 2)")
+    sandwich_norm: bool = Field(False, description="RMSNorm each sublayer's output before its residual add (Table 2)")
     norm_eps: PositiveFloat = Field(1e-6, description="epsilon of every RMSNorm")
     rope_base: PositiveFloat = Field(10_000.0, description="RoPE base frequency, theta")
     init_std: PositiveFloat = Field(  # 0.02 for every weight, gates included, as the official code
@@ -374,8 +373,7 @@ class TrainConfig(StrictModel):
     threads: PositiveInt | None = Field(None, description="torch CPU threads; unset, torch's choice")
     # A speed setting, not in a run's identity (spec_hash): losses equal to float rounding. tiny.yaml turns it on,
     # where `gatelab bench` measured it to pay. Its cache is shared by a runs folder's runs (gatelab.train.compiling).
-    compile: bool = Field(
-        False, description="torch.compile each block and the head loss for training (evaluation stays eager)")
+    compile: bool = Field(False, description="torch.compile each block and the head loss for training (not evaluation)")
     # "reduce-overhead" adds CUDA graphs (pays where the GPU waits on kernel launches); "max-autotune-no-cudagraphs"
     # benchmarks GEMM and Triton configurations while compiling (minutes). Not in spec_hash either.
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = Field(
