@@ -5,15 +5,15 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
-from typing import Annotated, Callable, Optional
+from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
-from rich.text import Text
 
 # What the commands do (modules that import torch, Lightning or MLflow only inside their functions).
 from gatelab.app import command_line
+from gatelab.app import run_command as _run
 from gatelab.app.claims import claims as write_claims
+from gatelab.app.config_commands import config_app
 from gatelab.app.data import prepare
 from gatelab.app.options import (
     AsJson,
@@ -48,7 +48,7 @@ from gatelab.app.sweep_run import Launch, run_sweep
 from gatelab.app.train import train as train_run
 from gatelab.app.ui import ui as serve_ui
 from gatelab.app.variants import print_variants
-from gatelab.errors import GatelabError, exit_code, install_redaction, print_failure, redact
+from gatelab.errors import exit_code, install_redaction, print_failure
 from gatelab.workspace import Workspace
 
 # No pretty exceptions: main() turns every escaping exception into one redacted line, never a traceback.
@@ -61,24 +61,12 @@ data_app = typer.Typer(help="Offline corpora: fetch once, cache, check.", rich_m
 app.add_typer(data_app, name="data")
 sweep_app = typer.Typer(help="Sweeps: plan, run, join from another machine, follow.", rich_markup_mode=HELP_MARKUP)
 app.add_typer(sweep_app, name="sweep")
+app.add_typer(config_app, name="config")
 
 
 @app.callback()
 def _root() -> None:
     """gatelab: gated-attention ablations from a YAML file, tracked in MLflow."""
-
-
-def _run(work: Callable[..., int | None], first=None, /, **options) -> None:
-    """One call into gatelab.app: a GatelabError ends in one message and exit code 2; a code returned, as that code."""
-    try:
-        code = work(first, **options)
-    except GatelabError as error:
-        # Text, not markup: a path or key holding `[red]` or `[/bold]` is printed as written.
-        message = Text.assemble(("error:", "bold red"), " ", redact(str(error)))
-        Console(stderr=True).print(message, highlight=False, soft_wrap=True)
-        raise typer.Exit(code=2)
-    if code:
-        raise typer.Exit(code=code)
 
 
 @app.command()

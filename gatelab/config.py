@@ -79,28 +79,37 @@ class GateConfig(StrictModel):
     multiplicative SiLU gate's scores at initialisation (`scale: silu_gate_init`, see gatelab.model.gates).
     """
 
-    position: GatePosition
-    kind: Literal["gate", "rmsnorm", "silu", "scale"] = "gate"
-    scale: PositiveFloat | Literal["silu_gate_init"] | None = None  # kind 'scale' only
-    granularity: Literal["elementwise", "headwise"] = "elementwise"
-    heads: Literal["specific", "shared"] = "specific"
+    position: GatePosition = Field(
+        description="what the gate scales: g1 the SDPA output, g2 values, g3 keys, g4 queries, g5 the o_proj output")
+    kind: Literal["gate", "rmsnorm", "silu", "scale"] = Field(
+        "gate", description="a learned gate (Eq. 5), or a parameter-free rmsnorm, silu or constant scale of Y (g1)")
+    scale: PositiveFloat | Literal["silu_gate_init"] | None = Field(
+        None, description="kind 'scale' only: c in Y' = c Y, or silu_gate_init (a SiLU gate's RMS at init)")
+    granularity: Literal["elementwise", "headwise"] = Field(
+        "elementwise", description="one score per element of each head's vector, or one score per head")
+    heads: Literal["specific", "shared"] = Field(
+        "specific", description="each head its own gate projection, or one set of scores shared by all heads")
     # The paper's 201M/25M counts for the shared rows imply the full per-head projection is kept and the scores are
     # averaged over heads (README, 'Decisions the paper leaves open'); `single_projection` is the cheaper reading of
     # "W_theta ... shared".
-    shared_scores: Literal["mean_of_scores", "single_projection"] = "mean_of_scores"
-    form: Literal["multiplicative", "additive"] = "multiplicative"
+    shared_scores: Literal["mean_of_scores", "single_projection"] = Field(
+        "mean_of_scores", description="heads 'shared': average the per-head scores, or compute one score projection")
+    form: Literal["multiplicative", "additive"] = Field(
+        "multiplicative", description="Y' = Y * act(X W_theta), or Y' = Y + act(X W_theta)")
     # two_sigmoid is 2 sigmoid(z): 1 at z = 0, so with `init: zero` the gate starts as no gate (marin, parameter-golf);
     # softplus is Poolside Laguna's gate (computed in float32 there).
-    activation: Literal["sigmoid", "silu", "ns_sigmoid", "identity", "softplus", "two_sigmoid"] = "sigmoid"
-    input_dependent: bool = True
-    # G3/G4 only: gate the raw projection before QK-norm and RoPE (Eq. 1 reading), or after QK-norm.
-    before_qk_norm: bool = True
-    # The dtype of the activation and of the product with the gated tensor: the model's, bf16 under bf16-mixed (the
-    # paper's code, Qwen3-Next), or at least float32, cast back after the product (Megatron-LM, Laguna).
-    compute_dtype: Literal["model", "float32"] = "model"
-    # This gate's logit rows of the fused in_proj at init: N(0, init_std) as every weight, or zero, so every score
-    # starts at act(0) (two_sigmoid: 1, the ungated model). The other rows keep their values (common random numbers).
-    init: Literal["normal", "zero"] = "normal"
+    activation: Literal["sigmoid", "silu", "ns_sigmoid", "identity", "softplus", "two_sigmoid"] = Field(
+        "sigmoid", description="act on the logits; ns_sigmoid: 0.5 + 0.5 sigmoid (Eq. 9), two_sigmoid: 2 sigmoid")
+    input_dependent: bool = Field(
+        True, description="scores from the hidden state X (X W_theta), or from learned logits that ignore the input")
+    before_qk_norm: bool = Field(
+        True, description="g3/g4 only: gate the raw projection before QK-norm and RoPE (Eq. 1), or after QK-norm")
+    # The model's dtype is bf16 under bf16-mixed (the paper's code, Qwen3-Next); float32 is Megatron-LM's and Laguna's.
+    compute_dtype: Literal["model", "float32"] = Field(
+        "model", description="dtype of the activation and product: the model's, or float32 cast back after the product")
+    # The other rows of the fused in_proj keep their values (common random numbers).
+    init: Literal["normal", "zero"] = Field(
+        "normal", description="this gate's logit rows at init: N(0, init_std) as every weight, or zero (scores act(0))")
 
     @model_validator(mode="after")
     def _check(self) -> GateConfig:
@@ -129,12 +138,12 @@ def _check_top_k(routed):
 class MoEConfig(StrictModel):
     """Fine-grained top-k routed experts (softmax router, renormalised top-k weights, as Qwen-MoE)."""
 
-    n_experts: PositiveInt
-    top_k: PositiveInt
-    expert_hidden: PositiveInt
-    normalize_top_k: bool = True
-    load_balance_coef: float = Field(0.01, ge=0)
-    z_loss_coef: float = Field(0.001, ge=0)
+    n_experts: PositiveInt = Field(description="routed experts per MoE layer")
+    top_k: PositiveInt = Field(description="experts each token is routed to")
+    expert_hidden: PositiveInt = Field(description="each expert's SwiGLU hidden width")
+    normalize_top_k: bool = Field(True, description="renormalise the top-k router weights to sum to 1 (Qwen-MoE)")
+    load_balance_coef: float = Field(0.01, ge=0, description="weight of the load-balancing loss added to the LM loss")
+    z_loss_coef: float = Field(0.001, ge=0, description="weight of the router z-loss (squared logsumexp of its logits)")
 
     @model_validator(mode="after")
     def _check(self):
@@ -144,9 +153,9 @@ class MoEConfig(StrictModel):
 class SwitchHeadConfig(StrictModel):
     """Per-KV-head mixture-of-experts value (and key) projections, after Csordas et al.'s SwitchHead (Table 6)."""
 
-    projections: Literal["v", "kv"]
-    n_experts: PositiveInt
-    top_k: PositiveInt
+    projections: Literal["v", "kv"] = Field(description="which projections have experts: values, or keys and values")
+    n_experts: PositiveInt = Field(description="experts per KV head")
+    top_k: PositiveInt = Field(description="experts each token uses per KV head")
 
     @model_validator(mode="after")
     def _check(self):
@@ -156,34 +165,36 @@ class SwitchHeadConfig(StrictModel):
 class ModelConfig(StrictModel):
     """A pre-norm decoder-only transformer: RMSNorm, RoPE, SwiGLU, GQA, QK-norm; dense or MoE FFN."""
 
-    # `auto`: the size of `data.tokenizer` (a file or Hub name) rounded up to a multiple of 128, set when the experiment
-    # is resolved (gatelab.data.resolve), so a run's params and spec hash record the integer.
-    vocab_size: PositiveInt | Literal["auto"]
-    n_layers: PositiveInt
-    d_model: PositiveInt
-    n_heads: PositiveInt  # query heads, q
-    n_kv_heads: PositiveInt  # key/value heads, k
-    head_dim: PositiveInt  # d_k
-    ffn: Literal["dense", "moe"] = "dense"
-    ffn_hidden: PositiveInt | None = None  # dense SwiGLU width; MoE experts use moe.expert_hidden
-    moe: MoEConfig | None = None
-    tie_embeddings: bool = True
-    qk_norm: bool = True
-    sandwich_norm: bool = False  # an extra RMSNorm on each sublayer's output before the residual add (Table 2)
-    norm_eps: PositiveFloat = 1e-6
-    rope_base: PositiveFloat = 10_000.0
-    init_std: PositiveFloat = 0.02  # N(0, 0.02) for every weight, gates included, as the official code
-    # The output projection's init std as a multiple of init_std (the init-matched control: an attention output as
-    # small at the start as a gate's, with nothing in the forward pass changed).
-    o_proj_init_scale: PositiveFloat = 1.0
-    gates: list[GateConfig] = []
-    switch_head: SwitchHeadConfig | None = None
-    # Dense rows of the paper keep the parameter count by narrowing the FFN; off by default (MoE rows are not matched).
-    match_params: bool = False
-    attention: AttentionKind = "softmax"
-    # A learned key and value per KV head (zero at init), without position, that every query attends to beside the
-    # tokens: a sink slot that is not a token (Gu et al. 2025, section 7.3, "K and V biases"). Composes with any kind.
-    kv_bias: bool = False
+    # `auto` is settled when the experiment is resolved (gatelab.data.resolve), so a run's params and spec hash record
+    # the integer.
+    vocab_size: PositiveInt | Literal["auto"] = Field(
+        description="tokens in the vocabulary, or auto: data.tokenizer's size rounded up to a multiple of 128")
+    n_layers: PositiveInt = Field(description="transformer blocks")
+    d_model: PositiveInt = Field(description="width of the residual stream")
+    n_heads: PositiveInt = Field(description="query heads, q")
+    n_kv_heads: PositiveInt = Field(description="key/value heads, k (GQA); divides n_heads")
+    head_dim: PositiveInt = Field(description="width of each head, d_k (even, for RoPE)")
+    ffn: Literal["dense", "moe"] = Field("dense", description="the feed-forward block: a SwiGLU, or routed experts")
+    ffn_hidden: PositiveInt | None = Field(None, description="dense SwiGLU hidden width (experts: moe.expert_hidden)")
+    moe: MoEConfig | None = Field(None, description="the routed experts, with ffn: moe")
+    tie_embeddings: bool = Field(True, description="the output head shares the input embedding's weights")
+    qk_norm: bool = Field(True, description="RMSNorm on each head's queries and keys before RoPE")
+    sandwich_norm: bool = Field(False, description="RMSNorm each sublayer's output before its residual add (Table 2)")
+    norm_eps: PositiveFloat = Field(1e-6, description="epsilon of every RMSNorm")
+    rope_base: PositiveFloat = Field(10_000.0, description="RoPE base frequency, theta")
+    init_std: PositiveFloat = Field(  # 0.02 for every weight, gates included, as the official code
+        0.02, description="standard deviation of the normal init of every weight")
+    # The init-matched control: an attention output as small at the start as a gate's, the forward pass unchanged.
+    o_proj_init_scale: PositiveFloat = Field(1.0, description="the output projection's init std, times init_std")
+    gates: list[GateConfig] = Field([], description="the gates in every attention layer, usually set by the variant")
+    switch_head: SwitchHeadConfig | None = Field(None, description="expert value (and key) projections (Table 6)")
+    # Dense rows of the paper keep the parameter count by narrowing the FFN; MoE rows are not matched.
+    match_params: bool = Field(False, description="narrow ffn_hidden so a gated model has the baseline's parameters")
+    attention: AttentionKind = Field(
+        "softmax", description="how a query's scores become attention weights (formulas: config.ATTENTION_KINDS)")
+    # A sink slot that is not a token (Gu et al. 2025, section 7.3, "K and V biases"). Composes with any kind.
+    kv_bias: bool = Field(
+        False, description="a learned key and value per KV head (zero at init, no position) every query attends to")
 
     @field_validator("attention", mode="before")
     @classmethod
@@ -218,17 +229,17 @@ class BigramBackcopyConfig(StrictModel):
     tokens; the triggers are the `n_triggers` most probable ordinary tokens under the chain's stationary distribution.
     """
 
-    n_triggers: PositiveInt = 3  # Guo et al.'s k = 3
-    # Each row of the transition matrix is a Dirichlet draw whose parameters average `concentration`: below 1 the rows
-    # are peaked, so the bigram part is learnable and its entropy well below log(vocab).
-    concentration: PositiveFloat = 0.1
-    # The Dirichlet's mean row is Zipfian, proportional to 1 / rank ** zipf_exponent (0: uniform), so token frequencies
-    # are skewed as in text and the triggers, the most frequent tokens, are frequent: Guo et al.'s chain is estimated
-    # from text, where the k = 3 most frequent tokens fill a large share of positions.
-    zipf_exponent: float = Field(0.0, ge=0)
-    train_sequences: PositiveInt = 20_000
-    heldout_sequences: PositiveInt = 512
-    data_seed: int = 0  # the chain and the sequences; the run's seed only orders the training windows
+    n_triggers: PositiveInt = Field(3, description="trigger tokens, after which the token before is copied (Guo's k)")
+    # Below 1 the rows are peaked, so the bigram part is learnable and its entropy well below log(vocab).
+    concentration: PositiveFloat = Field(
+        0.1, description="mean parameter of the Dirichlet each row of the transition matrix is drawn from")
+    # Skewed as in text, so the triggers, the most frequent tokens, are frequent: Guo et al.'s chain is estimated from
+    # text, where the k = 3 most frequent tokens fill a large share of positions.
+    zipf_exponent: float = Field(
+        0.0, ge=0, description="the Dirichlet's mean row is proportional to 1 / rank ** zipf_exponent (0: uniform)")
+    train_sequences: PositiveInt = Field(20_000, description="training sequences generated, of data.seq_len tokens")
+    heldout_sequences: PositiveInt = Field(512, description="held-out sequences generated for evaluation")
+    data_seed: int = Field(0, description="seed of the chain and the sequences; the run's seed only orders the windows")
 
 
 _DOMAIN_NAME = r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$"  # a folder name: no "..", no "/"
@@ -237,18 +248,17 @@ _DOMAIN_NAME = r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$"  # a folder name: no "..", no "
 class CorpusFields(StrictModel):
     """Which columns of a `files` or `hf` source make a document, and how its documents fall into domains.
 
-    `id_field` names the column of document ids; unset, a document's id is a hash of its text, so the held-out split
-    is still fixed by content alone (README, 'Your own corpus'). `domain_field` names a column whose values name the
-    evaluation domains (each value one domain); unset, the whole source is the one domain `domain`.
-    `max_documents` keeps the first N documents the source yields (files in sorted order, rows in file order): a
-    deterministic sample of a big corpus that a small run cannot use up anyway.
+    Without `id_field` the held-out split is still fixed by content alone (README, 'Your own corpus');
+    `max_documents` is a deterministic sample of a big corpus that a small run cannot use up anyway.
     """
 
-    text_field: str = "text"
-    id_field: str | None = None
-    domain_field: str | None = None
-    domain: str = Field("corpus", pattern=_DOMAIN_NAME)
-    max_documents: PositiveInt | None = None
+    text_field: str = Field("text", description="the column holding each document's text")
+    id_field: str | None = Field(None, description="the column of document ids; unset, a hash of the text")
+    domain_field: str | None = Field(
+        None, description="a column whose values name each document's evaluation domain; unset, one domain: domain")
+    domain: str = Field("corpus", pattern=_DOMAIN_NAME, description="the one domain's name without domain_field")
+    max_documents: PositiveInt | None = Field(
+        None, description="keep the first N documents (files in sorted order, rows in file order)")
 
     @model_validator(mode="after")
     def _check_domain(self) -> CorpusFields:
@@ -264,16 +274,17 @@ class CorpusFields(StrictModel):
 class FilesSourceConfig(CorpusFields):
     """`data.source: files`: globs of .parquet, .jsonl, .jsonl.gz, .json or .txt files (a .txt file is one document)."""
 
-    paths: list[str] = []
+    paths: list[str] = Field([], description="globs of the corpus files, e.g. ['~/corpus/*.parquet']")
 
 
 class HFSourceConfig(CorpusFields):
     """`data.source: hf`: a dataset on the Hugging Face Hub (or a local folder of its shards), streamed."""
 
-    dataset: str  # e.g. HuggingFaceFW/fineweb-edu
-    config: str | None = None  # e.g. sample-10BT
-    split: str = "train"
-    revision: str | None = None  # a commit, tag or branch: pin it, or the run's identity follows the Hub's main
+    dataset: str = Field(description="a Hub dataset or a local folder of its shards, e.g. HuggingFaceFW/fineweb-edu")
+    config: str | None = Field(None, description="the dataset's configuration, e.g. sample-10BT")
+    split: str = Field("train", description="the dataset's split streamed, e.g. train")
+    revision: str | None = Field(
+        None, description="a commit, tag or branch: pin it, or the run's identity follows the Hub's main")
 
 
 class DataConfig(StrictModel):
@@ -282,32 +293,35 @@ class DataConfig(StrictModel):
     With `task: bigram_backcopy` the text keys (domains, data_dir, user_files) are unused: the sequences are generated
     in memory from `bigram_backcopy` and the vocabulary is `model.vocab_size`.
 
-    `tokenizer` is `bpe` (a byte-level BPE trained here to `model.vocab_size`), the path of a `tokenizer.json`, or a
-    Hugging Face tokenizer name such as `Qwen/Qwen3-0.6B` (fetched where the Hub is reachable). Documents are framed
-    `bos_token text eos_token`; unset, they are found among the common names, and a tokenizer with only an end-of-text
-    token (GPT-2, Qwen) uses it for both (README, 'Decisions the paper leaves open').
+    Documents are framed `bos_token text eos_token`; unset, those are found among the common names, and a tokenizer
+    with only an end-of-text token (GPT-2, Qwen) uses it for both (README, 'Decisions the paper leaves open').
     """
 
-    task: Literal["text", "bigram_backcopy"] = "text"
-    tokenizer: str = "bpe"
-    bos_token: str | None = None  # only with a tokenizer file or name
-    eos_token: str | None = None
-    domains: list[str] = ["speeches", "fiction", "nonfiction", "scripture", "code"]
-    data_dir: str | None = None  # default: $GATELAB_DATA_DIR, else ~/.cache/gatelab/data
-    user_files: dict[str, list[str]] = {}  # extra domains from the user's own text files: {domain: [paths]}
-    seq_len: PositiveInt = 256
-    bigram_backcopy: BigramBackcopyConfig = BigramBackcopyConfig()
-    # Where the text comes from: the built-in corpora, the user's files (`files`) or a Hub dataset (`hf`), both read
-    # with the `datasets` library into a folder of their own under data_dir (gatelab.data.external). With files or hf,
-    # `domains` names the source's domains to train and evaluate on, and left unset (or []) means all it has.
-    source: Literal["builtin", "files", "hf"] = "builtin"
-    files: FilesSourceConfig | None = None
-    hf: HFSourceConfig | None = None
+    task: Literal["text", "bigram_backcopy"] = Field(
+        "text", description="train on text, or on the synthetic Bigram-Backcopy task (bigram_backcopy)")
+    tokenizer: str = Field("bpe", description="bpe (a byte-level BPE trained here to model.vocab_size), a "
+                                              "tokenizer.json path, or a Hub tokenizer name such as Qwen/Qwen3-0.6B")
+    bos_token: str | None = Field(None, description="the token opening each document (a tokenizer file or name only)")
+    eos_token: str | None = Field(None, description="the token closing each document (a tokenizer file or name only)")
+    domains: list[str] = Field(["speeches", "fiction", "nonfiction", "scripture", "code"],
+                               description="the domains trained and evaluated on (files or hf: unset or [] is all)")
+    data_dir: str | None = Field(
+        None, description="where corpora and tokens are kept; default $GATELAB_DATA_DIR, else ~/.cache/gatelab/data")
+    user_files: dict[str, list[str]] = Field(
+        {}, description="extra domains from your own text files beside the built-in ones: {domain: [paths]}")
+    seq_len: PositiveInt = Field(256, description="tokens per training sequence (the context length)")
+    bigram_backcopy: BigramBackcopyConfig = Field(
+        BigramBackcopyConfig(), description="the synthetic task's settings, with task: bigram_backcopy")
+    # files and hf are read with the `datasets` library into a folder of their own under data_dir
+    # (gatelab.data.external).
+    source: Literal["builtin", "files", "hf"] = Field(
+        "builtin", description="where the text comes from: the built-in corpora, your files (files) or the Hub (hf)")
+    files: FilesSourceConfig | None = Field(None, description="the files read, with source: files")
+    hf: HFSourceConfig | None = Field(None, description="the Hub dataset read, with source: hf")
     # How the tokens are stored and read, not which: neither changes a run's batches, so neither is in its spec hash.
-    # MiB of text per token shard, the unit a killed prepare resumes from; applies when a split is made (a finished
-    # split is read as it is, whatever its shard size: its tokens are the same).
-    shard_mb: PositiveFloat = 64.0
-    loader_workers: NonNegativeInt = 0  # DataLoader worker processes assembling batches (a GPU run wants a few)
+    # shard_mb applies when a split is made (a finished split is read as it is: its tokens are the same).
+    shard_mb: PositiveFloat = Field(64.0, description="MiB of text per token shard, what a killed prepare resumes from")
+    loader_workers: NonNegativeInt = Field(0, description="DataLoader processes making batches (a GPU run wants some)")
 
     @model_validator(mode="after")
     def _check_source(self) -> DataConfig:
@@ -335,35 +349,39 @@ class DataConfig(StrictModel):
 class TrainConfig(StrictModel):
     """Optimisation and Lightning Trainer settings."""
 
-    max_steps: PositiveInt = 1000
-    batch_size: PositiveInt = 16  # the global batch: sequences per optimizer step over all devices
-    lr: PositiveFloat = 2e-3
-    min_lr: float = Field(3e-5, ge=0)
-    warmup_steps: int = Field(100, ge=0)
-    weight_decay: float = Field(0.1, ge=0)
-    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (0.9, 0.95)  # AdamW's
-    grad_clip: float = Field(1.0, ge=0)
-    precision: Literal["32-true", "bf16-mixed", "16-mixed", "auto"] = "auto"
-    accelerator: Literal["auto", "cpu", "gpu", "cuda", "mps"] = "auto"
-    devices: int | Literal["auto"] = 1
-    num_nodes: PositiveInt = 1
-    strategy: Literal["auto", "ddp", "fsdp", "ddp_spawn"] = "auto"
-    checkpoint_every: PositiveInt = 100
-    log_every: PositiveInt = 10
-    spike_margin: PositiveFloat = 0.15  # a spike: loss above its EMA by this many nats after warmup
-    spike_ema: float = Field(0.98, gt=0, lt=1)
-    divergence_factor: PositiveFloat = 3.0  # loss above this multiple of its EMA (or non-finite): the run diverged
-    threads: PositiveInt | None = None
-    # torch.compile each block and the head loss for training (evaluation and probes stay eager), with inductor's
-    # cache shared by a runs folder's runs (gatelab.train.compiling). A speed setting, not in a run's identity
-    # (spec_hash): losses equal to float rounding. tiny.yaml turns it on, where `gatelab bench` measured it to pay.
-    compile: bool = False
+    max_steps: PositiveInt = Field(1000, description="optimizer steps of the run")
+    batch_size: PositiveInt = Field(16, description="the global batch: sequences per optimizer step over all devices")
+    lr: PositiveFloat = Field(2e-3, description="peak learning rate of AdamW, after warmup")
+    min_lr: float = Field(3e-5, ge=0, description="the learning rate the cosine decay reaches at max_steps")
+    warmup_steps: int = Field(100, ge=0, description="steps of linear warmup from 0 to lr")
+    weight_decay: float = Field(0.1, ge=0, description="AdamW's weight decay on weight matrices (not on norms)")
+    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = Field(
+        (0.9, 0.95), description="AdamW's beta1 and beta2")
+    grad_clip: float = Field(1.0, ge=0, description="clip the gradient's global norm to this (0: no clipping)")
+    precision: Literal["32-true", "bf16-mixed", "16-mixed", "auto"] = Field(
+        "auto", description="Lightning's precision; auto: bf16-mixed where bf16 is fast, else 16-mixed (GPU), 32-true")
+    accelerator: Literal["auto", "cpu", "gpu", "cuda", "mps"] = Field("auto", description="Lightning's accelerator")
+    devices: int | Literal["auto"] = Field(1, description="devices per node (Lightning's devices)")
+    num_nodes: PositiveInt = Field(1, description="machines the run spans (Lightning's num_nodes)")
+    strategy: Literal["auto", "ddp", "fsdp", "ddp_spawn"] = Field("auto", description="Lightning's strategy")
+    checkpoint_every: PositiveInt = Field(100, description="steps between checkpoints, which a re-run resumes from")
+    log_every: PositiveInt = Field(10, description="steps between logged training losses")
+    spike_margin: PositiveFloat = Field(0.15, description="a spike: loss above its EMA by this many nats after warmup")
+    spike_ema: float = Field(0.98, gt=0, lt=1, description="decay of the loss's exponential moving average")
+    divergence_factor: PositiveFloat = Field(
+        3.0, description="loss above this multiple of its EMA (or non-finite): the run diverged and stops")
+    threads: PositiveInt | None = Field(None, description="torch CPU threads; unset, torch's choice")
+    # A speed setting, not in a run's identity (spec_hash): losses equal to float rounding. tiny.yaml turns it on,
+    # where `gatelab bench` measured it to pay. Its cache is shared by a runs folder's runs (gatelab.train.compiling).
+    compile: bool = Field(False, description="torch.compile each block and the head loss for training (not evaluation)")
     # "reduce-overhead" adds CUDA graphs (pays where the GPU waits on kernel launches); "max-autotune-no-cudagraphs"
     # benchmarks GEMM and Triton configurations while compiling (minutes). Not in spec_hash either.
-    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = Field(
+        "default", description="torch.compile's mode, with compile: true")
     # Weight decay on input-independent gate logits pulls them to 0, a score of 0.5, unlike the paper's "no weight
-    # decay on gates": off, they join the norms' group without decay. The first-pass sweeps of results/tiny set it true.
-    decay_gate_logits: bool = False
+    # decay on gates". The first-pass sweeps of results/tiny set it true.
+    decay_gate_logits: bool = Field(
+        False, description="weight decay on input-independent gate logits; off, they join the norms' group")
 
     @model_validator(mode="after")
     def _check_schedule(self) -> TrainConfig:
@@ -376,22 +394,23 @@ class TrainConfig(StrictModel):
 class LmEvalConfig(StrictModel):
     """lm-evaluation-harness at the end of a run (gatelab.eval.scoring); scores are `lm_eval/<task>/<metric>`."""
 
-    tasks: list[str] = Field(min_length=1)  # lm-eval task names, e.g. [gatelab_blimp] offline, [hellaswag] with the Hub
-    num_fewshot: NonNegativeInt | None = None  # default: each task's own
-    limit: PositiveFloat | None = None  # documents per task, or below 1 a fraction of them
-    include_path: str | None = None  # a folder of your own task YAMLs, beside gatelab's offline ones
+    tasks: list[str] = Field(
+        min_length=1, description="lm-eval task names, e.g. [gatelab_blimp] offline, [hellaswag] with the Hub")
+    num_fewshot: NonNegativeInt | None = Field(None, description="few-shot examples; unset, each task's own")
+    limit: PositiveFloat | None = Field(None, description="documents per task, or below 1 a fraction of them")
+    include_path: str | None = Field(None, description="a folder of your own task YAMLs, beside gatelab's offline ones")
 
 
 class EvalBudget(StrictModel):
     """How much held-out text of each domain the end-of-run scores read (perplexity, bits per byte, W8A8, the probes'
-    batches): exactly one of `documents` (the first N held-out documents, whole), `bytes` (the held-out text up to N
-    UTF-8 bytes, cut at the last token that ends within them; needs a byte-level tokenizer) or `tokens` (the first N
-    held-out tokens). The text is packed into windows of data.seq_len + 1 tokens, a tail shorter than one dropped.
-    Documents and bytes are the same text under any tokenizer; tokens only under one tokenizer."""
+    batches): exactly one of `documents`, `bytes` or `tokens`. The text is packed into windows of data.seq_len + 1
+    tokens, a tail shorter than one dropped. Documents and bytes are the same text under any tokenizer; tokens only
+    under one tokenizer."""
 
-    documents: PositiveInt | None = None
-    bytes: PositiveInt | None = None
-    tokens: PositiveInt | None = None
+    documents: PositiveInt | None = Field(None, description="the first N held-out documents of each domain, whole")
+    bytes: PositiveInt | None = Field(
+        None, description="held-out text up to N UTF-8 bytes, cut at a token's end (a byte-level tokenizer)")
+    tokens: PositiveInt | None = Field(None, description="the first N held-out tokens of each domain")
 
     @model_validator(mode="after")
     def _one_unit(self) -> EvalBudget:
@@ -417,26 +436,26 @@ BUDGET_UNITS = ("documents", "bytes", "tokens")
 
 
 class EvalConfig(StrictModel):
-    """End-of-run (and optionally periodic) evaluation. BLiMP runs on every text run unless `blimp: false`: on
-    `blimp_path` (a folder of the official release's `<paradigm>.jsonl` files) or, unset, on the subset shipped with
-    gatelab (100 pairs a paradigm).
+    """End-of-run (and optionally periodic) evaluation.
 
-    `budget` (an EvalBudget) fixes the held-out text the end-of-run scores read, the same for every cell of a sweep;
-    unset, they read `max_windows_per_domain` windows of data.seq_len + 1 tokens spread over each domain's held-out
-    split. It is not in a run's spec hash: a run records it as the param `resolved.eval.budget` (`budget_name`), and
+    `budget` is not in a run's spec hash: a run records it as the param `resolved.eval.budget` (`budget_name`), and
     reports never compare runs whose budgets differ (gatelab.report.budgets)."""
 
-    every_n_steps: PositiveInt | None = None
-    batch_size: PositiveInt = 16  # sequences per evaluation forward pass
-    max_windows_per_domain: PositiveInt = 64  # without a budget; also the periodic validation's windows
-    budget: EvalBudget | None = None
-    long_context_multipliers: list[PositiveInt] = [1, 2, 4, 8]
-    blimp: bool = True
-    blimp_path: str | None = None
-    blimp_per_paradigm: PositiveInt = 20
-    in_context_examples: PositiveInt = 64
-    probe_batches: PositiveInt = 2
-    lm_eval: LmEvalConfig | None = None
+    every_n_steps: PositiveInt | None = Field(None, description="steps between validations while training; unset, none")
+    batch_size: PositiveInt = Field(16, description="sequences per evaluation forward pass")
+    max_windows_per_domain: PositiveInt = Field(
+        64, description="without a budget: windows read per domain, spread over its held-out split; also validation's")
+    budget: EvalBudget | None = Field(
+        None, description="the held-out text the end-of-run scores read, the same for every cell of a sweep")
+    long_context_multipliers: list[PositiveInt] = Field(
+        [1, 2, 4, 8], description="long_ppl/x<m> is scored at m times data.seq_len tokens, for each m")
+    blimp: bool = Field(True, description="score BLiMP's minimal pairs at the end of every text run")
+    blimp_path: str | None = Field(None, description="a folder of the official BLiMP's <paradigm>.jsonl files; unset, "
+                                                     "the subset shipped with gatelab (100 pairs a paradigm)")
+    blimp_per_paradigm: PositiveInt = Field(20, description="BLiMP pairs scored per paradigm")
+    in_context_examples: PositiveInt = Field(64, description="examples per in-context task (induction, MQAR, needle)")
+    probe_batches: PositiveInt = Field(2, description="batches the probes (sinks, activations, gate scores) read")
+    lm_eval: LmEvalConfig | None = Field(None, description="lm-evaluation-harness tasks scored at the end of the run")
 
     def budget_name(self, seq_len: int) -> str:
         """The budget the end-of-run scores read, in canonical form: `windows=64x256` (max_windows_per_domain windows
@@ -447,21 +466,22 @@ class EvalConfig(StrictModel):
 class TrackingConfig(StrictModel):
     """Where MLflow records runs; default: a SQLite store and artifacts under runs/."""
 
-    uri: str | None = None
-    experiment: str | None = None  # MLflow experiment name; default: the experiment's name
+    uri: str | None = Field(None, description="the MLflow tracking URI; unset, sqlite under the runs folder")
+    experiment: str | None = Field(None, description="the MLflow experiment's name; unset, the experiment's name")
 
 
 class ExperimentConfig(StrictModel):
     """One run: a base model, a variant from the registry, data, training, evaluation and tracking."""
 
-    name: str
-    variant: str = "baseline"  # a registry id; '+' composes several, e.g. g1_elem_sig+g2_elem_sig
-    seed: int = 0
-    model: ModelConfig
-    data: DataConfig = DataConfig()
-    train: TrainConfig = TrainConfig()
-    eval: EvalConfig = EvalConfig()
-    tracking: TrackingConfig = TrackingConfig()
+    name: str = Field(description="the run's name: its MLflow experiment, unless tracking.experiment")
+    variant: str = Field(
+        "baseline", description="a registry id (gatelab variants); '+' composes several, e.g. g1_elem_sig+g2_elem_sig")
+    seed: int = Field(0, description="the run's seed: initial weights, batch order, evaluation samples")
+    model: ModelConfig = Field(description="the base model, before the variant is applied")
+    data: DataConfig = Field(DataConfig(), description="the text (or synthetic task) trained and evaluated on")
+    train: TrainConfig = Field(TrainConfig(), description="optimisation and Lightning Trainer settings")
+    eval: EvalConfig = Field(EvalConfig(), description="end-of-run (and periodic) evaluation")
+    tracking: TrackingConfig = Field(TrackingConfig(), description="where MLflow records the run")
 
     @model_validator(mode="after")
     def _check(self) -> ExperimentConfig:

@@ -10,13 +10,31 @@ from __future__ import annotations
 
 import shlex
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
+import typer
 from rich.console import Console
+from rich.text import Text
 from typer import echo
 
+from gatelab.errors import GatelabError, redact
 from gatelab.progress import fit_line, set_verbose, silence_noise, terminal_columns
+
+
+def run_command(work: Callable[..., int | None], /, *arguments: Any, **options: Any) -> None:
+    """`work(*arguments, **options)`, a call into gatelab.app from a command: a GatelabError ends in one message and
+    exit code 2; a code returned, as that code. (gatelab.app's functions take one positional argument at most.)"""
+    try:
+        code = work(*arguments, **options)
+    except GatelabError as error:
+        # Text, not markup: a path or key holding `[red]` or `[/bold]` is printed as written.
+        message = Text.assemble(("error:", "bold red"), " ", redact(str(error)))
+        Console(stderr=True).print(message, highlight=False, soft_wrap=True)
+        raise typer.Exit(code=2)
+    if code:
+        raise typer.Exit(code=code)
 
 
 def command_line(name: str) -> str:

@@ -19,11 +19,11 @@ MAX_CHECKED_INTS = 1024  # an int search range wider than this is checked at thi
 class SearchParam(StrictModel):
     """One searched key: a float or int range (log-uniform with `log: true`) or a list of `choices`."""
 
-    type: Literal["float", "int", "categorical"]
-    low: float | None = None
-    high: float | None = None
-    log: bool = False
-    choices: list[Any] | None = None
+    type: Literal["float", "int", "categorical"] = Field(description="a float or int range, or a list of choices")
+    low: float | None = Field(None, description="a range's lowest value")
+    high: float | None = Field(None, description="a range's highest value")
+    log: bool = Field(False, description="sample a range log-uniformly (needs low > 0)")
+    choices: list[Any] | None = Field(None, description="categorical: the values (null, booleans, numbers or strings)")
 
     @model_validator(mode="after")
     def _check(self) -> SearchParam:
@@ -75,11 +75,12 @@ class SearchParam(StrictModel):
 class SearchSpace(StrictModel):
     """An Optuna search run once per cell: `n_trials` trials over `params`, scored by a final metric."""
 
-    params: dict[str, SearchParam]  # dotted ExperimentConfig path -> range
-    n_trials: PositiveInt
-    metric: str = PPL_AVG  # a whole metric name of the catalogue, gatelab.metrics (ppl/avg, long_ppl/x4)
-    direction: Literal["minimize", "maximize"] = "minimize"
-    pruner: Literal["none", "median", "hyperband"] = "median"
+    params: dict[str, SearchParam] = Field(description="dotted experiment key -> its range, e.g. train.lr")
+    n_trials: PositiveInt = Field(description="trials (runs) per cell")
+    metric: str = Field(PPL_AVG, description="the final metric scored, a name of gatelab.metrics, e.g. long_ppl/x4")
+    direction: Literal["minimize", "maximize"] = Field("minimize", description="whether a lower or higher metric wins")
+    pruner: Literal["none", "median", "hyperband"] = Field(
+        "median", description="Optuna's pruner, stopping unpromising trials early")
 
     @model_validator(mode="after")
     def _check(self) -> SearchSpace:
@@ -94,8 +95,10 @@ class SearchSpace(StrictModel):
 class RungTokens(StrictModel):
     """How many tokens each rung of a ladder trains on, as one of two rules; either gives train.max_steps."""
 
-    per_parameter: PositiveFloat | None = None  # tokens = this x the baseline's parameters at the rung (Chinchilla: 20)
-    flops: PositiveFloat | None = None  # training FLOPs of the baseline at each rung (the plan's count)
+    per_parameter: PositiveFloat | None = Field(
+        None, description="tokens = this x the baseline's parameters at the rung (Chinchilla: 20)")
+    flops: PositiveFloat | None = Field(
+        None, description="training FLOPs of the baseline at each rung (the plan's count)")
 
     @model_validator(mode="after")
     def _one_rule(self) -> RungTokens:
@@ -110,8 +113,9 @@ class Ladder(StrictModel):
     """Model sizes as an axis of a sweep: named rungs (each a set of `model.*` values) crossed with the grid, every run
     of a rung trained for the steps its `tokens` rule gives the baseline model at that rung."""
 
-    rungs: dict[str, dict[str, Any]]  # rung name -> dotted model.* key -> value, smallest first by convention
-    tokens: RungTokens
+    rungs: dict[str, dict[str, Any]] = Field(
+        description="rung name -> {dotted model.* key: value}, smallest first by convention")
+    tokens: RungTokens = Field(description="the rule giving each rung's training tokens")
 
     @field_validator("rungs")
     @classmethod
@@ -128,18 +132,23 @@ class Ladder(StrictModel):
 class SweepFile(StrictModel):
     """The keys of a sweep YAML file."""
 
-    name: str  # names folders (runs/<name>/...) and every run's experiment.name
-    experiment: str | None = None  # a preset, relative to the sweep file's folder; --experiment overrides it
-    description: str | None = None
-    grid: dict[str, list[Any]] = {}  # axis -> values; the runs are the product of the axes
-    zip: dict[str, list[Any]] = {}  # axis -> values, all the same length, moving together; multiplied with grid
-    include: list[dict[str, Any]] = []  # extra cells, run as given
-    exclude: list[dict[str, Any]] = []  # partial cells: a product cell matching every key given is dropped
-    overrides: dict[str, Any] = {}  # dotted path -> value, applied to every run before the cell's own values
-    paper: PaperTable | None = None  # the paper table a report compares against
-    search: SearchSpace | None = None
-    ladder: Ladder | None = None  # model sizes crossed with the grid, each trained for its tokens rule's steps
-    retries: int = Field(2, ge=0)  # how many times a failed run is retried
+    name: str = Field(description="names folders (runs/<name>/...) and every run's experiment.name")
+    experiment: str | None = Field(
+        None, description="a preset, relative to the sweep file's folder; --experiment overrides it")
+    description: str | None = Field(None, description="what the sweep is for, in words (not read by gatelab)")
+    grid: dict[str, list[Any]] = Field({}, description="axis -> values; the runs are the product of the axes")
+    zip: dict[str, list[Any]] = Field(
+        {}, description="axis -> values, all the same length, moving together; multiplied with grid")
+    include: list[dict[str, Any]] = Field([], description="extra cells, run as given")
+    exclude: list[dict[str, Any]] = Field(
+        [], description="partial cells: a product cell matching every key given is dropped")
+    overrides: dict[str, Any] = Field(
+        {}, description="dotted key -> value, applied to every run before the cell's own values")
+    paper: PaperTable | None = Field(None, description="the paper table a report compares against")
+    search: SearchSpace | None = Field(None, description="an Optuna search run in each cell")
+    ladder: Ladder | None = Field(
+        None, description="model sizes crossed with the grid, each trained for its tokens rule's steps")
+    retries: int = Field(2, ge=0, description="how many times a failed run is retried")
 
     @field_validator("name")
     @classmethod
