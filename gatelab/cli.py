@@ -23,6 +23,7 @@ from gatelab.app.options import (
     Grace,
     Heartbeat,
     Ledger,
+    PlanCell,
     PlanTrackingUri,
     PlanWorkers,
     RunLedger,
@@ -115,11 +116,12 @@ def sweep_plan(
     flops_per_second: Annotated[Optional[float], typer.Option(help="throughput for the time estimate (instead of "
                                                                    "step times measured on this machine)")] = None,
     tracking_uri: PlanTrackingUri = None, runs_dir: RunsDir = Path("runs"), workers: PlanWorkers = 1,
+    cell: PlanCell = None,
 ) -> None:
     """One row per run: variant, seed, overrides, parameters, tokens and estimated time (measured from this machine's
     earlier runs of the same shape where the store has some, else a rough guess from FLOPs); rejects bad cells."""
     _run(show_plan, sweep, experiment=experiment, as_json=as_json, flops_per_second=flops_per_second,
-         workspace=Workspace(runs_dir=runs_dir, tracking_uri=tracking_uri), workers=workers)
+         workspace=Workspace(runs_dir=runs_dir, tracking_uri=tracking_uri), workers=workers, cell=cell)
 
 
 @sweep_app.command("run")

@@ -8,6 +8,8 @@ from __future__ import annotations
 import inspect
 import os
 import re
+import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -144,3 +146,18 @@ def resolve_precision(precision: str, accelerator: str, moe: bool = False) -> st
     if torch.cuda.is_available() and accelerator in ("auto", "gpu", "cuda"):
         return "bf16-mixed" if cuda_has_native_bf16() else "16-mixed"
     return "bf16-mixed" if cpu_has_fast_bf16() and not moe else "32-true"
+
+
+def cannot_compile(accelerator: str) -> str | None:
+    """Why `train.compile` cannot work in this process, or None. On the CPU inductor builds C++ at run time, and a
+    laptop without a compiler would fail at the first step: the run trains eager instead, saying so. Here, not in
+    gatelab.train.compiling, so that `gatelab config show` asks without importing Lightning."""
+    import torch
+
+    if torch.cuda.is_available() and accelerator in ("auto", "gpu", "cuda"):
+        return None  # CUDA builds of torch bring Triton, inductor's GPU compiler
+    if sys.platform == "win32":
+        return "torch.compile does not build for the CPU on Windows here"
+    if not any(name and shutil.which(name) for name in (os.environ.get("CXX"), "g++", "c++", "clang++")):
+        return "no C++ compiler on PATH (torch.compile builds C++ for the CPU: install g++ or clang++, or set CXX)"
+    return None

@@ -48,6 +48,9 @@ PlanTrackingUri = Annotated[Optional[str], typer.Option(
     help="MLflow store whose earlier runs' step times price the plan (default: sqlite under runs/)")]
 PlanWorkers = Annotated[int, typer.Option(min=1, help="price the sweep's wall time on this many workers side by "
                                                      "side, as sweep run --workers")]
+PlanCell = Annotated[Optional[int], typer.Option("--cell", help="instead of the table: cell N's resolved config "
+                                                               "(N from the # column), as `gatelab config show` "
+                                                               "prints it")]
 WorkerTrackingUri = Annotated[Optional[str], typer.Option(help="MLflow tracking URI, e.g. http://host:5000")]
 
 Ledger = Annotated[Optional[str], typer.Option(help="the ledger (default: the journal under runs/)")]

@@ -9,10 +9,15 @@ from gatelab.workspace import Workspace
 
 
 def show_plan(sweep_path: Path, *, experiment: Path | None = None, as_json: bool = False,
-              flops_per_second: float | None = None, workspace: Workspace | None = None, workers: int = 1) -> None:
+              flops_per_second: float | None = None, workspace: Workspace | None = None, workers: int = 1,
+              cell: int | None = None) -> None:
     """Load and validate the sweep (GatelabError on any bad cell), then print its plan, its time for `workers` workers.
     With a `workspace` and no `flops_per_second`, times are measured where its store holds earlier runs of the same
-    shape from this machine."""
+    shape from this machine. With a `cell`, that cell's resolved config instead (gatelab.app.config_show)."""
+    if cell is not None:
+        from gatelab.app.config_show import cell_config, print_resolved
+
+        return print_resolved(cell_config(sweep_path, cell=cell, experiment=experiment))
     from gatelab.sweep.plan import plan_rows, sweep_measurements
     from gatelab.sweep.plan_render import corpus_warnings, render_plan
     from gatelab.sweep.spec import load_sweep

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from typer import echo
@@ -25,13 +26,18 @@ def checked_config(experiment: Path, *, overrides: list[str]):
     return config, resolve_model(config)
 
 
+def command_overrides(set_: Sequence[str], *, variant: str | None = None, seed: int | None = None) -> list[str]:
+    """The overrides `gatelab train` (and `gatelab config show`) resolve the experiment with: --set's, then the keys
+    --variant and --seed set."""
+    return [*set_, *([f"variant={variant}"] if variant else []), *([f"seed={seed}"] if seed is not None else [])]
+
+
 def train(experiment: Path, *, variant: str | None, seed: int | None, set_: list[str], workspace: Workspace,
           quiet: bool, verbose: bool) -> int:
     """Train the run and print its outcome; the exit code (that of the signal that interrupted it, else 0)."""
     quiet_noise(verbose)
 
-    overrides = [*set_, *([f"variant={variant}"] if variant else []), *([f"seed={seed}"] if seed is not None else [])]
-    config, model_config = checked_config(experiment, overrides=overrides)
+    config, model_config = checked_config(experiment, overrides=command_overrides(set_, variant=variant, seed=seed))
     from gatelab.config import setting_warnings
 
     for warning in setting_warnings(config):

@@ -12,8 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import shutil
-import sys
 import time
 from pathlib import Path
 
@@ -76,18 +74,6 @@ def forget_earlier_graphs() -> None:
     graph of a function with its guards, and past 8 of them (`recompile_limit`) it runs the function eager without
     failing: a worker's ninth variant would train eager. Each run's graphs load from the on-disk cache in seconds."""
     torch.compiler.reset()
-
-
-def cannot_compile(accelerator: str) -> str | None:
-    """Why `train.compile` cannot work in this process, or None. On the CPU inductor builds C++ at run time, and a
-    laptop without a compiler would fail at the first step: the run trains eager instead, saying so."""
-    if torch.cuda.is_available() and accelerator in ("auto", "gpu", "cuda"):
-        return None  # CUDA builds of torch bring Triton, inductor's GPU compiler
-    if sys.platform == "win32":
-        return "torch.compile does not build for the CPU on Windows here"
-    if not any(name and shutil.which(name) for name in (os.environ.get("CXX"), "g++", "c++", "clang++")):
-        return "no C++ compiler on PATH (torch.compile builds C++ for the CPU: install g++ or clang++, or set CXX)"
-    return None
 
 
 def cache_counts() -> dict[str, int]:

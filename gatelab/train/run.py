@@ -25,7 +25,7 @@ from gatelab.data.identity import spec_hash
 from gatelab.data.prepare import load_data
 from gatelab.errors import GatelabError
 from gatelab.eval.probes import attention_output_rms
-from gatelab.host import resolve_precision
+from gatelab.host import cannot_compile, resolve_precision
 from gatelab.interrupts import Interrupted, raise_on_signals
 from gatelab.metrics import SETUP_S
 from gatelab.model import resolve_model
@@ -41,7 +41,7 @@ from gatelab.train.checkpoints import (
     remove_unfinished_writes,
     set_aside_unless_resumable,
 )
-from gatelab.train.compiling import CompileReport, cannot_compile, forget_earlier_graphs, share_cache
+from gatelab.train.compiling import CompileReport, forget_earlier_graphs, share_cache
 from gatelab.train.memory import check_fits
 from gatelab.train.module import GatedLM, StabilityMonitor, StepBatches, TextData
 from gatelab.train.ownership import Lease, OwnershipFence, RunOwnership, RunTakenOver

@@ -10,6 +10,7 @@ import pytest
 import torch
 import yaml
 
+from gatelab import host
 from gatelab.data.identity import spec_hash
 from gatelab.data.resolve import load_experiment
 from gatelab.model import build_model, resolve_model
@@ -146,12 +147,12 @@ def test_compiling_is_a_speed_setting_not_part_of_a_run_s_identity(tmp_path):
 
 
 def test_without_a_cpp_compiler_compiling_on_the_cpu_is_refused_with_the_fix(monkeypatch):
-    monkeypatch.setattr(compiling.shutil, "which", lambda name: None)
+    monkeypatch.setattr(host.shutil, "which", lambda name: None)
     monkeypatch.setattr(compiling.torch.cuda, "is_available", lambda: False)
-    why = compiling.cannot_compile("auto")
+    why = host.cannot_compile("auto")
     assert "no C++ compiler" in why and "CXX" in why
-    monkeypatch.setattr(compiling.shutil, "which", lambda name: f"/usr/bin/{name}")
-    assert compiling.cannot_compile("cpu") is None
+    monkeypatch.setattr(host.shutil, "which", lambda name: f"/usr/bin/{name}")
+    assert host.cannot_compile("cpu") is None
 
 
 def test_the_shared_cache_is_the_runs_folder_s_unless_the_user_chose_one(tmp_path, monkeypatch):
