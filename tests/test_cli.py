@@ -232,7 +232,8 @@ def test_a_value_the_table_cannot_use_ends_in_one_message_and_exit_2(monkeypatch
 
 HELP_COMMANDS = [(), ("train",), ("variants",), ("table",), ("eval",), ("claims",), ("ui",), ("bench",), ("data",),
                  ("data", "prepare"), ("sweep",), ("sweep", "plan"), ("sweep", "run"), ("sweep", "worker"),
-                 ("sweep", "reset"), ("sweep", "status"), ("sweep", "supersede")]
+                 ("sweep", "reset"), ("sweep", "status"), ("sweep", "supersede"), ("config",), ("config", "schema"),
+                 ("config", "show")]
 
 
 def help_text(*command: str) -> str:

@@ -26,10 +26,6 @@ README = REPO / "README.md"
 README_MAX_LINES = 250
 # Named by the README as files the reader makes (its sweep example), not shipped.
 MADE_BY_THE_READER = {"sweeps/my-gates.yaml"}
-# `gatelab config` is being added by other helpers of issue 46 (schema: `config schema` and experiments/CONFIG.md;
-# show: `config show`). Once merged these pass, strict xfail fails, and the entries go.
-PENDING_COMMANDS = ("gatelab config schema", "gatelab config show ")
-PENDING_PATHS = {"experiments/CONFIG.md"}
 
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 LINK = re.compile(r"\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
@@ -106,10 +102,8 @@ def _named_paths(markdown: str) -> set[str]:
 def test_every_repository_path_the_readme_names_exists():
     named = _named_paths(README.read_text(encoding="utf-8"))
     assert "experiments/scripts/gpu-check.sh" in named and "results/quickstart/mlflow-ui.png" in named
-    missing = sorted(p for p in named - MADE_BY_THE_READER - PENDING_PATHS if not _exists(p))
+    missing = sorted(p for p in named - MADE_BY_THE_READER if not _exists(p))
     assert missing == [], f"README.md names paths that do not exist: {missing}"
-    merged = sorted(p for p in PENDING_PATHS if _exists(p))
-    assert merged == [], f"{merged} exist now: take them out of PENDING_PATHS"
 
 
 def test_a_path_is_told_from_a_metric_a_url_and_a_home_folder():
@@ -144,13 +138,7 @@ def _parse(command_line: str) -> None:
 README_COMMANDS = _readme_commands()
 
 
-def _pending(line: str):
-    return pytest.param(line, marks=pytest.mark.xfail(strict=True, raises=UsageError,
-                                                      reason="`gatelab config` is not merged yet"))
-
-
-@pytest.mark.parametrize("line", [_pending(line) if line.startswith(PENDING_COMMANDS) else line
-                                  for line in README_COMMANDS])
+@pytest.mark.parametrize("line", README_COMMANDS)
 def test_each_gatelab_command_of_the_readme_parses(line):
     _parse(line)
 

@@ -1,5 +1,5 @@
-"""`gatelab config`: the keys of experiment and sweep files (`schema`), a command group of its own that gatelab.cli
-adds under the name `config`."""
+"""`gatelab config`: the keys of experiment and sweep files (`schema`) and a run's resolved configuration (`show`,
+gatelab.app.config_show), a command group of its own that gatelab.cli adds under the name `config`."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from gatelab.app import run_command
+from gatelab.app.config_show import show as show_config
 from gatelab.errors import GatelabError
 
 config_app = typer.Typer(help="Configuration: the schema of experiment and sweep files, and a run's resolved "
@@ -43,3 +44,6 @@ def schema(
     """Every key of an experiment file and of a sweep file, with its type, default, allowed values and help, as the
     markdown page experiments/CONFIG.md is made of (`gatelab config schema > experiments/CONFIG.md`)."""
     run_command(print_schema, kind, as_json=as_json)
+
+
+config_app.command("show")(show_config)
