@@ -122,12 +122,16 @@ def test_without_torchs_linear_cross_entropy_the_fp32_head_loss_has_the_loss_and
 
 def test_without_torchs_linear_cross_entropy_an_fp32_run_trains_as_with_it(tmp_path, monkeypatch):
     """Three 32-true Lightning steps through GatedLM where torch lacks the op (an fp32 step crashed there) against
-    three with it."""
+    three with it. The two sum a token's loss in another order, so fp32 rounding differs; Adam divides each step by the
+    gradient's running scale, so where a gradient is near zero (the tied embedding's rows of tokens a batch barely
+    holds) that rounding can move an element's update by a part in a few hundred: seen on a Xeon with AMX, 2 of 16,384
+    embedding elements 0.4% apart. Each parameter's whole update is compared, as the mixed-precision test does."""
     experiment = _micro_experiment(tmp_path)
-    with_op_lm, _, with_op_losses, _ = _fit(experiment.with_train(batch_size=2), 3, precision="32-true")
+    *_, with_op_losses, with_op_updates = _fit(experiment.with_train(batch_size=2), 3, precision="32-true")
     monkeypatch.delattr(torch.nn, "LinearCrossEntropyOptions", raising=False)
     monkeypatch.delattr(F, "linear_cross_entropy", raising=False)
-    lm, trainer, losses, _ = _fit(experiment.with_train(batch_size=2), 3, precision="32-true")
+    _, trainer, losses, updates = _fit(experiment.with_train(batch_size=2), 3, precision="32-true")
     assert trainer.global_step == 3 and losses == pytest.approx(with_op_losses, rel=1e-5)
-    for parameter, with_op in zip(lm.parameters(), with_op_lm.parameters()):
-        torch.testing.assert_close(parameter, with_op, rtol=1e-4, atol=1e-6)
+    assert updates.keys() == with_op_updates.keys()
+    for name, update in updates.items():
+        assert _relative_error(update, with_op_updates[name].double()) < 1e-3, name
