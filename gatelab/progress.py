@@ -63,6 +63,18 @@ def progress_every_s() -> float:
     return seconds
 
 
+class CommandClock:
+    """When the running command last said something on stderr, for the progress lines that speak only after a silence
+    (gatelab.sweep.spec.Progress). A command starts it (gatelab.app.run_command), so that a command run in a process
+    that ran others before it (a test, a notebook) starts silent rather than inheriting their clock."""
+
+    last_word: float | None = None
+
+    @classmethod
+    def start(cls) -> None:
+        cls.last_word = time.monotonic()
+
+
 def silence_noise() -> None:
     """Drop Lightning's info lines and third-party deprecation warnings, unless --verbose. Call it again after Lightning
     is imported: its package __init__ sets its loggers to INFO."""

@@ -20,12 +20,13 @@ from rich.text import Text
 from typer import echo
 
 from gatelab.errors import GatelabError, redact
-from gatelab.progress import fit_line, set_verbose, silence_noise, terminal_columns
+from gatelab.progress import CommandClock, fit_line, set_verbose, silence_noise, terminal_columns
 
 
 def run_command(work: Callable[..., int | None], /, *arguments: Any, **options: Any) -> None:
     """`work(*arguments, **options)`, a call into gatelab.app from a command: a GatelabError ends in one message and
     exit code 2; a code returned, as that code. (gatelab.app's functions take one positional argument at most.)"""
+    CommandClock.start()  # its progress lines speak after its own silence, not after an earlier command's
     try:
         code = work(*arguments, **options)
     except GatelabError as error:

@@ -271,8 +271,11 @@ def plan_command(
 def main(argv: Sequence[str] | None = None) -> int:
     """The command; a bad value ends in one line and exit code 2 (typer's usage errors as typer prints them), never a
     traceback."""
+    from gatelab.progress import CommandClock
+
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     app.command()(plan_command)
+    CommandClock.start()
     try:
         app(list(sys.argv[1:] if argv is None else argv), prog_name="python -m gatelab.report.power_plan")
     except SystemExit as done:  # click's standalone mode ends every command so

@@ -36,6 +36,7 @@ from gatelab.data.resolve import VocabularyTooSmall, experiment_from_dict, resol
 from gatelab.data.tokenizer import TRAINED_BPE
 from gatelab.errors import GatelabError
 from gatelab.metrics import KEY_METRICS, find, names_for
+from gatelab.progress import CommandClock
 from gatelab.sweep.ladder import RUNG, ladder_cells, ladder_problems, set_rung_model, set_rung_steps
 from gatelab.sweep.sweep_file import Ladder, SearchParam, SearchSpace, SweepFile
 from gatelab.variants import variant_ids
@@ -357,24 +358,23 @@ def _cells(sweep_file: SweepFile, problems: list[str]) -> list[dict[str, Any]]:
 
 class Progress:
     """'<what>: N of M <unit>' on stderr once the command has said nothing for PROGRESS_AFTER_S, and again every
-    PROGRESS_AFTER_S: the clock is shared by every Progress of the process, so a command of several phases (check the
-    cells, price the runs) that each take less still speaks. stdout stays the command's output (`--json`)."""
-
-    _last_word: float | None = None
+    PROGRESS_AFTER_S: the clock (gatelab.progress.CommandClock, started by each command) is shared by every Progress of
+    the command, so a command of several phases (check the cells, price the runs) that each take less still speaks.
+    stdout stays the command's output (`--json`)."""
 
     def __init__(self, what: str, total: int, unit: str = "cells") -> None:
         self.what, self.total, self.unit = what, total, unit
         now = time.monotonic()
         # A phase starting long after the last one (a worker reloading its sweep an hour later) is new work: its
         # clock starts now, rather than saying "0 of N" at once.
-        if Progress._last_word is None or now - Progress._last_word > 12 * PROGRESS_AFTER_S:
-            Progress._last_word = now
+        if CommandClock.last_word is None or now - CommandClock.last_word > 12 * PROGRESS_AFTER_S:
+            CommandClock.last_word = now
 
     def __call__(self, done: int) -> None:
         now = time.monotonic()
-        if now - (Progress._last_word or now) >= PROGRESS_AFTER_S:
+        if now - (CommandClock.last_word or now) >= PROGRESS_AFTER_S:
             print(f"{self.what}: {done} of {self.total} {self.unit}", file=sys.stderr, flush=True)
-            Progress._last_word = now
+            CommandClock.last_word = now
 
 
 class _CellChecker:

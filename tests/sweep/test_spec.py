@@ -432,3 +432,20 @@ def test_a_grid_at_the_cell_limit_is_expanded(tmp_path, monkeypatch):
     monkeypatch.setattr(spec, "MAX_CELLS", 3)
     with pytest.raises(GatelabError, match="grid: 4 cells"):
         load_sweep(write_sweep(tmp_path, {"grid": {"seed": [0, 1], "variant": ["baseline", "g1_elem_sig"]}}))
+
+
+def test_a_command_starts_the_progress_clock_so_an_earlier_commands_silence_is_not_its_own(tmp_path, monkeypatch):
+    """Commands run in one process (tests, a notebook) once shared the clock: a command 30 s after another said
+    "checking ...: 0 of N cells" before its first check, in front of what it had to say (a flaky exact-output test)."""
+    import time
+
+    from typer.testing import CliRunner
+
+    from gatelab.cli import app
+    from gatelab.progress import CommandClock
+
+    path = write_sweep(tmp_path, {"grid": {"seed": [0, 1, 2]}})
+    monkeypatch.setattr(CommandClock, "last_word", time.monotonic() - 30.0)  # an earlier command spoke 30 s ago
+    done = CliRunner().invoke(app, ["sweep", "status", str(path), "--runs-dir", str(tmp_path / "runs")])
+    assert done.exit_code == 0, done.output
+    assert "checking" not in done.output and "of 3 cells" not in done.output
