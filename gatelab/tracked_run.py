@@ -19,7 +19,7 @@ from gatelab.tracking import (
     STATUS_TAG,
     SUPERSEDED,
     RunStore,
-    artifact_target,
+    artifact_root,
     code_version,
     lightning_logger,
     package_versions,
@@ -147,8 +147,9 @@ class TrackedRun:
         if not self.writes_allowed():
             return
         self.logger.log_hyperparams({k: redact(str(v))[:500] for k, v in params.items()})
+        root = artifact_root(self.client.get_run(self.run_id).info.artifact_uri)
         for path, text in texts.items():
-            with naming_full_disk(artifact_target(self.client, self.run_id, path)):
+            with naming_full_disk(f"{root}{path}"):
                 self.client.log_text(self.run_id, redact(text), path)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
@@ -170,7 +171,7 @@ class TrackedRun:
         """Each `writers[name](path)` writes a file, logged as artifact `folder/name`."""
         if not self.writes_allowed():
             return
-        root = artifact_target(self.client, self.run_id, "")
+        root = artifact_root(self.client.get_run(self.run_id).info.artifact_uri)
         with tempfile.TemporaryDirectory() as local:
             for name, write in writers.items():
                 path = Path(local) / name

@@ -354,8 +354,9 @@ class RunStore:
 
         now = int(time.time() * 1000)
         self.client.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in metrics.items()])
+        root = artifact_root(self.client.get_run(run_id).info.artifact_uri)
         for path in paths:
-            with naming_full_disk(artifact_target(self.client, run_id, f"{folder}/{Path(path).name}")):
+            with naming_full_disk(f"{root}{folder}/{Path(path).name}"):
                 self.client.log_artifact(run_id, str(path), folder)
         self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
 
@@ -368,10 +369,11 @@ class RunStore:
             return None
         experiment = self.experiment_id(reports_experiment(experiment_name), {REPORTS_OF_TAG: experiment_name})
         found = self.client.search_runs([experiment], filter_string=f"tags.`{REPORT_TAG}` = 'true'", max_results=1)
-        run_id = found[0].info.run_id if found else self.client.create_run(
-            experiment, tags={REPORT_TAG: "true", RUN_NAME_TAG: f"{experiment_name} report"}).info.run_id
+        run = found[0] if found else self.client.create_run(
+            experiment, tags={REPORT_TAG: "true", RUN_NAME_TAG: f"{experiment_name} report"})
+        run_id, root = run.info.run_id, artifact_root(run.info.artifact_uri)
         for path in paths:
-            with naming_full_disk(artifact_target(self.client, run_id, f"report/{Path(path).name}")):
+            with naming_full_disk(f"{root}report/{Path(path).name}"):
                 self.client.log_artifact(run_id, str(path), "report")
         self.client.set_terminated(run_id, "FINISHED")
         self._retire_report_runs_among_training_runs(experiment_name)
@@ -410,16 +412,17 @@ class RunStore:
             if kept is None:
                 for run in earlier:
                     self.client.delete_run(run.info.run_id)
-                run_id = self.client.create_run(experiment, tags={RUN_NAME_TAG: comparison.name}).info.run_id
+                made = self.client.create_run(experiment, tags={RUN_NAME_TAG: comparison.name})
+                run_id, root = made.info.run_id, artifact_root(made.info.artifact_uri)
                 self.client.log_batch(run_id, params=[Param(k, v) for k, v in comparison.params.items()])
             else:
-                run_id = kept.info.run_id
+                run_id, root = kept.info.run_id, artifact_root(kept.info.artifact_uri)
             before = {} if kept is None else kept.data.metrics
             self.client.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in comparison.metrics.items()
                                                    if before.get(k) != v],
                                   tags=[RunTag(k, v) for k, v in {**comparison.tags,
                                                                   COMPARISON_KEY_TAG: comparison.key}.items()])
-            with naming_full_disk(artifact_target(self.client, run_id, "comparison.json")):
+            with naming_full_disk(f"{root}comparison.json"):
                 self.client.log_dict(run_id, comparison.details, "comparison.json")
             self.client.set_terminated(run_id, "FINISHED")
             run_ids.append(run_id)
@@ -429,15 +432,15 @@ class RunStore:
         return run_ids
 
 
-def artifact_target(client, run_id: str, relative: str) -> str:
-    """Where the run's artifact `relative` lands: a path for a local artifact store (what a full disk's message names,
-    with its file system), else its URI."""
+def artifact_root(artifact_uri: str | None) -> str:
+    """A run's artifact root (its `info.artifact_uri`) with a trailing '/': a path for a local artifact store (what a
+    full disk's message names, with its file system), else the URI."""
     import urllib.parse
 
-    root = client.get_run(run_id).info.artifact_uri or ""
+    root = artifact_uri or ""
     if root.startswith("file:"):
         root = urllib.parse.unquote(urllib.parse.urlparse(root).path)
-    return f"{root.rstrip('/')}/{relative}"
+    return f"{root.rstrip('/')}/"
 
 
 def lightning_logger(experiment_name: str, uri: str, run_id: str | None = None, tags: dict[str, str] | None = None,
