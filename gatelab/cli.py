@@ -28,6 +28,12 @@ from gatelab.app.options import (
     PlanWorkers,
     RunLedger,
     RunsDir,
+    SlurmGpus,
+    SlurmPartition,
+    SlurmSbatch,
+    SlurmSetup,
+    SlurmTimeMin,
+    SlurmWait,
     SweepFile,
     TableLedger,
     TheSweepFile,
@@ -133,15 +139,14 @@ def sweep_run(
     executor: Annotated[str, typer.Option(help="local, slurm (a submitit job array) or submitit-local")] = "local",
     storage: RunLedger = None, tracking_uri: TrackingUri = None, runs_dir: RunsDir = Path("runs"),
     heartbeat: Heartbeat = 10.0, grace: Grace = 60.0,
-    slurm_partition: Annotated[Optional[str], typer.Option(help="Slurm partition")] = None,
-    slurm_gpus: Annotated[int, typer.Option(help="GPUs per Slurm worker")] = 1,
-    slurm_time_min: Annotated[int, typer.Option(help="Slurm time limit per worker, minutes")] = 24 * 60,
-    verbose: Verbose = False,
+    slurm_partition: SlurmPartition = None, slurm_gpus: SlurmGpus = None, slurm_time_min: SlurmTimeMin = None,
+    slurm_sbatch: SlurmSbatch = [], slurm_setup: SlurmSetup = [], wait: SlurmWait = True, verbose: Verbose = False,
 ) -> None:
     """Run every unfinished run of a sweep; safe to re-run, and to run from several processes or machines at once.
     Each run's progress is a bar (one worker in a terminal), else a line every GATELAB_PROGRESS_EVERY seconds (30)."""
-    launch = Launch(executor=executor, workers=workers, heartbeat=heartbeat, grace=grace,
-                    slurm_partition=slurm_partition, slurm_gpus=slurm_gpus, slurm_time_min=slurm_time_min)
+    slurm = dict(partition=slurm_partition, gpus=slurm_gpus, time_min=slurm_time_min, sbatch=slurm_sbatch,
+                 setup=slurm_setup)
+    launch = Launch(executor=executor, workers=workers, heartbeat=heartbeat, grace=grace, slurm=slurm, wait=wait)
     _run(run_sweep, sweep, experiment=experiment, verbose=verbose, launch=launch,
          workspace=Workspace(runs_dir=runs_dir, tracking_uri=tracking_uri, storage=storage))
 

@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator
 class Interrupted(BaseException):
     """SIGINT or SIGTERM arrived; `exit_code` is the shell's 128 + signal number (130, 143)."""
 
-    def __init__(self, signum: int) -> None:
-        self.signum = signum
+    def __init__(self, signum: int, said: bool = False) -> None:
+        self.signum, self.said = signum, said  # said: what it means for the user was printed already
         self.exit_code = 128 + signum
         super().__init__(signal.Signals(signum).name)
 
@@ -54,3 +54,12 @@ def on_signals(handler: Callable[[int, object], None]) -> Iterator[None]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def leave_slurm_warnings_to_the_task() -> None:
+    """A sweep worker and its runs ignore Slurm's warning signals (USR1, USR2), whose default would kill them: the
+    Slurm task's own process owns them (gatelab.sweep.slurm) and tells the worker with SIGTERM. Ignored signals stay
+    ignored across exec, so a process started from here ignores them from its first instruction."""
+    if threading.current_thread() is threading.main_thread() and hasattr(signal, "SIGUSR2"):
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)

@@ -67,3 +67,15 @@ AsJson = Annotated[bool, typer.Option("--json", help="print JSON instead of a ta
 Formats = Annotated[str, typer.Option("--format", help="comma-separated: md, csv, latex, html")]
 Verbose = Annotated[bool, typer.Option("--verbose", help="also Lightning's device lines and tips, and third-party "
                                                          "deprecation warnings")]
+
+SlurmPartition = Annotated[Optional[str], typer.Option(help="Slurm partition (over the sweep file's slurm.partition)")]
+SlurmGpus = Annotated[Optional[int], typer.Option(min=0, help="GPUs per Slurm worker (slurm.gpus_per_worker; 1)")]
+SlurmTimeMin = Annotated[Optional[int], typer.Option(min=1, help="each Slurm worker's time limit, minutes "
+                                                                 "(slurm.time_min; 1440)")]
+SlurmSbatch = Annotated[list[str], typer.Option(help="an extra sbatch option NAME=VALUE, e.g. account=lab or "
+                                                     "mem=64G; repeatable, added to the sweep file's slurm.sbatch")]
+SlurmSetup = Annotated[list[str], typer.Option(help="a shell line run before each Slurm worker, e.g. 'module load "
+                                                    "cuda'; repeatable, after the sweep file's slurm.setup")]
+SlurmWait = Annotated[bool, typer.Option(help="wait for the Slurm tasks, submitting fresh ones for any that Slurm "
+                                              "ends while cells are left; --no-wait submits and returns")]
+

@@ -26,7 +26,7 @@ def interrupted_exit(interrupted) -> int:
     """A sweep command stopped by Ctrl-C or SIGTERM: what to run to resume, and the shell's exit code (130, 143)."""
     from gatelab.sweep.next_commands import interrupted_line
 
-    line = interrupted_line(interrupted)
+    line = None if interrupted.said else interrupted_line(interrupted)
     if line:  # none in a worker whose launcher prints it
         echo(line, err=True)
     return interrupted.exit_code
@@ -141,8 +141,12 @@ def print_status(sweep: Path, *, experiment: Path | None, workspace: Workspace, 
     if note:
         echo(note, err=True)
     counts = Counter(state.status for state in states)
+    from gatelab.sweep.slurm import slurm_task_rows
+
+    tasks = slurm_task_rows(workspace.runs_dir / plan.name / "submitit")
     if as_json:
-        echo(json.dumps({"sweep": plan.name, "counts": dict(counts), "runs": [asdict(s) for s in states]}, indent=2))
+        echo(json.dumps({"sweep": plan.name, "counts": dict(counts), "runs": [asdict(s) for s in states],
+                         **({"slurm_tasks": tasks} if tasks else {})}, indent=2))
         return
     table = Table(box=None, title=f"sweep {plan.name}: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
     for column in ("#", "run", "status", "detail", "attempts", "MLflow run"):
@@ -151,11 +155,19 @@ def print_status(sweep: Path, *, experiment: Path | None, workspace: Workspace, 
         table.add_row(str(state.index), state.label, state.status, _detail(state), str(state.attempts),
                       state.mlflow_run_id or "")
     stdout_console().print(table)
+    if tasks:
+        slurm = Table(box=None, title="Slurm tasks (sacct, or scontrol for recent ones)")
+        for column in ("task", "state", "why", "restarts", "log"):
+            slurm.add_column(column)
+        for task in tasks:
+            slurm.add_row(*task.values())
+        stdout_console().print(slurm)
 
 
 def _detail(state) -> str:
     if state.status == "running":
-        return f"on {state.worker} for {time.time() - (state.since or time.time()):.0f} s"
+        return (f"on {state.worker} for {time.time() - (state.since or time.time()):.0f} s"
+                + (f"; log {state.log}" if state.log else ""))
     if state.status == "diverged":
         return f"at step {state.diverged_step}"
     if state.status == "failed":

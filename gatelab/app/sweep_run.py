@@ -4,16 +4,19 @@ local worker processes, an Optuna search, or submitit (a Slurm job array, or its
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from pydantic import ValidationError
 from typer import echo
 
 from gatelab.app import quiet_noise
 from gatelab.app.sweep import cells_failed_exit, interrupted_exit, print_status
+from gatelab.config import format_validation_error
 from gatelab.errors import GatelabError
 from gatelab.interrupts import Interrupted, raise_on_signals
 from gatelab.progress import closing_lines
+from gatelab.sweep.sweep_file import SlurmSettings
 from gatelab.tracking import prepare_store
 from gatelab.workspace import Workspace
 
@@ -28,12 +31,40 @@ class Launch:
     workers: int = 1
     heartbeat: float = 10.0  # seconds between a worker's heartbeats
     grace: float = 60.0  # seconds without a heartbeat before a run is taken over
-    slurm_partition: str | None = None
-    slurm_gpus: int = 1  # per worker
-    slurm_time_min: int = 24 * 60  # per worker
+    # the command line's --slurm-* options as given (`slurm_overrides`' arguments), over the sweep file's `slurm` keys
+    slurm: dict = field(default_factory=dict)
+    wait: bool = True  # a Slurm launch waits for its tasks, topping them up; else it submits and returns
 
-    def slurm(self) -> dict:
-        return {"partition": self.slurm_partition, "gpus": self.slurm_gpus, "time_min": self.slurm_time_min}
+    def slurm_settings(self, sweep_file) -> SlurmSettings:
+        """The sweep file's `slurm` keys with the command line's over them, checked as one."""
+        given = sweep_file.slurm.model_dump() if sweep_file.slurm is not None else {}
+        overrides = slurm_overrides(**self.slurm) if self.slurm else {}
+        merged = {**given, **{key: value for key, value in overrides.items() if key not in ("sbatch", "setup")}}
+        merged["sbatch"] = {**given.get("sbatch", {}), **overrides.get("sbatch", {})}
+        merged["setup"] = [*given.get("setup", []), *overrides.get("setup", [])]
+        try:
+            return SlurmSettings.model_validate(merged)
+        except ValidationError as error:
+            raise GatelabError(format_validation_error(error, "the sweep's slurm keys and the --slurm-* options",
+                                                       SlurmSettings)) from None
+
+
+def slurm_overrides(*, partition: str | None, gpus: int | None, time_min: int | None, sbatch: list[str],
+                    setup: list[str]) -> dict:
+    """The command line's --slurm-* options as the sweep file's `slurm` keys they override."""
+    given = {"partition": partition, "gpus_per_worker": gpus, "time_min": time_min}
+    overrides: dict = {key: value for key, value in given.items() if value is not None}
+    pairs = {}
+    for option in sbatch:
+        name, equals, value = option.partition("=")
+        if not equals or not name.strip().lstrip("-"):
+            raise GatelabError(f"--slurm-sbatch {option!r}: write NAME=VALUE, e.g. --slurm-sbatch account=lab")
+        pairs[name.strip().lstrip("-")] = value
+    if pairs:
+        overrides["sbatch"] = pairs
+    if setup:
+        overrides["setup"] = list(setup)
+    return overrides
 
 
 def run_sweep(sweep: Path, *, experiment: Path | None, workspace: Workspace, verbose: bool, launch: Launch) -> int:
@@ -112,13 +143,57 @@ def _launch(plan, specs, sweep: Path, *, experiment: Path | None, workspace: Wor
         return True
     if launch.executor not in EXECUTORS:
         raise GatelabError(f"--executor {launch.executor!r}: valid executors are local, slurm, submitit-local")
+    if launch.executor == "slurm":
+        return _launch_on_slurm(plan, specs, workspace=workers_workspace, launch=launch, worker_args=worker_args)
     from gatelab.sweep.executor import submit_workers
 
-    cluster = "slurm" if launch.executor == "slurm" else "local"
-    jobs = submit_workers(launch.workers, cluster=cluster, folder=runs_dir / plan.name / "submitit",
-                          slurm=launch.slurm(), wait=cluster == "local", **worker_args)
+    jobs = submit_workers(launch.workers, folder=runs_dir / plan.name / "submitit", **worker_args)
     echo(f"submitted workers {', '.join(jobs)}")
-    if cluster == "slurm":
-        echo(f"follow them with: gatelab sweep status {sweep}")
+    return True
+
+
+def _one_shape(specs) -> tuple[int, int]:
+    """The devices and nodes every run of the sweep trains on: an array asks Slurm for one shape of task."""
+    shapes = {(spec.experiment.train.devices, spec.experiment.train.num_nodes) for spec in specs}
+    if len(shapes) > 1 or any(devices == "auto" for devices, _ in shapes):
+        shown = ", ".join(f"train.devices={d} train.num_nodes={n}" for d, n in sorted(shapes, key=str))
+        raise GatelabError(f"--executor slurm: the sweep's runs ask for {shown}; a Slurm array starts every worker "
+                           "with one number of tasks (one per device), so give every run one whole number of "
+                           "train.devices and train.num_nodes, or split the sweep")
+    return shapes.pop()
+
+
+def _launch_on_slurm(plan, specs, *, workspace: Workspace, launch: Launch, worker_args: dict) -> bool:
+    """Keep `--workers` Slurm tasks alive while cells are left (see gatelab.sweep.slurm); False where it only
+    submitted them (--no-wait)."""
+    from gatelab.sweep.executor import launcher_env, worker_command
+    from gatelab.sweep.queue import ledger_states
+    from gatelab.sweep.slurm import SlurmArray, keep_workers
+
+    settings = launch.slurm_settings(plan.file)
+    devices, nodes = _one_shape(specs)
+    array = SlurmArray(folder=(workspace.runs_dir / plan.name / "submitit").resolve(), settings=settings,
+                       name=f"gatelab-{plan.name}", devices=devices, nodes=nodes)
+
+    def cells_left() -> int:
+        states = ledger_states(workspace.storage, runs_dir=workspace.runs_dir, sweep_name=plan.name, specs=specs)
+        return sum(state.status in ("pending", "running", "not enqueued") for state in states)
+
+    array.check_reachable()
+    command = worker_command(threads=settings.cpus_per_worker, **worker_args)
+    try:
+        keep_workers(array, workers=launch.workers, cells_left=cells_left, command=command,
+                     env=launcher_env(says_resume=launch.wait), say=echo, poll_s=max(launch.heartbeat, 1.0),
+                     wait=launch.wait)
+    except Interrupted as interrupted:
+        jobs = array.job_ids()
+        live = array.live_tasks()
+        echo(f"stopped waiting; the sweep's {len(live)} Slurm task{'s' * (len(live) != 1)} go on"
+             + (f" ({', '.join(live)}): cancel them with: scancel {' '.join(jobs)}" if live else "")
+             + f". Follow them with: gatelab sweep status {worker_args['sweep']}; the same command waits for them "
+             "again and tops them up", err=True)
+        raise Interrupted(interrupted.signum, said=True) from None
+    if not launch.wait:
+        echo(f"follow them with: gatelab sweep status {worker_args['sweep']}")
         return False
     return True

@@ -233,24 +233,16 @@ def _submitit_worker(command: list[str], env: dict[str, str]) -> int:
     return subprocess.run(command, check=False, env={**os.environ, **env}).returncode
 
 
-def submit_workers(n_workers: int, *, cluster: str, folder: Path, slurm: dict, wait: bool,
-                   **worker_args) -> list[str]:
-    """A job array of N workers through submitit: `cluster` is 'slurm', or 'local' to run them here."""
+def submit_workers(n_workers: int, *, folder: Path, **worker_args) -> list[str]:
+    """N workers as a job array of submitit's local executor, waited for: the Slurm path's shape without a Slurm
+    (`gatelab.sweep.slurm` submits to a real one)."""
     import submitit
 
-    executor = submitit.AutoExecutor(folder=str(folder), cluster=cluster)
-    parameters = {"timeout_min": slurm.get("time_min", 24 * 60)}
-    if cluster == "slurm":
-        parameters.update({"slurm_array_parallelism": n_workers, "gpus_per_node": slurm.get("gpus", 0),
-                           "cpus_per_task": slurm.get("cpus", 4)})
-        if slurm.get("partition"):
-            parameters["slurm_partition"] = slurm["partition"]
-    executor.update_parameters(**parameters)
-    command = worker_command(threads=slurm.get("threads"), **worker_args)
-    env = launcher_env(says_resume=wait)  # a Slurm job outlives this process: its workers say how to resume
-    jobs = executor.map_array(_submitit_worker, [command] * n_workers, [env] * n_workers)
-    if wait:
-        failed = [job.job_id for job in jobs if job.result() not in (0, CELLS_FAILED)]  # failed cells: the ledger says
-        if failed:
-            raise GatelabError(f"workers {', '.join(failed)} exited with an error; their logs are in {folder}")
+    executor = submitit.AutoExecutor(folder=str(folder), cluster="local")
+    executor.update_parameters(timeout_min=24 * 60)
+    command = worker_command(threads=None, **worker_args)
+    jobs = executor.map_array(_submitit_worker, [command] * n_workers, [launcher_env(says_resume=True)] * n_workers)
+    failed = [job.job_id for job in jobs if job.result() not in (0, CELLS_FAILED)]  # failed cells: the ledger says
+    if failed:
+        raise GatelabError(f"workers {', '.join(failed)} exited with an error; their logs are in {folder}")
     return [job.job_id for job in jobs]

@@ -46,6 +46,8 @@ from gatelab.sweep.ledger_storage import (
 )
 from gatelab.tracking import STATUS_TAG
 
+SLURM_TASK = "gatelab.slurm_task"
+WORKER_LOG = "gatelab.worker_log"
 CELLS_FAILED = 1  # the exit code of `gatelab sweep run` and `sweep worker` when a cell ended failed
 HASH = "gatelab.hash"
 HEARTBEAT = "gatelab.heartbeat"
@@ -68,6 +70,8 @@ class RunState:
     diverged_step: int | None = None
     error: str | None = None
     value: float | None = None
+    slurm_task: str | None = None  # the Slurm task ("123_4") of a running run's worker
+    log: str | None = None  # that worker's log
 
 
 @dataclass(frozen=True)
@@ -171,6 +175,22 @@ def _reported(method):
     return reported
 
 
+def worker_identity() -> str:
+    """host:pid, and the Slurm task where the worker is one ("host:pid slurm 123_4")."""
+    from gatelab.sweep.slurm import slurm_task_id
+
+    task = slurm_task_id()
+    return f"{socket.gethostname()}:{os.getpid()}" + (f" slurm {task}" if task else "")
+
+
+def slurm_attrs() -> tuple[tuple[str, str], ...]:
+    """What a claim records of a Slurm worker: its task and its log, for `gatelab sweep status`."""
+    from gatelab.sweep.slurm import LOG_ENV, slurm_task_id
+
+    task, log = slurm_task_id(), os.environ.get(LOG_ENV)
+    return tuple((key, value) for key, value in ((SLURM_TASK, task), (WORKER_LOG, log)) if value)
+
+
 class NoLedgerYet(GatelabError):
     """A read-only look at a sweep whose study the storage does not hold: nothing has run yet."""
 
@@ -184,7 +204,7 @@ class SweepLedger:
         self.storage_uri, self.read_only = storage, read_only
         self.study = self._open_study(sweep_name, tracking_uris)
         self.heartbeat_s, self.grace_s = heartbeat_s, grace_s
-        self.worker = f"{socket.gethostname()}:{os.getpid()}"
+        self.worker = worker_identity()
 
     @_reported
     def _open_study(self, sweep_name: str, tracking_uris: Collection[str]) -> optuna.Study:
@@ -285,7 +305,7 @@ class SweepLedger:
                 self.release(claim, "skipped: being trained by another process")
                 continue
             for key, value in ((HEARTBEAT, time.time()), ("gatelab.worker", self.worker),
-                               ("gatelab.started", time.time())):
+                               ("gatelab.started", time.time()), *slurm_attrs()):
                 trial.set_user_attr(key, value)
             return claim
         return None
@@ -412,6 +432,8 @@ class SweepLedger:
                 diverged_step=chosen.user_attrs.get("gatelab.diverged_step"),
                 error=_last_line(chosen.user_attrs.get("gatelab.error")) if status == "failed" else None,
                 value=chosen.value if chosen.state == TrialState.COMPLETE else None,
+                slurm_task=chosen.user_attrs.get(SLURM_TASK) if status == "running" else None,
+                log=chosen.user_attrs.get(WORKER_LOG) if status == "running" else None,
             ))
         return rows
 

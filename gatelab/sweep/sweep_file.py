@@ -129,6 +129,48 @@ class Ladder(StrictModel):
         return rungs
 
 
+class SlurmSettings(StrictModel):
+    """How `gatelab sweep run --executor slurm` asks Slurm for its workers: each worker is one task of a job array
+    (submitit), and these are its sbatch options. The command line's --slurm-* options override them."""
+
+    partition: str | None = Field(None, description="the partition (sbatch --partition); unset: the default")
+    time_min: PositiveInt = Field(24 * 60, description="each worker's time limit in minutes (sbatch --time)")
+    gpus_per_worker: int = Field(1, ge=0, description="GPUs per worker (sbatch --gpus-per-node)")
+    cpus_per_worker: PositiveInt = Field(4, description="cores per worker (sbatch --cpus-per-task)")
+    signal_delay_s: int = Field(
+        90, ge=10, description="seconds before the time limit that Slurm warns the task (USR2): it puts its run back "
+        "with its checkpoint and is requeued")
+    max_requeues: int = Field(
+        3, ge=0, description="time-limit requeues per task before it ends (submitit's max_num_timeout); gatelab's "
+        "launcher then submits a fresh task while cells are left")
+    sbatch: dict[str, str | int | float | bool] = Field(
+        {}, description="any other sbatch option, name -> value without the dashes, e.g. {account: lab, qos: "
+        "high, mem: 64G, constraint: h100} (submitit's slurm_additional_parameters)")
+    setup: list[str] = Field(
+        [], description="shell lines run before each worker starts, e.g. module loads or `source .venv/bin/activate` "
+        "(submitit's slurm_setup)")
+
+    @field_validator("sbatch")
+    @classmethod
+    def _sbatch_names(cls, sbatch: dict[str, Any]) -> dict[str, Any]:
+        for name in sbatch:
+            if not re.fullmatch(r"[a-z][a-z0-9-]*", name.replace("_", "-")):
+                raise ValueError(f"'{name}' is not an sbatch option name: write it without dashes, e.g. "
+                                 "{account: lab, gres: 'gpu:2'}")
+            if name.replace("_", "-") in OWN_SBATCH_OPTIONS:
+                raise ValueError(f"'{name}' is set by gatelab from the slurm keys or the launch; use "
+                                 f"{OWN_SBATCH_OPTIONS[name.replace('_', '-')]} instead")
+        return sbatch
+
+
+# sbatch options gatelab sets itself, and the key that sets each
+OWN_SBATCH_OPTIONS = {"partition": "slurm.partition", "time": "slurm.time_min", "array": "--workers",
+                      "gpus-per-node": "slurm.gpus_per_worker", "cpus-per-task": "slurm.cpus_per_worker",
+                      "signal": "slurm.signal_delay_s", "output": "nothing (gatelab names the logs)",
+                      "error": "nothing (gatelab names the logs)", "ntasks-per-node": "train.devices",
+                      "job-name": "nothing (the job is named after the sweep)"}
+
+
 class SweepFile(StrictModel):
     """The keys of a sweep YAML file."""
 
@@ -149,6 +191,9 @@ class SweepFile(StrictModel):
     ladder: Ladder | None = Field(
         None, description="model sizes crossed with the grid, each trained for its tokens rule's steps")
     retries: int = Field(2, ge=0, description="how many times a failed run is retried")
+    slurm: SlurmSettings | None = Field(
+        None, description="the Slurm job array of `gatelab sweep run --executor slurm`: partition, time, extra sbatch "
+        "lines, set-up lines")
 
     @field_validator("name")
     @classmethod

@@ -25,7 +25,7 @@ from gatelab import host
 from gatelab.config_files import to_yaml
 from gatelab.data.identity import spec_hash
 from gatelab.errors import GatelabError, redact
-from gatelab.interrupts import Interrupted, ignore_signals, raise_on_signals
+from gatelab.interrupts import Interrupted, ignore_signals, leave_slurm_warnings_to_the_task, raise_on_signals
 from gatelab.metrics import PPL_AVG
 from gatelab.progress import RunCosts, is_verbose, sweep_progress_line, sweep_time_left
 from gatelab.store_checks import StoreBusy, check_store
@@ -102,6 +102,9 @@ def run_in_child(experiment, *, tracking_uri: str | None, runs_dir: Path):
     command += ["--verbose"] if is_verbose() else []
     if tracking_uri:
         command += ["--tracking-uri", tracking_uri]
+    from gatelab.sweep.slurm import publish_to_ranks
+
+    publish_to_ranks(command)  # in a Slurm step of one task per device, its other ranks start the same command
     child = subprocess.Popen(command)
     try:
         code = child.wait()
@@ -149,6 +152,7 @@ def work(sweep_path: Path, *, experiment: Path | None = None, workspace: Workspa
 
     worker = SweepWorker(sweep_path=sweep_path, sweep=sweep, specs=specs, ledger=ledger, share=share, run=run,
                          tracking_uri=tracking_uri, runs_dir=runs_dir, grace_s=grace_s, log=log, progress=progress)
+    leave_slurm_warnings_to_the_task()
     with raise_on_signals():  # a signal between runs is the same exception as one inside `run`
         try:
             while True:

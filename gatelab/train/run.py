@@ -326,8 +326,16 @@ def build_trainer(experiment: ExperimentConfig, run_dir: Path, callbacks: list[L
         # Every rank validates on all held-out windows, so rank 0's unsynced val/loss is the whole set's; StepBatches
         # slices the training batch by rank itself.
         use_distributed_sampler=False,
-        default_root_dir=run_dir, deterministic=False, plugins=[checkpoint_io],
+        default_root_dir=run_dir, deterministic=False, plugins=[checkpoint_io, *slurm_plugins()],
     )
+
+
+def slurm_plugins() -> list:
+    """In a Slurm job step, Lightning's Slurm environment without its own requeue: a sweep's Slurm task owns Slurm's
+    warning signal (gatelab.sweep.slurm), and two requeues of one task would race."""
+    from lightning.pytorch.plugins.environments import SLURMEnvironment
+
+    return [SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else []
 
 
 def _module_and_data(experiment: ExperimentConfig, model_config: ModelConfig, corpus: TokenCorpus,

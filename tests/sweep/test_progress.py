@@ -156,6 +156,9 @@ def test_lightning_says_nothing_about_devices_or_tips_once_silenced(tmp_path, sr
     env.pop("GATELAB_VERBOSE", None)
     for name in ("SLURM_NTASKS", "SLURM_JOB_NAME"):  # not inside a Slurm job: the hint's own condition
         env.pop(name, None)
+    # a plain host: no folder of the PATH with an srun (this host may have a real Slurm)
+    env["PATH"] = os.pathsep.join(folder for folder in env["PATH"].split(os.pathsep)
+                                  if not os.access(os.path.join(folder, "srun"), os.X_OK))
     if srun:
         (tmp_path / "srun").write_text("#!/bin/sh\nexit 0\n")
         (tmp_path / "srun").chmod(0o755)
