@@ -15,6 +15,16 @@ from pathlib import Path
 
 import gatelab
 
+SLURM_LOG_ENV = "GATELAB_SLURM_LOG"  # a Slurm task's worker is told where its log is, for `gatelab sweep status`
+
+
+def slurm_task_id() -> str | None:
+    """This process's Slurm task as `squeue` names it ("123_4" in an array, else "123"); None outside Slurm."""
+    array_job, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    if array_job and task:
+        return f"{array_job}_{task}"
+    return os.environ.get("SLURM_JOB_ID")
+
 
 def repo_root() -> Path:
     """The checkout with experiments/ and sweeps/: the folder above the gatelab package in an editable install; in a

@@ -36,6 +36,7 @@ from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.exc import SQLAlchemyError
 
+from gatelab import host
 from gatelab.errors import GatelabError, redact
 from gatelab.sweep.ledger_storage import (
     default_storage,
@@ -177,17 +178,13 @@ def _reported(method):
 
 def worker_identity() -> str:
     """host:pid, and the Slurm task where the worker is one ("host:pid slurm 123_4")."""
-    from gatelab.sweep.slurm import slurm_task_id
-
-    task = slurm_task_id()
+    task = host.slurm_task_id()
     return f"{socket.gethostname()}:{os.getpid()}" + (f" slurm {task}" if task else "")
 
 
 def slurm_attrs() -> tuple[tuple[str, str], ...]:
     """What a claim records of a Slurm worker: its task and its log, for `gatelab sweep status`."""
-    from gatelab.sweep.slurm import LOG_ENV, slurm_task_id
-
-    task, log = slurm_task_id(), os.environ.get(LOG_ENV)
+    task, log = host.slurm_task_id(), os.environ.get(host.SLURM_LOG_ENV)
     return tuple((key, value) for key, value in ((SLURM_TASK, task), (WORKER_LOG, log)) if value)
 
 

@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gatelab.errors import GatelabError
+from gatelab.host import SLURM_LOG_ENV, slurm_task_id
 from gatelab.interrupts import leave_slurm_warnings_to_the_task
 from gatelab.sweep.queue import CELLS_FAILED
 from gatelab.sweep.sweep_file import SlurmSettings
 
-LOG_ENV = "GATELAB_SLURM_LOG"  # a Slurm task's worker is told where its log is, for `gatelab sweep status`
 # In a step of one task per device: the folder where rank 0's worker publishes each run's command for the other ranks
 RANKS_ENV = "GATELAB_SLURM_RANKS"
 JOBS_FILE = "jobs.txt"
@@ -41,14 +41,6 @@ LIVE_STATES = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", 
                "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD"}
 SLURM_ANSWER_S = 60.0  # how long a Slurm command may take to answer before it counts as failed
 INTERRUPTED_CODES = (128 + signal.SIGINT, 128 + signal.SIGTERM)
-
-
-def slurm_task_id() -> str | None:
-    """This process's Slurm task as `squeue` names it ("123_4" in an array, else "123"); None outside Slurm."""
-    array_job, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
-    if array_job and task:
-        return f"{array_job}_{task}"
-    return os.environ.get("SLURM_JOB_ID")
 
 
 class SlurmTask:
@@ -66,7 +58,7 @@ class SlurmTask:
         env = {**os.environ, **self.env}
         log = _own_log()
         if log is not None:
-            env[LOG_ENV] = str(log)
+            env[SLURM_LOG_ENV] = str(log)
         ranks = _ranks_folder(log)
         if ranks is not None and int(os.environ.get("SLURM_PROCID", "0")) != 0:
             return follow_rank_zero(ranks)

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
+from gatelab import host
 from gatelab.errors import GatelabError
 from gatelab.sweep import slurm
 from gatelab.sweep.queue import SLURM_TASK, WORKER_LOG, slurm_attrs, worker_identity
@@ -149,11 +150,11 @@ def test_a_slurm_workers_identity_and_claim_name_its_task_and_log(monkeypatch):
     monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "41")
     monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
     monkeypatch.setenv("SLURM_JOB_ID", "44")
-    monkeypatch.setenv(slurm.LOG_ENV, "/runs/x/submitit/41_3_0_log.out")
+    monkeypatch.setenv(host.SLURM_LOG_ENV, "/runs/x/submitit/41_3_0_log.out")
     assert worker_identity().endswith(f":{os.getpid()} slurm 41_3")
     assert dict(slurm_attrs()) == {SLURM_TASK: "41_3", WORKER_LOG: "/runs/x/submitit/41_3_0_log.out"}
     monkeypatch.delenv("SLURM_ARRAY_TASK_ID")
-    assert slurm.slurm_task_id() == "44"
+    assert host.slurm_task_id() == "44"
 
 
 def test_rank_zero_publishes_each_run_and_the_other_ranks_follow_until_done(tmp_path, monkeypatch):
