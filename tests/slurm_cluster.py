@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -120,11 +121,35 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 
 
 def stop(cluster: LocalSlurm) -> None:
-    """Every job cancelled, then the daemons stopped (SIGTERM, by their pid files)."""
-    cluster.run("scancel", "--full", "--user", "root", check=False)
+    """Every job cancelled and gone, the daemons stopped, then any process still carrying this cluster's SLURM_CONF
+    killed: a job step whose slurmd stopped first would otherwise live on as an orphan."""
+    cluster.run("scancel", "--full", "--me", check=False)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and cluster.run("squeue", "--noheader", check=False).stdout.strip():
+        time.sleep(0.5)
     for pid_file in (cluster.folder / "slurmd.pid", cluster.folder / "slurmctld.pid",
                      cluster.folder / "munge" / "munged.pid"):
         try:
-            os.kill(int(pid_file.read_text().split()[0]), 15)
+            os.kill(int(pid_file.read_text().split()[0]), signal.SIGTERM)
         except (OSError, ValueError, IndexError):
             continue
+    time.sleep(1)
+    for pid in _carrying(f"SLURM_CONF={cluster.env['SLURM_CONF']}".encode()):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            continue
+
+
+def _carrying(variable: bytes) -> list[int]:
+    """Every other process whose environment holds `variable` (NAME=value)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if variable in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found

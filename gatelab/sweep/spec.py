@@ -360,11 +360,12 @@ class Progress:
     """'<what>: N of M <unit>' on stderr once the command has said nothing for PROGRESS_AFTER_S, and again every
     PROGRESS_AFTER_S: the clock (gatelab.progress.CommandClock, started by each command) is shared by every Progress of
     the command, so a command of several phases (check the cells, price the runs) that each take less still speaks.
-    stdout stays the command's output (`--json`)."""
+    A phase over within PROGRESS_AFTER_S / 5 says nothing: it was no wait, whoever spoke last (a library call in a
+    process whose earlier command, not this one, set the clock). stdout stays the command's output (`--json`)."""
 
     def __init__(self, what: str, total: int, unit: str = "cells") -> None:
         self.what, self.total, self.unit = what, total, unit
-        now = time.monotonic()
+        now = self.started = time.monotonic()
         # A phase starting long after the last one (a worker reloading its sweep an hour later) is new work: its
         # clock starts now, rather than saying "0 of N" at once.
         if CommandClock.last_word is None or now - CommandClock.last_word > 12 * PROGRESS_AFTER_S:
@@ -372,7 +373,7 @@ class Progress:
 
     def __call__(self, done: int) -> None:
         now = time.monotonic()
-        if now - (CommandClock.last_word or now) >= PROGRESS_AFTER_S:
+        if now - self.started >= PROGRESS_AFTER_S / 5 and now - (CommandClock.last_word or now) >= PROGRESS_AFTER_S:
             print(f"{self.what}: {done} of {self.total} {self.unit}", file=sys.stderr, flush=True)
             CommandClock.last_word = now
 

@@ -384,6 +384,19 @@ def test_a_long_check_says_how_far_it_is(tmp_path, monkeypatch, capsys):
     assert "s.yaml: 2 of 3 cells" in err and capsys.readouterr().out == ""
 
 
+def test_a_quick_check_says_nothing_whoever_spoke_last(tmp_path, monkeypatch, capsys):
+    """A library call (a test, a notebook, a launcher's helper) in a process whose earlier command set the clock 30 s
+    ago: its sub-second phase is no wait to report (it said 'checking ...: 0 of 1 cells' at once, in a fresh clone's
+    suite, in tests/sweep/test_executor.py)."""
+    import time
+
+    from gatelab.progress import CommandClock
+
+    monkeypatch.setattr(CommandClock, "last_word", time.monotonic() - 30.0)
+    expand(load_sweep(write_sweep(tmp_path, {"grid": {"seed": [0, 1, 2]}})))
+    assert capsys.readouterr().err == ""
+
+
 def test_searched_values_valid_alone_are_checked_together(tmp_path):
     """lr and min_lr each within their ranges can still put min_lr above lr: the corners are checked too."""
     message = error_of(write_sweep(tmp_path, {"search": {"params": {
