@@ -31,40 +31,34 @@ class Launch:
     workers: int = 1
     heartbeat: float = 10.0  # seconds between a worker's heartbeats
     grace: float = 60.0  # seconds without a heartbeat before a run is taken over
-    # the command line's --slurm-* options as given (`slurm_overrides`' arguments), over the sweep file's `slurm` keys
+    # the command line's --slurm-* options as given (`over_slurm_keys`' arguments), over the sweep file's `slurm` keys
     slurm: dict = field(default_factory=dict)
     wait: bool = True  # a Slurm launch waits for its tasks, topping them up; else it submits and returns
 
     def slurm_settings(self, sweep_file) -> SlurmSettings:
         """The sweep file's `slurm` keys with the command line's over them, checked as one."""
         given = sweep_file.slurm.model_dump() if sweep_file.slurm is not None else {}
-        overrides = slurm_overrides(**self.slurm) if self.slurm else {}
-        merged = {**given, **{key: value for key, value in overrides.items() if key not in ("sbatch", "setup")}}
-        merged["sbatch"] = {**given.get("sbatch", {}), **overrides.get("sbatch", {})}
-        merged["setup"] = [*given.get("setup", []), *overrides.get("setup", [])]
         try:
-            return SlurmSettings.model_validate(merged)
+            return SlurmSettings.model_validate(over_slurm_keys(given, **self.slurm) if self.slurm else given)
         except ValidationError as error:
             raise GatelabError(format_validation_error(error, "the sweep's slurm keys and the --slurm-* options",
                                                        SlurmSettings)) from None
 
 
-def slurm_overrides(*, partition: str | None, gpus: int | None, time_min: int | None, sbatch: list[str],
-                    setup: list[str]) -> dict:
-    """The command line's --slurm-* options as the sweep file's `slurm` keys they override."""
-    given = {"partition": partition, "gpus_per_worker": gpus, "time_min": time_min}
-    overrides: dict = {key: value for key, value in given.items() if value is not None}
+def over_slurm_keys(given: dict, *, partition: str | None, gpus: int | None, time_min: int | None,
+                    sbatch: list[str], setup: list[str]) -> dict:
+    """The sweep file's `slurm` keys with the command line's --slurm-* options over them: an option given replaces
+    its key, --slurm-sbatch adds to (or replaces one of) the file's sbatch options, --slurm-setup lines run after the
+    file's."""
+    scalars = {"partition": partition, "gpus_per_worker": gpus, "time_min": time_min}
     pairs = {}
     for option in sbatch:
         name, equals, value = option.partition("=")
         if not equals or not name.strip().lstrip("-"):
             raise GatelabError(f"--slurm-sbatch {option!r}: write NAME=VALUE, e.g. --slurm-sbatch account=lab")
         pairs[name.strip().lstrip("-")] = value
-    if pairs:
-        overrides["sbatch"] = pairs
-    if setup:
-        overrides["setup"] = list(setup)
-    return overrides
+    return {**given, **{key: value for key, value in scalars.items() if value is not None},
+            "sbatch": {**given.get("sbatch", {}), **pairs}, "setup": [*given.get("setup", []), *setup]}
 
 
 def run_sweep(sweep: Path, *, experiment: Path | None, workspace: Workspace, verbose: bool, launch: Launch) -> int:

@@ -202,9 +202,9 @@ class SlurmArray:
             raise GatelabError(f"sbatch refused the workers: {_said(error)}; check the sweep's slurm keys "
                                "(partition, sbatch, setup) and the --slurm-* options") from None
         ids = [job.job_id for job in jobs]
-        array_jobs = sorted({task.split("_")[0] for task in ids})
-        with (self.folder / JOBS_FILE).open("a") as listed:
-            listed.write("".join(f"{job}\n" for job in array_jobs if job not in self.job_ids()))
+        listed = set(self.job_ids())
+        with (self.folder / JOBS_FILE).open("a") as jobs_file:
+            jobs_file.write("".join(f"{job}\n" for job in sorted({task.split("_")[0] for task in ids} - listed)))
         return ids
 
     def live_tasks(self) -> list[str]:
@@ -221,7 +221,8 @@ class SlurmArray:
                 return []
             raise GatelabError(f"Slurm's squeue failed ({' '.join(found.stderr.split())[-300:] or found.returncode}); "
                                "the tasks already submitted go on: run the same command again once Slurm answers")
-        return [(line.split()[0], line.split()[1]) for line in found.stdout.splitlines() if len(line.split()) == 2]
+        rows = (line.split() for line in found.stdout.splitlines())
+        return [(row[0], row[1]) for row in rows if len(row) == 2]
 
     def cancel_pending(self, say: Callable[[str], object]) -> None:
         """With no cell left: cancel this sweep's tasks still waiting to start (a requeued task waits out Slurm's
@@ -242,7 +243,10 @@ class SlurmArray:
         return sacct_endings(jobs, self.run) or scontrol_endings(jobs, self.run)
 
     def log_of(self, task: str) -> Path:
-        return self.folder / f"{task}_0_log.out"
+        """Rank 0's log of a task, as submitit names it (the path its worker records, `_own_log`)."""
+        import submitit
+
+        return submitit.core.utils.JobPaths(self.folder, job_id=task, task_id=0).stdout
 
 
 @dataclass(frozen=True)
@@ -278,7 +282,7 @@ def scontrol_endings(jobs: Sequence[str], run) -> dict[str, TaskEnding]:
             continue  # forgotten (MinJobAge passed)
         for line in found.stdout.splitlines():
             fields = dict(part.split("=", 1) for part in shlex.split(line) if "=" in part)
-            if "ArrayTaskId" in fields and "_" not in fields.get("ArrayTaskId", "") and fields["ArrayTaskId"].isdigit():
+            if fields.get("ArrayTaskId", "").isdigit():
                 task = f"{fields['ArrayJobId']}_{fields['ArrayTaskId']}"
             elif "ArrayTaskId" not in fields:
                 task = fields.get("JobId", job)

@@ -154,12 +154,13 @@ class SlurmSettings(StrictModel):
     @classmethod
     def _sbatch_names(cls, sbatch: dict[str, Any]) -> dict[str, Any]:
         for name in sbatch:
-            if not re.fullmatch(r"[a-z][a-z0-9-]*", name.replace("_", "-")):
+            option = name.replace("_", "-")
+            if not re.fullmatch(r"[a-z][a-z0-9-]*", option):
                 raise ValueError(f"'{name}' is not an sbatch option name: write it without dashes, e.g. "
                                  "{account: lab, gres: 'gpu:2'}")
-            if name.replace("_", "-") in OWN_SBATCH_OPTIONS:
+            if option in OWN_SBATCH_OPTIONS:
                 raise ValueError(f"'{name}' is set by gatelab from the slurm keys or the launch; use "
-                                 f"{OWN_SBATCH_OPTIONS[name.replace('_', '-')]} instead")
+                                 f"{OWN_SBATCH_OPTIONS[option]} instead")
         return sbatch
 
 
