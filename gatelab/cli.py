@@ -37,6 +37,7 @@ from gatelab.app.options import (
     SweepFile,
     TableLedger,
     TheSweepFile,
+    Timeout,
     TrackingUri,
     TrainRunsDir,
     VariantsExperiment,
@@ -140,13 +141,15 @@ def sweep_run(
     storage: RunLedger = None, tracking_uri: TrackingUri = None, runs_dir: RunsDir = Path("runs"),
     heartbeat: Heartbeat = 10.0, grace: Grace = 60.0,
     slurm_partition: SlurmPartition = None, slurm_gpus: SlurmGpus = None, slurm_time_min: SlurmTimeMin = None,
-    slurm_sbatch: SlurmSbatch = [], slurm_setup: SlurmSetup = [], wait: SlurmWait = True, verbose: Verbose = False,
+    slurm_sbatch: SlurmSbatch = [], slurm_setup: SlurmSetup = [], wait: SlurmWait = True, timeout: Timeout = None,
+    verbose: Verbose = False,
 ) -> None:
     """Run every unfinished run of a sweep; safe to re-run, and to run from several processes or machines at once.
     Each run's progress is a bar (one worker in a terminal), else a line every GATELAB_PROGRESS_EVERY seconds (30)."""
     slurm = dict(partition=slurm_partition, gpus=slurm_gpus, time_min=slurm_time_min, sbatch=slurm_sbatch,
                  setup=slurm_setup)
-    launch = Launch(executor=executor, workers=workers, heartbeat=heartbeat, grace=grace, slurm=slurm, wait=wait)
+    launch = Launch(executor=executor, workers=workers, heartbeat=heartbeat, grace=grace, slurm=slurm, wait=wait,
+                    timeout=timeout)
     _run(run_sweep, sweep, experiment=experiment, verbose=verbose, launch=launch,
          workspace=Workspace(runs_dir=runs_dir, tracking_uri=tracking_uri, storage=storage))
 
@@ -157,11 +160,12 @@ def sweep_worker(
     storage: WorkerLedger, experiment: ExperimentOption = None, tracking_uri: WorkerTrackingUri = None,
     runs_dir: RunsDir = Path("runs"),
     threads: Annotated[Optional[int], typer.Option(help="torch threads for this worker")] = None,
-    heartbeat: WorkerHeartbeat = 10.0, grace: Grace = 60.0, verbose: Verbose = False,
+    heartbeat: WorkerHeartbeat = 10.0, grace: Grace = 60.0, timeout: Timeout = None, verbose: Verbose = False,
 ) -> None:
     """Join a sweep whose ledger lives in shared storage, from any machine; work until no run is left. Each run's
     progress is a line every GATELAB_PROGRESS_EVERY seconds (30): several workers may share one terminal."""
-    _run(worker, sweep, experiment=experiment, threads=threads, heartbeat=heartbeat, grace=grace, verbose=verbose,
+    _run(worker, sweep, experiment=experiment, threads=threads, heartbeat=heartbeat, grace=grace, timeout=timeout,
+         verbose=verbose,
          workspace=Workspace(runs_dir=runs_dir, tracking_uri=tracking_uri, storage=storage))
 
 

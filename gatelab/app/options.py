@@ -62,6 +62,9 @@ ClaimsLedger = Annotated[Optional[str], typer.Option(help="the sweeps' ledger (d
 Heartbeat = Annotated[float, typer.Option(help="seconds between a worker's heartbeats")]
 WorkerHeartbeat = Annotated[float, typer.Option(help="seconds between heartbeats")]
 Grace = Annotated[float, typer.Option(help="seconds without a heartbeat before a run is taken over")]
+Timeout = Annotated[Optional[float], typer.Option(min=0, help="seconds after which no new run starts (Optuna's "
+                                                             "timeout): runs under way finish, and the same command "
+                                                             "goes on later")]
 
 AsJson = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
 Formats = Annotated[str, typer.Option("--format", help="comma-separated: md, csv, latex, html")]

@@ -43,9 +43,10 @@ def cells_failed_exit(failed_line: str | None) -> int:
 
 
 def worker(sweep: Path, *, experiment: Path | None, workspace: Workspace, threads: int | None, heartbeat: float,
-           grace: float, verbose: bool) -> int:
-    """Work through the sweep's shared ledger until no run is left; the exit code."""
+           grace: float, verbose: bool, timeout: float | None = None) -> int:
+    """Work through the sweep's shared ledger until no run is left (or none may start: `timeout`); the exit code."""
     quiet_noise(verbose)
+    claim_until = None if timeout is None else time.time() + timeout
     from gatelab.sweep.next_commands import failed_cells_line
 
     try:
@@ -53,7 +54,7 @@ def worker(sweep: Path, *, experiment: Path | None, workspace: Workspace, thread
             from gatelab.sweep.worker import work
 
             report = work(sweep, experiment=experiment, workspace=workspace, threads=threads, heartbeat_s=heartbeat,
-                          grace_s=grace)
+                          grace_s=grace, claim_until=claim_until)
             failed = failed_cells_line(sweep, experiment=experiment, storage=workspace.storage,
                                        runs_dir=workspace.runs_dir)
     except Interrupted as interrupted:

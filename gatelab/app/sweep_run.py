@@ -4,6 +4,7 @@ local worker processes, an Optuna search, or submitit (a Slurm job array, or its
 from __future__ import annotations
 
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +35,7 @@ class Launch:
     # the command line's --slurm-* options as given (`over_slurm_keys`' arguments), over the sweep file's `slurm` keys
     slurm: dict = field(default_factory=dict)
     wait: bool = True  # a Slurm launch waits for its tasks, topping them up; else it submits and returns
+    timeout: float | None = None  # seconds after which no run starts (Optuna's timeout); runs under way finish
 
     def slurm_settings(self, sweep_file) -> SlurmSettings:
         """The sweep file's `slurm` keys with the command line's over them, checked as one."""
@@ -68,10 +70,15 @@ def run_sweep(sweep: Path, *, experiment: Path | None, workspace: Workspace, ver
     from gatelab.sweep.ledger_storage import default_storage, tracking_stores
     from gatelab.sweep.next_commands import failed_cells_line
 
+    claim_until = None if launch.timeout is None else time.time() + launch.timeout
+    if launch.timeout is not None and launch.executor == "slurm":
+        raise GatelabError("--timeout is for local workers (--executor local or submitit-local): on Slurm, each "
+                           "task's time is slurm.time_min (--slurm-time-min), and a task past it is requeued")
     try:
         with raise_on_signals():  # from the start: Ctrl-C during the imports of torch is no traceback either
             plan, specs, opened = _open(sweep, experiment=experiment, workspace=workspace, workers=launch.workers)
-            if not _launch(plan, specs, sweep, experiment=experiment, workspace=opened, launch=launch):
+            if not _launch(plan, specs, sweep, experiment=experiment, workspace=opened, launch=launch,
+                           claim_until=claim_until):
                 return 0  # Slurm has the workers now: `gatelab sweep status` follows them
     except Interrupted as interrupted:
         return interrupted_exit(interrupted)
@@ -104,19 +111,20 @@ def _open(sweep: Path, *, experiment: Path | None, workspace: Workspace, workers
     return plan, specs, workspace
 
 
-def _launch(plan, specs, sweep: Path, *, experiment: Path | None, workspace: Workspace, launch: Launch) -> bool:
-    """Train the sweep's runs (the workspace names their ledger); False where the workers were handed to Slurm and
-    this process is done."""
+def _launch(plan, specs, sweep: Path, *, experiment: Path | None, workspace: Workspace, launch: Launch,
+            claim_until: float | None = None) -> bool:
+    """Train the sweep's runs (the workspace names their ledger), none started after `claim_until`; False where the
+    workers were handed to Slurm and this process is done."""
     if plan.search is not None:
         from gatelab.sweep.search import run_search
 
-        run_search(plan, specs, workspace=workspace)
+        run_search(plan, specs, workspace=workspace, claim_until=claim_until)
         return True
     if launch.executor == "local" and launch.workers == 1:
         from gatelab.sweep.worker import work
 
         work(sweep, experiment=experiment, workspace=workspace, heartbeat_s=launch.heartbeat, grace_s=launch.grace,
-             progress=sys.stdout.isatty())
+             progress=sys.stdout.isatty(), claim_until=claim_until)
         return True
     from gatelab.sweep.queue import open_ledger
 
@@ -126,7 +134,7 @@ def _launch(plan, specs, sweep: Path, *, experiment: Path | None, workspace: Wor
     workers_workspace = Workspace(runs_dir=runs_dir, tracking_uri=workspace.store(), storage=workspace.storage)
     prepare_store(workers_workspace.tracking_uri)
     worker_args = dict(sweep=sweep, experiment=experiment, workspace=workers_workspace, heartbeat_s=launch.heartbeat,
-                       grace_s=launch.grace)
+                       grace_s=launch.grace, claim_until=claim_until)
     if launch.executor == "local":
         from gatelab.sweep.executor import run_local_workers
         from gatelab.sweep.queue import CELLS_FAILED

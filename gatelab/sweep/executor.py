@@ -16,6 +16,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,9 +35,9 @@ HOME_ENV = "GATELAB_WORKER_CORES"  # this worker's own share of them, e.g. "2,3"
 
 
 def worker_command(sweep: Path, *, experiment: Path | None, workspace: Workspace, threads: int | None,
-                   heartbeat_s: float, grace_s: float) -> list[str]:
+                   heartbeat_s: float, grace_s: float, claim_until: float | None = None) -> list[str]:
     """`gatelab sweep worker` with the launch's workspace as its flags (`workspace.storage` named: a worker needs its
-    ledger spelled out)."""
+    ledger spelled out), and the launch's timeout as the seconds left of it now."""
     command = [sys.executable, "-m", "gatelab", "sweep", "worker", str(sweep), "--storage", workspace.storage,
                "--runs-dir", str(workspace.runs_dir), "--heartbeat", str(heartbeat_s), "--grace", str(grace_s)]
     if experiment is not None:
@@ -45,6 +46,8 @@ def worker_command(sweep: Path, *, experiment: Path | None, workspace: Workspace
         command += ["--tracking-uri", workspace.tracking_uri]
     if threads:
         command += ["--threads", str(threads)]
+    if claim_until is not None:
+        command += ["--timeout", f"{max(0.0, claim_until - time.time()):.1f}"]
     if is_verbose():  # the environment reaches local workers anyway; a Slurm job's may not
         command += ["--verbose"]
     return command

@@ -311,6 +311,10 @@ class SweepLedger:
         """Whether any run may still need work: waiting or running somewhere."""
         return any(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in self.trials())
 
+    def waiting(self) -> int:
+        """How many runs wait for a worker."""
+        return sum(t.state == TrialState.WAITING for t in self.trials())
+
     def lease(self, claim: Claim) -> TrialLease:
         return TrialLease(self, claim, token=str(claim.number), holder=self.worker, check_every_s=self.heartbeat_s)
 

@@ -9,6 +9,7 @@ reads off the study directly. Studies live in the sweep's ledger storage and res
 from __future__ import annotations
 
 import math
+import time
 import traceback
 
 import optuna
@@ -66,9 +67,10 @@ def _final_value(result, metric: str, *, experiment, workspace: Workspace) -> fl
     return recorded.get(metric, math.inf)
 
 
-def run_search(sweep, specs, *, workspace: Workspace, log=print) -> dict[str, dict]:
+def run_search(sweep, specs, *, workspace: Workspace, log=print, claim_until: float | None = None) -> dict[str, dict]:
     """Run (or finish) the search of every cell, its studies in `workspace.storage` (named: the sweep's ledger);
-    returns each cell's best parameters and value."""
+    returns each cell's best parameters and value. No trial starts after `claim_until` (a time.time(); Optuna's
+    `timeout`): the search stops there, and the same command goes on with it."""
     from gatelab.train.run import run
 
     search = sweep.search
@@ -86,14 +88,15 @@ def run_search(sweep, specs, *, workspace: Workspace, log=print) -> dict[str, di
         counted = (TrialState.COMPLETE, TrialState.PRUNED)
         invalid_trials = 0
         while len(study.get_trials(states=counted)) < search.n_trials:
+            if claim_until is not None and time.time() >= claim_until:
+                log(f"timeout: no new trial started; the search stops at cell {spec.index} (the same command goes "
+                    "on with it)")
+                return best
             trial = study.ask()
             try:
                 experiment = with_values(spec, search.suggest(trial)).experiment
             except GatelabError as invalid:  # a combination of values the load-time checks could not foresee
-                log(f"cell {spec.index} trial {trial.number}: {trial.params} is no valid run, failed without "
-                    f"training: {redact(str(invalid))}")
-                trial.set_user_attr("gatelab.error", redact(str(invalid))[-2000:])
-                study.tell(trial, state=TrialState.FAIL)
+                _fail_invalid(study, trial, invalid, f"cell {spec.index}", log)
                 invalid_trials += 1
                 if invalid_trials >= MAX_INVALID_TRIALS:  # the sampler keeps proposing them: stop, do not spin
                     raise GatelabError(f"sweep {sweep.name}, cell {spec.index}: {invalid_trials} suggested trials were "
@@ -119,10 +122,23 @@ def run_search(sweep, specs, *, workspace: Workspace, log=print) -> dict[str, di
                 value = _final_value(result, search.metric, experiment=experiment, workspace=workspace) \
                     if result.status == "finished" else math.inf
                 study.tell(trial, value if math.isfinite(value) else math.inf)
-        finished = [t for t in study.get_trials(states=(TrialState.COMPLETE,)) if math.isfinite(t.value)]
-        if finished:
-            top = min(finished, key=lambda t: t.value) if search.direction == "minimize" else \
-                max(finished, key=lambda t: t.value)
+        top = _best_trial(study, search.direction)
+        if top is not None:
             best[spec.hash] = {"label": spec.label(), "params": top.params, "value": top.value}
             log(f"cell {spec.index} ({spec.label()}): best {search.metric} {top.value:.4f} at {top.params}")
     return best
+
+
+def _fail_invalid(study, trial, invalid: GatelabError, cell: str, log) -> None:
+    """A suggested trial that is no valid run: failed without training, and why said and kept on it."""
+    log(f"{cell} trial {trial.number}: {trial.params} is no valid run, failed without training: {redact(str(invalid))}")
+    trial.set_user_attr("gatelab.error", redact(str(invalid))[-2000:])
+    study.tell(trial, state=TrialState.FAIL)
+
+
+def _best_trial(study, direction: str):
+    """The study's best finished trial with a finite value, or None."""
+    finished = [t for t in study.get_trials(states=(TrialState.COMPLETE,)) if math.isfinite(t.value)]
+    if not finished:
+        return None
+    return min(finished, key=lambda t: t.value) if direction == "minimize" else max(finished, key=lambda t: t.value)

@@ -129,10 +129,11 @@ class WorkerReport:
 
 def work(sweep_path: Path, *, experiment: Path | None = None, workspace: Workspace = Workspace(),
          threads: int | None = None, heartbeat_s: float = 10.0, grace_s: float = 60.0, log=print,
-         progress: bool = False) -> WorkerReport:
-    """Work until no run of the sweep is left. Each run says what it does through `log`, prefixed with this worker
-    and the run's number; `progress` shows Lightning's bar (one worker in a terminal), else a plain line every
-    GATELAB_PROGRESS_EVERY seconds. After each run, a line with the sweep's runs done and its time left."""
+         progress: bool = False, claim_until: float | None = None) -> WorkerReport:
+    """Work until no run of the sweep is left, or until `claim_until` (a time.time()) has passed: no run is claimed
+    after it, and the one under way finishes (Optuna's `timeout`). Each run says what it does through `log`, prefixed
+    with this worker and the run's number; `progress` shows Lightning's bar (one worker in a terminal), else a plain
+    line every GATELAB_PROGRESS_EVERY seconds. After each run, a line with the sweep's runs done and its time left."""
     sweep = load_sweep(sweep_path, experiment)
     specs = expand(sweep)
     tracking_uri, runs_dir = workspace.tracking_uri, workspace.runs_dir
@@ -156,6 +157,9 @@ def work(sweep_path: Path, *, experiment: Path | None = None, workspace: Workspa
     with raise_on_signals():  # a signal between runs is the same exception as one inside `run`
         try:
             while True:
+                if claim_until is not None and time.time() >= claim_until:
+                    worker.say_timeout()
+                    return worker.report
                 claim = worker.claim_next()
                 if claim is not None:
                     worker.work_on(claim)
@@ -290,6 +294,12 @@ class SweepWorker:
             if not retried:
                 self.report.failed.append(spec.hash)
         return None
+
+    def say_timeout(self) -> None:
+        """Past the launch's timeout: how many runs this worker leaves to a later launch."""
+        waiting = self.ledger.waiting()
+        self.log(f"[{self.ledger.worker}] timeout: this worker starts no new run; {waiting} left waiting for a later "
+                 "launch (the same command goes on with them)")
 
     def say_what_it_waits_for(self) -> None:
         """With nothing to claim while runs go on elsewhere: which runs it waits for, and how long at most before it
