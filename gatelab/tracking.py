@@ -159,7 +159,14 @@ class RunStore:
         artifacts = None
         if not self.uri.startswith(("http://", "https://")):  # a server chooses its own artifact store
             artifacts = (self.runs_dir / "mlartifacts").resolve().as_uri()
-        return self.client.create_experiment(name, artifact_location=artifacts, tags={**landing_tags(), **(tags or {})})
+        try:
+            return self.client.create_experiment(name, artifact_location=artifacts,
+                                                 tags={**landing_tags(), **(tags or {})})
+        except Exception:  # another process made it between the lookup and here (workers starting at once)
+            found = self.client.get_experiment_by_name(name)
+            if found is None:
+                raise
+            return found.experiment_id
 
     def ensure_landing_tags(self, experiment) -> None:
         """Add the landing tags an experiment lacks (one made before gatelab set them, or by someone else); a tag it

@@ -97,3 +97,35 @@ def test_a_run_records_a_hash_of_the_code_that_ran_which_changes_with_any_source
         assert fresh_hash() != changed
     finally:
         tracking.code_hash.cache_clear()
+
+
+def test_two_workers_creating_one_experiment_at_once_both_get_it(tmp_path):
+    """Two sweep workers started together both look the experiment up, find none, and create it: the second's create
+    fails on MLflow's unique name (as run 1 of repro-matched-confirm's first launch did) and must take the first's."""
+    uri = sqlite_uri(tmp_path)
+    store, other = tracking.RunStore(uri, tmp_path), tracking.RunStore(uri, tmp_path)
+    looked_up = store.client.get_experiment_by_name
+    calls = []
+
+    def not_there_yet(name):  # the first lookup runs before the other worker's create lands
+        calls.append(name)
+        return None if len(calls) == 1 else looked_up(name)
+
+    store.client.get_experiment_by_name = not_there_yet
+    first = other.experiment_id("sweep-x")
+    assert store.experiment_id("sweep-x") == first
+    assert len(calls) == 2  # it did try to create, and read the other's back
+    assert [e.name for e in other.client.search_experiments() if e.name == "sweep-x"] == ["sweep-x"]
+
+
+def test_a_failed_experiment_create_that_is_no_race_still_fails(tmp_path):
+    store = tracking.RunStore(sqlite_uri(tmp_path), tmp_path)
+
+    def broken(*args, **kwargs):
+        from mlflow.exceptions import MlflowException
+
+        raise MlflowException("disk I/O error")
+
+    store.client.create_experiment = broken
+    with pytest.raises(GatelabError, match="the disk failed to read or write it"):
+        store.experiment_id("sweep-y")
