@@ -290,3 +290,21 @@ def test_removing_the_sweep_folder_under_a_worker_ends_it_with_one_message(tmp_p
     output, _ = process.communicate(timeout=300)
     assert process.returncode == 2 and "Traceback" not in output, output
     assert f"ledger {runs / 'removed' / 'ledger.journal'} was removed" in output and "gatelab sweep run" in output
+
+
+def test_a_launch_past_its_timeout_starts_no_run_and_the_same_command_goes_on(tmp_path):
+    """--timeout reaches every local worker; on Slurm it is refused before anything is made."""
+    sweep = write_micro_sweep(tmp_path, "timed", max_steps=20)
+    refused = gatelab_cli("sweep", "run", str(sweep), "--executor", "slurm", "--timeout", "60", cwd=tmp_path)
+    assert refused.returncode == 2 and "--timeout is for local workers" in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr and not (tmp_path / "runs").exists()
+
+    stopped = gatelab_cli("sweep", "run", str(sweep), "--workers", "2", "--timeout", "0", cwd=tmp_path)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    cells = len(MICRO_SWEEP_VARIANTS)
+    assert stopped.stdout.count(f"timeout: this worker starts no new run; {cells} left waiting") == 2, stopped.stdout
+    assert f"sweep timed: {cells} pending" in stopped.stdout, stopped.stdout
+
+    finished = gatelab_cli("sweep", "run", str(sweep), "--workers", "2", cwd=tmp_path)
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    assert len(_finished_runs(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}", "timed")) == cells

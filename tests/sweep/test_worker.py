@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -216,3 +217,43 @@ def test_a_worker_with_nothing_to_claim_says_which_runs_it_waits_for_and_how_lon
     [line] = lines
     assert f"run 0 ({specs[0].label()}) on {ledger.worker}" in line and "60 s (--grace)" in line, line
     assert "taken over" in line and " s, unless" in line, line
+
+
+@pytest.mark.parametrize("timeout_s", [0.0, 0.3])
+def test_past_its_timeout_a_worker_starts_no_run_and_finishes_the_one_under_way(tmp_path, monkeypatch, timeout_s):
+    """--timeout (Optuna's): a run that started before it trains to its end; no run starts after it, and the rest
+    wait in the ledger for the same command, untouched."""
+    from gatelab.sweep.queue import ledger_states
+    from gatelab.sweep.spec import expand, load_sweep
+    from gatelab.sweep.worker import work
+    from gatelab.train import run as training
+    from tests.helpers import write_sweep
+
+    sweep = write_sweep(tmp_path, {"grid": {"variant": ["baseline"], "seed": [0, 1, 2]}})
+    ended = []
+
+    def run(experiment, **_):
+        time.sleep(0.6)  # past the timeout, which does not stop it
+        ended.append(experiment.seed)
+        return training.RunResult("finished", f"mlflow-{experiment.seed}", "hash", {"ppl/avg": 2.0})
+
+    monkeypatch.setattr(training, "run", run)
+    lines = []
+    report = work(sweep, workspace=Workspace(runs_dir=tmp_path / "runs"), heartbeat_s=0.1, grace_s=5,
+                  log=lines.append, claim_until=time.time() + timeout_s)
+    started = 0 if timeout_s == 0 else 1
+    assert ended == [0] * started and len(report.finished) == started
+    plan = load_sweep(sweep)
+    states = ledger_states(None, tmp_path / "runs", plan.name, expand(plan))
+    assert [state.status for state in states] == ["finished"] * started + ["pending"] * (3 - started)
+    assert any(f"timeout: this worker starts no new run; {3 - started} left waiting" in line for line in lines), lines
+
+
+def test_local_workers_are_given_what_is_left_of_the_launch_timeout():
+    from gatelab.sweep.executor import worker_command
+
+    command = worker_command(Path("s.yaml"), experiment=None, workspace=Workspace(storage="x.journal"), threads=1,
+                             heartbeat_s=10, grace_s=60, claim_until=time.time() + 100)
+    assert 99 <= float(command[command.index("--timeout") + 1]) <= 100
+    assert "--timeout" not in worker_command(Path("s.yaml"), experiment=None, workspace=Workspace(storage="x.journal"),
+                                             threads=1, heartbeat_s=10, grace_s=60)
