@@ -67,6 +67,7 @@ from gatelab.report.claims_rules import (
     RULE_PRECONDITION,
     RULE_REGIME,
     RULE_SCALE_CONTROL,
+    RULE_WHOLE_SAMPLE,
     SECTIONS,
     TRUE_BY_CONSTRUCTION,
     Regime,
@@ -85,7 +86,7 @@ from gatelab.report.stats import (
     shared_seeds,
     tost,
 )
-from gatelab.report.tables import RunRecord, paper_reference
+from gatelab.report.tables import ENDED, RunRecord, paper_reference
 
 # The ratio of two groups' mean INIT_SCALE beyond which they start at different scales: the first pass's gains
 # tracked it.
@@ -553,6 +554,13 @@ def _unread(claim: Claim, records: Sequence[RunRecord] | None) -> Outcome | None
     it reads scored on different evaluation budgets (gatelab.report.budgets); None where they can be."""
     if not records:
         return Outcome(_no_figures("none (its sweep has not run)"), None, lambda q: NOT_RUN, [claim.why])
+    read = _runs_read(claim, records)
+    ended = sum(r.status in ENDED for r in read)
+    if claim.section == "confirmatory" and 0 < ended < len(read):
+        return Outcome(_no_figures(f"none ({ended} of {len(read)} runs ended)"), None, lambda q: NOT_RUN,
+                       [f"{ended} of the {len(read)} runs it reads have ended: a confirmatory row is read only on the "
+                        "whole sample declared for it, never on a part (no interim look)", claim.why],
+                       rule=RULE_WHOLE_SAMPLE)
     missing = _missing(claim, records)
     if missing:
         return Outcome(_no_figures("none (not run)"), None, lambda q: NOT_RUN, [*missing, claim.why])

@@ -13,7 +13,7 @@ import pandas as pd
 from gatelab.metrics import LONG_PPL, LONG_PPL_BEYOND_TRAIN, SPARSITY, TRAIN_LOSS, VAL_LOSS
 from gatelab.paper import SWEEP_TABLES, TABLES, model_kinds, read_rows
 from gatelab.report.claims_file import Claim, PaperGain, group_name, parse_group
-from gatelab.report.tables import PPL, RunRecord, paper_reference
+from gatelab.report.tables import ENDED, PPL, RunRecord, paper_reference
 
 # --- what a run measured ----------------------------------------------------------------------------------------------
 
@@ -110,7 +110,7 @@ def by_seed(records: Sequence[RunRecord], group: str, metric: str) -> dict[int, 
     """{seed: value} of a group's ended runs: a finished run's metric, a diverged run's `worst_value` (NaN where the
     metric has none). Runs in other states (missing, running, failed) are left out."""
     return {r.spec.experiment.seed: run_value(r, metric) for r in records
-            if r.group == group and r.status in ("finished", "diverged")}
+            if r.group == group and r.status in ENDED}
 
 
 def axis_runs(records: Sequence[RunRecord], group: str, axis: str) -> dict[float, list[RunRecord]]:
@@ -120,7 +120,7 @@ def axis_runs(records: Sequence[RunRecord], group: str, axis: str) -> dict[float
     for r in records:
         rest = {k: v for k, v in r.spec.settings().items() if k != axis}
         if (r.spec.experiment.variant == variant and axis in r.spec.settings() and rest == settings
-                and r.status in ("finished", "diverged")):
+                and r.status in ENDED):
             runs.setdefault(r.spec.settings()[axis], []).append(r)
     return dict(sorted(runs.items()))
 

@@ -47,11 +47,13 @@ VERDICT_RULES = [
     "(a test compares the dates); exploratory rows test the paper's claims but were written after their data; other "
     "papers' rows test Gu et al. 2025 or Bondarenko et al. 2023. Each section is its own family: p (two-sided) is "
     "corrected by Holm over the confirmatory rows and by Benjamini-Hochberg over each other section (column q); "
-    "verdicts are decided on q < 0.05. Rows without a p-value are in no family.",
+    "verdicts are decided on q < 0.05. Rows without a p-value are in no family. A confirmatory row is read only once "
+    "every run it declared has ended (rule: whole sample): a sweep run in parts shows no figure of it before then, "
+    "so no interim look can stop it early.",
     "Rule (column rule): the rule that gave the row its verdict: its own test (q < 0.05, or no decision at "
     "q >= 0.05), the paper's size (the interval against the paper's effects), the margin (the interval beyond it), "
-    "the init scale, the regime, a positive control, a precondition, the evaluation budget; columns init ratio and "
-    "regime give the figures those rules read.",
+    "the init scale, the regime, a positive control, a precondition, the evaluation budget, the whole sample; columns "
+    "init ratio and regime give the figures those rules read.",
     "Direction (paired t): holds at q < 0.05 the paper's way; does not hold at q < 0.05 the other way; for "
     "perplexity, does not hold (the paper's size excluded) when the 95% interval of our relative difference lies "
     "wholly on the near side of every effect the paper reports for the sweep's kind of model (Table 2 for a dense "

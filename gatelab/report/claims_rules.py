@@ -46,6 +46,7 @@ RULE_PRECONDITION = "precondition: did not arise"
 RULE_BUDGET = "evaluation budget: runs scored on different ones"
 RULE_CONSTRUCTION, RULE_DESCRIPTIVE = "true by construction", "descriptive"
 RULE_NOT_RUN, RULE_NOT_ADDRESSED = "not run", "not addressed"
+RULE_WHOLE_SAMPLE = "whole sample: runs still to end"  # a confirmatory row is read on all of its declared runs
 RULE_INTERVAL = "interval: 95% bootstrap beside 1"  # a ladder's compute multiplier (gatelab.report.claims_ladder)
 RULE_LADDER = "ladder: no law to read"
 

@@ -40,6 +40,9 @@ def paper_reference(paper: str | None) -> pd.DataFrame:
     return paper_tables.reference(paper)
 
 
+ENDED = ("finished", "diverged")  # a run's final statuses whose metrics are read (a diverged run: uniform prediction)
+
+
 @dataclass
 class RunRecord:
     """One RunSpec and what became of it."""

@@ -395,3 +395,31 @@ def test_an_unmatched_row_is_read_beside_the_matched_one(claims, tmp_path):
         path = _claims_file(tmp_path, "    margin: {relative: 0.01, reason: r, positive_control: [g1_elem_sig "
                                       "train.lr=0.002, baseline train.lr=0.002]}\n    beside: G1 lowers\n")
         load_claims(path)
+
+
+def test_a_confirmatory_row_is_read_only_on_its_whole_sample_and_an_exploratory_one_on_what_has_ended(claims):
+    """A sweep run in parts (--timeout) leaves a confirmatory row half-read: no figure, no p, no verdict until every
+    run it declared has ended, so no interim look can stop it early; an exploratory row reads what has ended."""
+    confirmatory = claims["G1 lowers Avg PPL against the parameter-matched baseline (the gated FFN narrowed, Table 2's "
+                          "design)"]
+    exploratory = claims["G1 lowers Avg PPL against the parameter-matched baseline (repro-matched, run before its row)"]
+    assert confirmatory.section == "confirmatory" and exploratory.section != "confirmatory"
+
+    def value(variant, settings, seed):
+        gain = 0.4 + 0.05 * (seed % 3)  # about 2% of 20, the paper's size, with a spread
+        return {"ppl/avg": 20.0 + 0.1 * (seed % 5) - gain * (variant == "g1_elem_sig")}
+
+    def part(seeds_ended: int):
+        return lambda spec: "finished" if spec.experiment.seed < seeds_ended else "pending"
+
+    halfway = {sweep: _records(sweep, value, part(37 + 20 if sweep.endswith("confirm") else 20))
+               for sweep in (confirmatory.sweep, exploratory.sweep)}
+    frame = C.claims_table(halfway, [confirmatory, exploratory])
+    row = _row(frame, confirmatory.claim)
+    declared = sum(r.group in ("g1_elem_sig", "baseline") for r in halfway[confirmatory.sweep])
+    assert row["verdict"] == C.NOT_RUN and row["rule"] == C.RULE_WHOLE_SAMPLE and row["p"] == row["ours"] == ""
+    assert row["test"] == f"none (40 of {declared} runs ended)" and "no interim look" in row["note"]
+    assert _row(frame, exploratory.claim)["verdict"] == C.HOLDS  # 20 of its 37 seeds: read as they are
+
+    whole = {confirmatory.sweep: _records(confirmatory.sweep, value)}
+    assert _row(C.claims_table(whole, [confirmatory]), confirmatory.claim)["verdict"] == C.HOLDS
