@@ -82,6 +82,11 @@ def check_row(row: pd.Series, claim, verdict_of: dict[str, str]) -> list[str]:
     elif rule == rules.RULE_PRECONDITION:
         want(verdict == C.NOT_TESTABLE and row["p"] == "" and "not testable:" in row["note"],
              "a failed precondition is named in the note")
+    elif rule == rules.RULE_WHOLE_SAMPLE:
+        ended = re.fullmatch(r"none \((\d+) of (\d+) runs ended\)", row["test"])
+        want(verdict == C.NOT_RUN and row["section"] == "confirmatory" and row["p"] == row["ours"] == "",
+             "a confirmatory row waiting for its runs shows no figure")
+        want(ended is not None and 0 < int(ended[1]) < int(ended[2]), "the whole-sample rule needs runs still to end")
     elif rule in (rules.RULE_TEST, rules.RULE_NO_DECISION, rules.RULE_SIZE, rules.RULE_MARGIN):
         want(_init_inside(row["init ratio"]), "a test's verdict needs groups at one init scale (or none logged)")
         if rule == rules.RULE_TEST:
