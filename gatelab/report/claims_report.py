@@ -14,13 +14,11 @@ import pandas as pd
 from gatelab.metrics import INIT_SCALE
 from gatelab.paper import missing_note
 from gatelab.report.claims import (
-    BOOTSTRAP_RESAMPLES,
     CONFOUNDED,
     DESCRIPTIVE,
     FAILS,
     HOLDS,
     INCONCLUSIVE,
-    INIT_SCALE_RATIO,
     NOT_ADDRESSED,
     NOT_RUN,
     NOT_TESTABLE,
@@ -28,6 +26,7 @@ from gatelab.report.claims import (
     claims_table,
     inconclusive,
 )
+from gatelab.report.claims_checks import BOOTSTRAP_RESAMPLES, INIT_SCALE_RATIO
 from gatelab.report.claims_evidence import LOSS_SPIKES, SPIKE_SIGMAS
 from gatelab.report.claims_file import Claim
 from gatelab.report.claims_ladder import MULTIPLIER_RULE

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from gatelab.report import claims as C
+from gatelab.report import claims_checks as K
 from gatelab.report import claims_rules as rules
 from gatelab.report.claims_file import load_claims
 from gatelab.report.stats import benjamini_hochberg
@@ -71,7 +72,7 @@ def check_row(row: pd.Series, claim, verdict_of: dict[str, str]) -> list[str]:
         want(verdict == C.CONFOUNDED and not _init_inside(row["init ratio"]), "confounded needs a ratio outside")
     elif rule == rules.RULE_SCALE_CONTROL:
         control = claim.scale_control
-        want(verdict == C.HOLDS and q is not None and q < C.ALPHA, "a control rescues only a row that would hold")
+        want(verdict == C.HOLDS and q is not None and q < K.ALPHA, "a control rescues only a row that would hold")
         want(verdict_of.get(control) == C.HOLDS, f"its control row {control!r} must hold")
     elif rule == rules.RULE_REGIME:
         want(verdict == C.NOT_TESTABLE and not _commensurate(row["regime"]), "regime rule needs a regime outside")
@@ -90,16 +91,16 @@ def check_row(row: pd.Series, claim, verdict_of: dict[str, str]) -> list[str]:
     elif rule in (rules.RULE_TEST, rules.RULE_NO_DECISION, rules.RULE_SIZE, rules.RULE_MARGIN):
         want(_init_inside(row["init ratio"]), "a test's verdict needs groups at one init scale (or none logged)")
         if rule == rules.RULE_TEST:
-            want(q is not None and q < C.ALPHA, "a test's verdict needs q < 0.05")
+            want(q is not None and q < K.ALPHA, "a test's verdict needs q < 0.05")
             if claim.kind == "closeness":
                 want(verdict == C.HOLDS and (_commensurate(row["regime"]) or claim.margin.paper_gain is None),
                      "a closeness holds only inside the regime")
         elif rule == rules.RULE_NO_DECISION:
-            want(q is None or q >= C.ALPHA, "no decision needs q >= 0.05")
+            want(q is None or q >= K.ALPHA, "no decision needs q >= 0.05")
             want(verdict.startswith(C.INCONCLUSIVE), "no decision is inconclusive")
         elif rule == rules.RULE_SIZE:
             effects = _paper_effects(row["paper"])
-            want(verdict == C.PAPER_SIZE_EXCLUDED and q is not None and q >= C.ALPHA, "size needs no significance")
+            want(verdict == C.PAPER_SIZE_EXCLUDED and q is not None and q >= K.ALPHA, "size needs no significance")
             want(_commensurate(row["regime"]), "a size is read only inside the regime")
             near = max(effects) if claim.direction == "lower" else min(effects)
             want(interval is not None and effects and (interval[0] > near if claim.direction == "lower"

@@ -14,6 +14,7 @@ from scipy import stats
 
 from gatelab.errors import GatelabError
 from gatelab.report import claims as C
+from gatelab.report import claims_checks as K
 from gatelab.report import claims_report as R
 from gatelab.report.claims_file import Claim, load_claims
 from gatelab.report.stats import benjamini_hochberg
@@ -145,7 +146,7 @@ def test_closeness_margins_come_from_the_papers_own_gap_for_the_pair(claims):
     # the dense margin: twice Table 2's 48-layer headwise-elementwise gap (7.370 against 7.288), +-2.25%: the paper's
     # own +1.13% is inside it, where half its G1 gain (+-0.896%) was not
     dense = claims["Headwise is close to elementwise (dense)"]
-    assert C._margin(dense)[0] == pytest.approx(2 * (7.370 - 7.288) / 7.288)
+    assert K.margin_of(dense)[0] == pytest.approx(2 * (7.370 - 7.288) / 7.288)
 
 
 def _claims_file(tmp_path: Path, entry: str) -> Path:
@@ -183,7 +184,7 @@ def test_a_stated_margin_carries_its_reason(tmp_path):
     [claim] = load_claims(_claims_file(
         tmp_path, "    margin: {relative: 0.01, reason: a stated 1%, positive_control: [g1_elem_sig train.lr=0.002, "
                   "baseline train.lr=0.002]}\n"))
-    assert C._margin(claim) == (0.01, "stated, +-1% of g1_elem_sig train.lr=0.002's mean: a stated 1%")
+    assert K.margin_of(claim) == (0.01, "stated, +-1% of g1_elem_sig train.lr=0.002's mean: a stated 1%")
 
 
 # --- 4. init-scale confounded --------------------------------------------------------------------------------------
@@ -260,7 +261,7 @@ def test_rows_true_by_construction_stay_out_of_the_count_and_the_correction(clai
     p_values = [C.evaluate_claim(claim, records[MOE])[1].p_value for claim in rows]
     assert p_values[0] is None and all(p is not None for p in p_values[1:])
     expected = benjamini_hochberg(p_values[1:])  # the family is the three tested rows
-    assert list(frame["q"][1:]) == [C._p(q) for q in expected]
+    assert list(frame["q"][1:]) == [K.p_cell(q) for q in expected]
     text = R.summary(frame)
     assert "Exploratory: the paper's claims, written after their data: 4 rows, 3 tested (Benjamini-Hochberg over " \
            "them)" in text and "holds 3;" in text and "true by construction 1" in text
