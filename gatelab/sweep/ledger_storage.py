@@ -11,9 +11,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import re
 import sys
 import threading
+import time
 import urllib.parse
 from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
@@ -48,13 +50,32 @@ def open_storage(storage: str, tracking_uris: Collection[str] = (), read_only: b
         url = _database_url(storage)
         _check_database(storage, url, tracking_uris)
         try:
-            return RDBStorage(storage, engine_kwargs=_engine_kwargs(url), skip_table_creation=read_only)
+            return _rdb_storage(storage, url, read_only)
         except Exception as error:  # checked above; what is left is rare, and its text may hold the URL
             raise GatelabError(f"{_named(storage)}: {_hidden(_first_line(error), storage)}") from None
     if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:(?!//)", storage):
         raise GatelabError(f"{_named(storage)} looks like a URL without '//': valid forms are "
                            f"{STORAGE_FORMS} (write ./{shown_storage(storage)} for a file of that name)")
     return _open_journal(Path(storage), tracking_uris, read_only)
+
+
+SCHEMA_RACE_TRIES = 5
+
+
+def _rdb_storage(storage: str, url, read_only: bool) -> RDBStorage:
+    """Optuna's RDBStorage. Workers started together on a new database (one per machine, a Slurm array) race to make
+    its tables, and PostgreSQL refuses all but one ("duplicate key value violates unique constraint
+    pg_type_typname_nsp_index"): the others open it again a moment later, when the tables are there."""
+    from sqlalchemy.exc import IntegrityError, ProgrammingError
+
+    for attempt in range(SCHEMA_RACE_TRIES):
+        try:
+            return RDBStorage(storage, engine_kwargs=_engine_kwargs(url), skip_table_creation=read_only)
+        except (IntegrityError, ProgrammingError):  # a permanent one (no privilege) comes back the same each time
+            if attempt == SCHEMA_RACE_TRIES - 1:
+                raise
+            time.sleep(0.2 + random.random() * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 def _named(storage: str) -> str:

@@ -239,3 +239,48 @@ def test_a_ledger_that_fails_in_use_is_one_message_naming_the_storage(tmp_path):
         ledger.claim()
     message = str(raised.value)
     assert f"--storage sqlite:///{path}" in message and "run the same command again" in message, message
+
+
+@pytest.fixture
+def fresh_database():
+    """An empty PostgreSQL database of its own, dropped afterwards."""
+    reason = postgres_reason()
+    if reason:
+        pytest.skip(reason)
+    import uuid
+
+    import psycopg
+
+    name = f"gatelab_race_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as connection:
+        connection.execute(f'CREATE DATABASE "{name}"')
+    yield POSTGRES_URL.rsplit("/", 1)[0] + f"/{name}"
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as connection:
+        connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_workers_opening_a_new_postgresql_ledger_at_once_all_get_it(fresh_database):
+    """Four `sweep worker`s started together on an empty database (a Slurm array, one a machine): three died with
+    'duplicate key value violates unique constraint "pg_type_typname_nsp_index"' as they raced to make Optuna's
+    tables. Every one must open the ledger, and the sweep's runs be enqueued once."""
+    import threading
+
+    barrier, opened, failed = threading.Barrier(8), [], []
+
+    def open_at_once():
+        barrier.wait()
+        try:
+            opened.append(SweepLedger(fresh_database, "race"))
+        except GatelabError as error:
+            failed.append(str(error))
+
+    threads = [threading.Thread(target=open_at_once) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failed == [] and len(opened) == 8
+    specs = ledger_specs(3)
+    for ledger in opened[:2]:
+        ledger.enqueue_missing(specs)
+    assert [state.status for state in ledger_states(fresh_database, None, "race", specs)] == ["pending"] * 3
