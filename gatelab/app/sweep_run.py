@@ -83,14 +83,27 @@ def run_sweep(sweep: Path, *, experiment: Path | None, workspace: Workspace, ver
     except Interrupted as interrupted:
         return interrupted_exit(interrupted)
     print_status(sweep, experiment=experiment, workspace=opened, as_json=False)
-
     runs_dir, tracking_uri, storage = opened.runs_dir, opened.tracking_uri, opened.storage
+    if launch.timeout is not None:
+        _say_what_the_timeout_left(specs, plan.name, opened)
+
     stores = tracking_stores(specs, tracking_uri=tracking_uri, runs_dir=runs_dir)
     for line in closing_lines(sweep, sweep_name=plan.name, stores=stores, runs_dir=runs_dir, experiment=experiment,
                               tracking_uri=tracking_uri,
                               storage=None if storage == default_storage(runs_dir, plan.name) else storage):
         echo(line)
     return cells_failed_exit(failed_cells_line(sweep, experiment=experiment, storage=storage, runs_dir=runs_dir))
+
+
+def _say_what_the_timeout_left(specs, sweep_name: str, workspace: Workspace) -> None:
+    """After a launch with --timeout: how many runs it left waiting, and the command that goes on with them."""
+    from gatelab.sweep.next_commands import user_command
+    from gatelab.sweep.queue import ledger_states
+
+    states = ledger_states(workspace.storage, runs_dir=workspace.runs_dir, sweep_name=sweep_name, specs=specs)
+    waiting = sum(state.status in ("pending", "not enqueued") for state in states)
+    if waiting:
+        echo(f"--timeout: {waiting} run{'s' * (waiting != 1)} left waiting; go on with: {user_command()}")
 
 
 def _open(sweep: Path, *, experiment: Path | None, workspace: Workspace, workers: int):

@@ -304,6 +304,8 @@ def test_a_launch_past_its_timeout_starts_no_run_and_the_same_command_goes_on(tm
     cells = len(MICRO_SWEEP_VARIANTS)
     assert stopped.stdout.count(f"timeout: this worker starts no new run; {cells} left waiting") == 2, stopped.stdout
     assert f"sweep timed: {cells} pending" in stopped.stdout, stopped.stdout
+    assert f"--timeout: {cells} runs left waiting; go on with: gatelab sweep run {sweep} --workers 2 --timeout 0" \
+        in stopped.stdout, stopped.stdout
 
     finished = gatelab_cli("sweep", "run", str(sweep), "--workers", "2", cwd=tmp_path)
     assert finished.returncode == 0, finished.stdout + finished.stderr
