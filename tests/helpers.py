@@ -3,14 +3,17 @@ run gatelab (as a subprocess, as users do) and find the local PostgreSQL server.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
 import yaml
 
@@ -208,6 +211,25 @@ def postgres_reason() -> str | None:
     except Exception as error:  # no driver, no server, refused: all mean "skip, and say why"
         return f"no PostgreSQL at {POSTGRES_URL} ({type(error).__name__}: {str(error).strip()[:120]})"
     return None
+
+
+@contextlib.contextmanager
+def postgres_database(prefix: str) -> Iterator[str]:
+    """The URL of an empty PostgreSQL database of its own on the test server, dropped afterwards (skips the test where
+    no server answers)."""
+    reason = postgres_reason()
+    if reason:
+        pytest.skip(reason)
+    import psycopg
+
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as connection:
+        connection.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield POSTGRES_URL.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        with psycopg.connect(POSTGRES_URL, autocommit=True) as connection:
+            connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 # --- a files source made by the tests -------------------------------------------------------------------------------

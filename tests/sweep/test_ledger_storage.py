@@ -7,7 +7,7 @@ import pytest
 
 from gatelab.errors import GatelabError
 from gatelab.sweep.queue import SweepLedger, ledger_states
-from tests.helpers import POSTGRES_URL, ledger_specs, postgres_reason
+from tests.helpers import POSTGRES_URL, ledger_specs, postgres_database, postgres_reason
 
 
 def _mlflow_database(path) -> None:
@@ -243,20 +243,8 @@ def test_a_ledger_that_fails_in_use_is_one_message_naming_the_storage(tmp_path):
 
 @pytest.fixture
 def fresh_database():
-    """An empty PostgreSQL database of its own, dropped afterwards."""
-    reason = postgres_reason()
-    if reason:
-        pytest.skip(reason)
-    import uuid
-
-    import psycopg
-
-    name = f"gatelab_race_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(POSTGRES_URL, autocommit=True) as connection:
-        connection.execute(f'CREATE DATABASE "{name}"')
-    yield POSTGRES_URL.rsplit("/", 1)[0] + f"/{name}"
-    with psycopg.connect(POSTGRES_URL, autocommit=True) as connection:
-        connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with postgres_database("gatelab_race") as url:
+        yield url
 
 
 def test_workers_opening_a_new_postgresql_ledger_at_once_all_get_it(fresh_database):

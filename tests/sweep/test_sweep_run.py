@@ -16,6 +16,7 @@ from tests.helpers import (
     MICRO_SWEEP_VARIANTS,
     POSTGRES_URL,
     gatelab_cli,
+    postgres_database,
     postgres_reason,
     write_micro_sweep,
 )
@@ -82,15 +83,8 @@ def _postgres_or_skip() -> None:
 @pytest.fixture
 def tracking_database():
     """A database of its own for MLflow: MLflow and Optuna both keep an `alembic_version` table."""
-    _postgres_or_skip()
-    import psycopg
-
-    name = f"gatelab_mlflow_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(POSTGRES_URL, autocommit=True) as connection:
-        connection.execute(f'CREATE DATABASE "{name}"')
-    yield POSTGRES_URL.rsplit("/", 1)[0] + f"/{name}"
-    with psycopg.connect(POSTGRES_URL, autocommit=True) as connection:
-        connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with postgres_database("gatelab_mlflow") as url:
+        yield url
 
 
 def test_two_workers_on_postgres_share_the_sweep_and_take_over_a_killed_run(tmp_path, tracking_database):
