@@ -522,10 +522,12 @@ def code_hash() -> str:
 
 
 def code_version() -> dict[str, str]:
-    """The git commit and dirty flag of the gatelab checkout, when there is one, and the package's content hash."""
+    """The git commit and dirty flag of the gatelab checkout, when there is one, and the package's content hash: each
+    read once a process, as the code it loaded is, so a worker's later runs do not name commits made while it works."""
     return {**_git_version(), CODE_HASH_TAG: code_hash()}
 
 
+@functools.cache
 def _git_version() -> dict[str, str]:
     unknown = {"gatelab.git_commit": "unknown", "gatelab.git_dirty": "unknown"}
     root = repo_root()

@@ -129,3 +129,49 @@ def test_a_failed_experiment_create_that_is_no_race_still_fails(tmp_path):
     store.client.create_experiment = broken
     with pytest.raises(GatelabError, match="the disk failed to read or write it"):
         store.experiment_id("sweep-y")
+
+
+def test_a_process_records_the_commit_it_started_from_not_one_made_while_it_works(tmp_path, monkeypatch):
+    """repro-matched-confirm's first part: two workers loaded dc4fa6a's code (every run's code hash says so), and their
+    runs named nine commits, each the HEAD when the run began, as the session went on committing."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                              capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q")
+    (tmp_path / "a.txt").write_text("1")
+    git("add", "a.txt")
+    git("commit", "-qm", "first")
+    first = git("rev-parse", "HEAD")
+    monkeypatch.setattr(tracking, "repo_root", lambda: tmp_path)
+    tracking._git_version.cache_clear()
+    try:
+        assert tracking.code_version()["gatelab.git_commit"] == first
+        (tmp_path / "a.txt").write_text("2")
+        git("commit", "-qam", "second, while the worker trains")
+        assert git("rev-parse", "HEAD") != first
+        assert tracking.code_version()["gatelab.git_commit"] == first
+        assert tracking.code_version()["gatelab.git_dirty"] == "false"
+    finally:
+        tracking._git_version.cache_clear()
+
+
+def test_a_worker_reads_its_code_version_before_it_claims_a_run(tmp_path, monkeypatch):
+    from gatelab.sweep import worker as worker_module
+    from gatelab.sweep.queue import SweepLedger
+    from gatelab.workspace import Workspace
+    from tests.helpers import write_sweep
+
+    order = []
+    monkeypatch.setattr(worker_module, "code_version", lambda: order.append("code version"))
+    claim = SweepLedger.claim
+    monkeypatch.setattr(SweepLedger, "claim", lambda self, *a, **k: order.append("claim") or claim(self, *a, **k))
+    from gatelab.train import run as training
+
+    monkeypatch.setattr(training, "run", lambda experiment, **_: order.append("run") or training.RunResult(
+        "finished", "mlflow-run", "hash", {"ppl/avg": 2.0}))
+    sweep = write_sweep(tmp_path, {"grid": {"variant": ["baseline"]}})
+    worker_module.work(sweep, workspace=Workspace(runs_dir=tmp_path / "runs"), log=lambda _: None)
+    assert order[:3] == ["code version", "claim", "run"] and order.count("code version") == 1
