@@ -98,12 +98,11 @@ def run_sweep(sweep: Path, *, experiment: Path | None, workspace: Workspace, ver
 def _say_what_the_timeout_left(specs, sweep_name: str, workspace: Workspace) -> None:
     """After a launch with --timeout: how many runs it left waiting, and the command that goes on with them."""
     from gatelab.sweep.next_commands import user_command
-    from gatelab.sweep.queue import ledger_states
+    from gatelab.sweep.queue import ledger_states, waiting
 
-    states = ledger_states(workspace.storage, runs_dir=workspace.runs_dir, sweep_name=sweep_name, specs=specs)
-    waiting = sum(state.status in ("pending", "not enqueued") for state in states)
-    if waiting:
-        echo(f"--timeout: {waiting} run{'s' * (waiting != 1)} left waiting; go on with: {user_command()}")
+    left = waiting(ledger_states(workspace.storage, runs_dir=workspace.runs_dir, sweep_name=sweep_name, specs=specs))
+    if left:
+        echo(f"--timeout: {left} run{'s' * (left != 1)} left waiting; go on with: {user_command()}")
 
 
 def _open(sweep: Path, *, experiment: Path | None, workspace: Workspace, workers: int):

@@ -311,10 +311,6 @@ class SweepLedger:
         """Whether any run may still need work: waiting or running somewhere."""
         return any(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in self.trials())
 
-    def waiting(self) -> int:
-        """How many runs wait for a worker."""
-        return sum(t.state == TrialState.WAITING for t in self.trials())
-
     def lease(self, claim: Claim) -> TrialLease:
         return TrialLease(self, claim, token=str(claim.number), holder=self.worker, check_every_s=self.heartbeat_s)
 
@@ -437,6 +433,11 @@ class SweepLedger:
                 log=chosen.user_attrs.get(WORKER_LOG) if status == "running" else None,
             ))
         return rows
+
+
+def waiting(states: Sequence[RunState]) -> int:
+    """How many of a sweep's runs wait for a worker, by cell (a cell with two waiting trials counts once)."""
+    return sum(state.status in ("pending", "not enqueued") for state in states)
 
 
 def ledger_states(storage: str | None, runs_dir: Path, sweep_name: str, specs: Sequence) -> list[RunState]:

@@ -32,7 +32,7 @@ from gatelab.store_checks import StoreBusy, check_store
 from gatelab.store_uris import sqlite_file
 from gatelab.sweep.executor import LocalShare
 from gatelab.sweep.ledger_storage import tracking_stores
-from gatelab.sweep.queue import Claim, SweepLedger, open_ledger
+from gatelab.sweep.queue import Claim, SweepLedger, open_ledger, waiting
 from gatelab.sweep.spec import RunSpec, Sweep, expand, load_sweep
 from gatelab.tracking import code_version
 from gatelab.train.ownership import RunInProgress, RunTakenOver
@@ -300,8 +300,8 @@ class SweepWorker:
 
     def say_timeout(self) -> None:
         """Past the launch's timeout: how many runs this worker leaves to a later launch."""
-        waiting = self.ledger.waiting()
-        self.log(f"[{self.ledger.worker}] timeout: this worker starts no new run; {waiting} left waiting for a later "
+        left = waiting(self.ledger.states(self.specs))
+        self.log(f"[{self.ledger.worker}] timeout: this worker starts no new run; {left} left waiting for a later "
                  "launch (the same command goes on with them)")
 
     def say_what_it_waits_for(self) -> None:
