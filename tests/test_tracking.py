@@ -161,14 +161,14 @@ def test_a_process_records_the_commit_it_started_from_not_one_made_while_it_work
 def test_a_worker_reads_its_code_version_before_it_claims_a_run(tmp_path, monkeypatch):
     from gatelab.sweep import worker as worker_module
     from gatelab.sweep.queue import SweepLedger
+    from gatelab.train import run as training
     from gatelab.workspace import Workspace
     from tests.helpers import write_sweep
 
     order = []
-    monkeypatch.setattr(worker_module, "code_version", lambda: order.append("code version"))
+    monkeypatch.setattr(training, "code_version", lambda: order.append("code version"))
     claim = SweepLedger.claim
     monkeypatch.setattr(SweepLedger, "claim", lambda self, *a, **k: order.append("claim") or claim(self, *a, **k))
-    from gatelab.train import run as training
 
     monkeypatch.setattr(training, "run", lambda experiment, **_: order.append("run") or training.RunResult(
         "finished", "mlflow-run", "hash", {"ppl/avg": 2.0}))

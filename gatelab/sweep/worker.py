@@ -34,7 +34,6 @@ from gatelab.sweep.executor import LocalShare
 from gatelab.sweep.ledger_storage import tracking_stores
 from gatelab.sweep.queue import Claim, SweepLedger, open_ledger, waiting
 from gatelab.sweep.spec import RunSpec, Sweep, expand, load_sweep
-from gatelab.tracking import code_version
 from gatelab.train.ownership import RunInProgress, RunTakenOver
 from gatelab.workspace import Workspace
 
@@ -150,9 +149,9 @@ def work(sweep_path: Path, *, experiment: Path | None = None, workspace: Workspa
         use_cores(share.home)
     elif threads:
         torch.set_num_threads(threads)
-    from gatelab.train.run import run  # the training code is imported once per worker, here
+    from gatelab.train.run import load_training_code, run  # the training code is imported once per worker, here
 
-    code_version()  # read with the code just loaded: every run of this worker records it, whatever the tree becomes
+    load_training_code()  # every run of this worker records the code loaded here, whatever the tree becomes
 
     worker = SweepWorker(sweep_path=sweep_path, sweep=sweep, specs=specs, ledger=ledger, share=share, run=run,
                          tracking_uri=tracking_uri, runs_dir=runs_dir, grace_s=grace_s, log=log, progress=progress)

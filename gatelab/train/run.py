@@ -33,6 +33,7 @@ from gatelab.progress import progress_every_s, silence_noise
 from gatelab.store_checks import check_store
 from gatelab.store_uris import run_tracking_uri
 from gatelab.tracked_run import TrackedRun
+from gatelab.tracking import code_version
 from gatelab.train.checkpoints import (
     DurableCheckpointIO,
     PublishAfterStepMetrics,
@@ -72,6 +73,7 @@ def run(experiment: ExperimentConfig, tracking_uri: str | None = None, runs_dir:
     at a time trains it (`RunOwnership`: a second one raises RunInProgress; a sweep worker that lost its `lease` raises
     RunTakenOver without writing again). SIGINT/SIGTERM raise `Interrupted` after the MLflow run is closed as KILLED.
     """
+    load_training_code()
     with raise_on_signals():
         training = Run(experiment, tracking_uri=tracking_uri, runs_dir=runs_dir, quiet=quiet, log=log,
                        extra_callbacks=extra_callbacks, extra_tags=extra_tags, lease=lease, bar=bar,
@@ -80,6 +82,16 @@ def run(experiment: ExperimentConfig, tracking_uri: str | None = None, runs_dir:
             return training.fit()
         finally:
             training.release()
+
+
+def load_training_code() -> None:
+    """Import what a run loads late (evaluation, which brings plotting; the metric outbox), then read the code version
+    (`tracking.code_version`, read once a process): the code a run records is then the code that runs, whatever the
+    tree becomes while it, or a worker's later runs, work."""
+    import gatelab.metric_outbox  # noqa: F401
+    import gatelab.train.evaluate  # noqa: F401
+
+    code_version()
 
 
 def _silent(*_) -> None:

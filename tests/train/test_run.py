@@ -207,6 +207,43 @@ def test_gatelab_train_resolves_the_model_config_once(tmp_path, monkeypatch):
     assert calls == [("g1_elem_sig",)]
 
 
+# In a fresh interpreter: which gatelab modules a run imports after it first reads its code version (none may).
+LATE_IMPORTS = """
+import sys
+from pathlib import Path
+from gatelab import tracking
+from tests.helpers import train_in_process, write_micro_experiment
+
+loaded_at_read, read = [], tracking.code_hash
+
+
+def reading():
+    loaded_at_read.extend([] if loaded_at_read else sys.modules)
+    return read()
+
+
+tracking.code_hash = reading
+folder = Path(sys.argv[1])
+experiment = write_micro_experiment(folder, max_steps=4, checkpoint_every=4)
+train_in_process(experiment, folder / "runs", "eval.every_n_steps=null", "eval.blimp=false")
+print(sorted(m for m in set(sys.modules) - set(loaded_at_read) if m.startswith("gatelab")))
+"""
+
+
+def test_a_run_imports_no_gatelab_module_after_it_reads_the_code_version_it_records(tmp_path):
+    """The version a run records (git commit, content hash) is read once a process: a module of gatelab imported after
+    it would be read from a tree that may have changed since (a session editing while a sweep trains)."""
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO
+
+    done = subprocess.run([sys.executable, "-c", LATE_IMPORTS, str(tmp_path)], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("source", ["builtin", "files"])
 def test_sigkill_then_rerun_resumes_into_the_same_run_with_the_same_result(tmp_path, source):
