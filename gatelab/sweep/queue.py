@@ -64,7 +64,7 @@ class RunState:
     index: int
     label: str
     status: str  # pending / running / finished / diverged / failed
-    attempts: int
+    attempts: int  # begun and counted against the retries: a run given back (interrupted, a dead store) is not
     worker: str | None = None
     since: float | None = None
     mlflow_run_id: str | None = None
@@ -418,7 +418,8 @@ class SweepLedger:
             if chosen is None:
                 rows.append(RunState(spec.hash, spec.index, spec.label(), "not enqueued", 0))
                 continue
-            attempts = chosen.user_attrs.get(ATTEMPT, 1)  # attempts only grow along a run's trials, until a reset
+            # ATTEMPT numbers a trial's attempt; a waiting trial's has not begun (attempts only grow until a reset)
+            attempts = chosen.user_attrs.get(ATTEMPT, 1) - (chosen.state == TrialState.WAITING)
             status = {TrialState.WAITING: "pending", TrialState.RUNNING: "running",
                       TrialState.FAIL: "failed"}.get(chosen.state, chosen.user_attrs.get(STATUS_TAG, "finished"))
             rows.append(RunState(

@@ -73,7 +73,9 @@ def test_a_claim_carries_the_runs_stored_attributes_and_the_storage_keeps_its_ke
 def test_a_failed_run_is_retried_then_reported(storage):
     ledger, specs = _ledger(storage), ledger_specs(1)
     ledger.enqueue_missing(specs)
+    assert (ledger.states(specs)[0].status, ledger.states(specs)[0].attempts) == ("pending", 0)  # never claimed
     assert ledger.fail(ledger.claim(), "Traceback...\nValueError: boom", retries=1) is True
+    assert (ledger.states(specs)[0].status, ledger.states(specs)[0].attempts) == ("pending", 1)
     assert ledger.fail(ledger.claim(), "Traceback...\nValueError: boom again", retries=1) is False
     assert ledger.claim() is None
     state = ledger.states(specs)[0]
@@ -148,7 +150,7 @@ def test_reset_requeues_failed_cells_with_fresh_attempts_and_refuses_the_others(
     assert [s.index for s in ledger.reset(specs, cells=[1])] == [1]
     assert [s.index for s in ledger.reset(specs, failed=True)] == [0]
     states = ledger.states(specs)
-    assert [(s.status, s.attempts) for s in states[:2]] == [("pending", 1), ("pending", 1)]
+    assert [(s.status, s.attempts) for s in states[:2]] == [("pending", 0), ("pending", 0)]
     retried = ledger.claim()
     assert ledger.fail(retried, "ValueError: again", retries=1) is True  # attempts start again: a retry is left
 
