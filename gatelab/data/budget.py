@@ -217,6 +217,12 @@ class CorpusCounter:
                                               f"characters at the characters per token of {', '.join(sorted(sources))}")
 
 
+def built_in_chars_per_token(vocab_size: int) -> float:
+    """The built-in corpora's characters per token over their five domains, at the measured vocabulary size nearest to
+    `vocab_size`: the stand-in for text not yet tokenized."""
+    return _nearest_ratio("all", vocab_size, [])[0]
+
+
 def _nearest_ratio(domain: str, vocab_size: int, on_disk: list[tuple[int, float]]) -> tuple[float, str]:
     """The characters per token at the vocabulary size nearest to `vocab_size` (on a log scale, as merges grow):
     a token cache of the same text wins a tie over the measured figures, which stand in for a user domain by "all"."""

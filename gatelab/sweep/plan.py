@@ -18,8 +18,9 @@ its training data, and gets a warning line under the table.
 Estimated seconds, measured where earlier runs recorded them (`time/*`, tagged with their host and device, e.g.
 "NVIDIA H200" or "cpu"). A run is priced by the first of:
 
-- "measured": runs of the same shape (`STEP_SHAPE`) on this device: their median step time x max_steps, plus their
-  median seconds of set-up and evaluation;
+- "measured": runs of the same shape (`STEP_SHAPE`) on this device: their median step time x max_steps, plus the
+  median seconds of set-up and evaluation of those that evaluated alike (`EVAL_SETTING_PREFIXES`), else their median
+  set-up and an estimated evaluation;
 - "measured rate": runs of other shapes on this device, in the same settings (`RATE_SETTINGS`): training FLOPs at the
   median FLOP rate they achieved, plus their median set-up and an estimated evaluation;
 - "flops": training FLOPs at a default rate for the device (`device_defaults`: a GPU's dense bf16 peak from
@@ -49,12 +50,13 @@ from pydantic import ValidationError
 
 from gatelab import paper as paper_tables
 from gatelab import tracking
-from gatelab.config import DataConfig, ExperimentConfig, ModelConfig, flatten
+from gatelab.config import DataConfig, EvalConfig, ExperimentConfig, ModelConfig, flatten
 from gatelab.config_files import set_dotted
-from gatelab.data.budget import CorpusCounter
+from gatelab.data.budget import CorpusCounter, built_in_chars_per_token
 from gatelab.data.corpora import HELDOUT_FRACTION
 from gatelab.devices import device_name, evaluation_device, gpu_peak
 from gatelab.errors import GatelabError, redact
+from gatelab.eval.quantization import W8A8_WINDOWS_PER_DOMAIN
 from gatelab.metrics import EVAL_S, IMPORT_S, SETUP_S, STEP_S, WALL_STEP_S
 from gatelab.model.params import added_parameters, resolve_model
 from gatelab.progress import DEVICE_TAG, HOST_TAG
@@ -112,9 +114,9 @@ def evaluation_flops(experiment: ExperimentConfig, model: ModelConfig, active: i
     """Forward FLOPs of a run's end-of-run evaluation: 2 x N_active a token, plus the QK^T and AV matmuls at each part's
     context length (4 x n_layers x context x n_heads x head_dim a token, the forward third of the training term).
 
-    The parts, as `gatelab.train.evaluate` runs them: the held-out windows (eval.max_windows_per_domain a domain, fewer
-    where the held-out split holds fewer: HELDOUT_FRACTION of the documents, taken as that share of the corpus's
-    tokens), the probes on the first eval.batch_size of them a domain, the long-context windows at each of
+    The parts, as `gatelab.train.evaluate` runs them: the held-out windows (`heldout_windows_per_domain`), the W8A8
+    pass on up to W8A8_WINDOWS_PER_DOMAIN of them a domain, the probes on the first eval.batch_size of them a domain,
+    the long-context windows at each of
     eval.long_context_multipliers, BLiMP, and the in-context suite (induction at seq_len, MQAR, needles at a quarter,
     half and all of seq_len). Counted from the config, not tokenized: within a few tens of percent, as the estimate
     needs; the long-context part assumes all its documents are there.
@@ -123,14 +125,14 @@ def evaluation_flops(experiment: ExperimentConfig, model: ModelConfig, active: i
     text = data.task == "text"
     domains = (data.domains or DataConfig.model_fields["domains"].default) if text else ["bigram_backcopy"]
     if text:
-        windows = len(domains) * evaluation.max_windows_per_domain
-        if corpus_tokens:
-            heldout_tokens = corpus_tokens * HELDOUT_FRACTION / (1 - HELDOUT_FRACTION)
-            windows = max(len(domains), min(windows, round(heldout_tokens / (seq_len + 1))))
+        heldout = corpus_tokens * HELDOUT_FRACTION / (1 - HELDOUT_FRACTION) / len(domains) if corpus_tokens else None
+        windows = len(domains) * heldout_windows_per_domain(evaluation, seq_len, model.vocab_size, heldout)
     else:
         windows = min(evaluation.max_windows_per_domain, data.bigram_backcopy.heldout_sequences)
-    probe_rows = len(domains) * min(evaluation.batch_size, max(1, windows // len(domains)))
-    parts = [(windows * seq_len, seq_len), (probe_rows * seq_len, seq_len)]  # (tokens, context length)
+    per_domain = max(1, windows // len(domains))
+    probe_rows = len(domains) * min(evaluation.batch_size, per_domain)
+    w8a8_rows = len(domains) * min(W8A8_WINDOWS_PER_DOMAIN, per_domain)
+    parts = [(windows * seq_len, seq_len), (probe_rows * seq_len, seq_len), (w8a8_rows * seq_len, seq_len)]
     if not text:
         parts.append((windows * seq_len, seq_len))  # bigram-backcopy's own metrics read the windows again
     if text and (data.source != "builtin" or LONG_CONTEXT_DOMAIN in domains):
@@ -147,6 +149,26 @@ def evaluation_flops(experiment: ExperimentConfig, model: ModelConfig, active: i
     parts += [(evaluation.in_context_examples * length, length) for length in (seq_len, mqar, *needles)]
     attention_per_context = 4 * model.n_layers * model.n_heads * model.head_dim
     return float(sum(tokens * (2 * active + attention_per_context * context) for tokens, context in parts))
+
+
+def heldout_windows_per_domain(evaluation: EvalConfig, seq_len: int, vocab_size: int,
+                               heldout_tokens: float | None) -> int:
+    """The held-out windows of seq_len + 1 tokens a domain's end-of-run scores read: eval.max_windows_per_domain, or
+    what eval.budget holds (its tokens; its bytes at the built-in corpora's characters per token, a byte a character;
+    its documents, whose lengths only tokenizing tells, as the whole split: a bound; max_windows_per_domain where the
+    corpus is not counted), and no more than the domain's held-out split holds (`heldout_tokens`: HELDOUT_FRACTION of
+    its documents, taken as that share of its tokens)."""
+    budget, width = evaluation.budget, seq_len + 1
+    if budget is None:
+        wanted = evaluation.max_windows_per_domain
+    elif budget.tokens is not None:
+        wanted = budget.tokens // width
+    elif budget.bytes is not None:
+        wanted = round(budget.bytes / built_in_chars_per_token(vocab_size)) // width
+    else:
+        wanted = None if heldout_tokens else evaluation.max_windows_per_domain  # documents, on an uncounted corpus
+    held = round(heldout_tokens / width) if heldout_tokens else None
+    return max(1, min(n for n in (wanted, held) if n is not None))
 
 
 def plan_device(experiment: ExperimentConfig) -> str | None:
@@ -210,6 +232,10 @@ STEP_SHAPE = ("model.vocab_size", "model.n_layers", "model.d_model", "model.n_he
 # eager one on a CPU, results/bench/; a step on two devices holds the FLOPs of two).
 RATE_SETTINGS = ("train.precision", "train.compile", "train.accelerator", "train.devices", "train.num_nodes",
                  "train.threads")
+# What sets the end-of-run evaluation's cost besides the model's shape: a same-shape run's seconds of set-up and
+# evaluation price a run only where these agree (an eval.budget of a million bytes a domain reads about 30 times the
+# default windows of the tiny preset); else its set-up is measured and its evaluation estimated.
+EVAL_SETTING_PREFIXES = ("eval.", "data.domains", "data.task")
 
 
 @dataclass(frozen=True)
@@ -225,12 +251,14 @@ class MeasuredRun:
     flops_per_step: float | None = None  # training FLOPs of one of its steps (`recorded_step_flops`)
     setup_s: float | None = None
     import_s: float | None = None  # None where it was not the first run of its process, the one that imported
+    evaluation: tuple[tuple[str, str], ...] = ()  # its `eval_settings`
 
 
 @dataclass(frozen=True)
 class MeasuredStep:
     seconds_per_step: float
-    overhead_s: float
+    overhead_s: float | None  # of the runs that evaluated as this one will; None where none did
+    setup_s: float | None
     runs: int
 
 
@@ -249,6 +277,11 @@ def step_shape(params: Mapping[str, Any]) -> tuple[str, ...]:
 def step_settings(params: Mapping[str, Any]) -> tuple[str, ...]:
     """The RATE_SETTINGS values, as strings as step_shape."""
     return tuple(str(params.get(key)) for key in RATE_SETTINGS)
+
+
+def eval_settings(params: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """The EVAL_SETTING_PREFIXES values, as MLflow keeps params (as strings), sorted by key."""
+    return tuple(sorted((key, str(value)) for key, value in params.items() if key.startswith(EVAL_SETTING_PREFIXES)))
 
 
 def _param_value(text: str) -> Any:
@@ -308,7 +341,7 @@ def measured_runs(uri: str, host: str | None = None, devices: Sequence[str | Non
                                  metrics.get(SETUP_S, 0.0) + metrics.get(EVAL_S, 0.0),
                                  device=run.data.tags.get(DEVICE_TAG), settings=step_settings(params),
                                  flops_per_step=recorded_step_flops(params), setup_s=metrics.get(SETUP_S),
-                                 import_s=imports if imports else None))
+                                 import_s=imports if imports else None, evaluation=eval_settings(params)))
     return found
 
 
@@ -319,14 +352,19 @@ def on_device(run: MeasuredRun, device: str | None) -> bool:
 
 
 def measured_step(experiment: ExperimentConfig, measured: Sequence[MeasuredRun]) -> MeasuredStep | None:
-    """The median cost of earlier runs of this experiment's shape (of its variant, where there are some)."""
-    shape = step_shape(flatten(experiment))
+    """The median cost of earlier runs of this experiment's shape (of its variant, where there are some): a step, the
+    set-up, and the set-up with the evaluation of those that evaluated as this experiment will (`eval_settings`)."""
+    flat = flatten(experiment)
+    shape, evaluation = step_shape(flat), eval_settings(flat)
     same = [run for run in measured if run.shape == shape]
     same = [run for run in same if run.variant == experiment.variant] or same
     if not same:
         return None
+    overheads = [run.overhead_s for run in same if run.evaluation == evaluation]
+    setups = [run.setup_s for run in same if run.setup_s is not None]
     return MeasuredStep(statistics.median(run.seconds_per_step for run in same),
-                        statistics.median(run.overhead_s for run in same), len(same))
+                        statistics.median(overheads) if overheads else None,
+                        statistics.median(setups) if setups else None, len(same))
 
 
 def measured_rate(experiment: ExperimentConfig, measured: Sequence[MeasuredRun]) -> MeasuredRate | None:
@@ -356,8 +394,8 @@ def plan_rows(specs: Sequence[RunSpec], paper: str | None = None, flops_per_seco
     for done, spec in enumerate(specs):
         progress(done)
         row, here = _flops_row(spec, count_corpus, flops_per_second, measured, trials)
-        step = _price_measured(row, spec.experiment, here, flops_per_second)
-        around = row["measured_overhead_s"] if step is not None else row["setup_s"] + row["eval_s"]
+        _price_measured(row, spec.experiment, here, flops_per_second)
+        around = row["setup_s"] + row["eval_s"] if row["eval_s"] is not None else row["measured_overhead_s"]
         row["seconds"] = row["train_s"] + around
         if paper_added is not None:
             row["paper_added_m"] = paper_added.get(spec.experiment.variant)
@@ -417,22 +455,24 @@ def _flops_row(spec: RunSpec, count_corpus: CorpusCounter, flops_per_second: flo
 
 
 def _price_measured(row: dict[str, Any], experiment: ExperimentConfig, here: Sequence[MeasuredRun],
-                    flops_per_second: float | None) -> MeasuredStep | None:
+                    flops_per_second: float | None) -> None:
     """The row re-priced from runs of its device, where it has some: "measured" from runs of the same shape, else
-    "measured rate" (unless the rate is given). Returns the same-shape step, if any."""
+    "measured rate" (unless the rate is given)."""
     step = measured_step(experiment, here) if here else None
     rate = measured_rate(experiment, here) if here and step is None and not flops_per_second else None
     if step is not None:
-        row.update(basis="measured", train_s=step.seconds_per_step * experiment.train.max_steps, setup_s=None,
-                   setup_basis=None, eval_s=None, measured_step_s=step.seconds_per_step,
-                   measured_overhead_s=step.overhead_s, measured_runs=step.runs)
+        row.update(basis="measured", train_s=step.seconds_per_step * experiment.train.max_steps,
+                   measured_step_s=step.seconds_per_step, measured_overhead_s=step.overhead_s, measured_runs=step.runs)
+        if step.overhead_s is not None:
+            row.update(setup_s=None, setup_basis=None, eval_s=None)
+        elif step.setup_s is not None:  # its evaluation stays the estimate: those runs evaluated otherwise
+            row.update(setup_s=step.setup_s, setup_basis="measured")
     elif rate is not None:
         row.update(basis="measured rate", flops_per_second=rate.flops_per_second,
                    rate_source=f"measured on {row['device']}", train_s=row["flops"] / rate.flops_per_second,
                    measured_runs=rate.runs)
         if rate.setup_s is not None:
             row.update(setup_s=rate.setup_s, setup_basis="measured")
-    return step
 
 
 def rung_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

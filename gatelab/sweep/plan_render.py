@@ -200,15 +200,19 @@ def estimate_lines(rows: Sequence[dict[str, Any]], workers: int = 1, what: str =
     about = "roughly" if guessed or rated else "about"
     lines = [f"estimate: {about} {format_duration(wall_seconds(rows, workers))} for "
              f"{totals['runs']} {what}run(s){shared}, {format_duration(per_run)} a run"]
+    evaluated_alike = [row for row in measured if row["measured_overhead_s"] is not None]
     if measured:
         steps = statistics.median(row["measured_step_s"] for row in measured)
-        overhead = statistics.median(row["measured_overhead_s"] for row in measured)
         earlier = max(row["measured_runs"] for row in measured)
         where = _where(measured)
+        around = (f" + {format_duration(statistics.median(row['measured_overhead_s'] for row in evaluated_alike))} "
+                  "of set-up and evaluation a run" if evaluated_alike else "")
         lines.append(f"  measured on {where} ({len(measured)} of {len(rows)} runs): {step_time(steps)} x "
-                     f"max_steps + {format_duration(overhead)} of set-up and evaluation a run, the median of "
-                     f"{earlier} earlier run(s) of the same shape"
+                     f"max_steps{around}, the median of {earlier} earlier run(s) of the same shape"
                      + ("; other processes on the same cores slow runs down" if where == "this machine" else ""))
+        if len(evaluated_alike) < len(measured):
+            lines.append(f"  ({len(measured) - len(evaluated_alike)} of those evaluate unlike the runs measured "
+                         "(eval.*, data.domains, data.task): their evaluation is estimated below)")
     if rated:
         rates = ", ".join(f"{rate:.2g}" for rate in sorted({row["flops_per_second"] for row in rated}))
         earlier = max(row["measured_runs"] for row in rated)
@@ -220,7 +224,7 @@ def estimate_lines(rows: Sequence[dict[str, Any]], workers: int = 1, what: str =
         lines.append(f"  a rough guess ({len(guessed)} of {len(rows)} runs): training FLOPs (6 x parameters x tokens + "
                      f"attention) at {rates}; runs record their step time, so the next plan of the same shape on "
                      "this device is measured")
-    estimated = rated + guessed
+    estimated = rated + guessed + [row for row in measured if row["measured_overhead_s"] is None]
     if estimated:
         setup = statistics.median(row["setup_s"] for row in estimated)
         evaluation = statistics.median(row["eval_s"] for row in estimated)

@@ -32,12 +32,8 @@ from gatelab.eval.metrics import (
 )
 from gatelab.eval.plots import run_plot_writers
 from gatelab.eval.probes import FirstTokenShareByQuery, probe_model
-from gatelab.eval.quantization import w8a8_perplexities
+from gatelab.eval.quantization import W8A8_WINDOWS_PER_DOMAIN, w8a8_perplexities
 
-# The W8A8 perplexity runs on this many of each domain's held-out windows, evenly strided (all where a domain has no
-# more): a pass over all of them would cost as much again as the held-out perplexity (2.6 s of the tiny preset's 14 s
-# evaluation on 2 CPU cores), 8 of 32 cost 0.65 s. Their full-precision reference comes from the held-out pass.
-W8A8_WINDOWS_PER_DOMAIN = 8
 # State of the Union addresses: the built-in corpora's long held-out documents. A files or hf source is evaluated on its
 # domain with the most held-out documents long enough.
 LONG_CONTEXT_DOMAIN = "speeches"

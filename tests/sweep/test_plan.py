@@ -27,7 +27,9 @@ from gatelab.sweep.plan import (
     GPU_IMPORT_S,
     GPU_SETUP_S,
     MeasuredRun,
+    eval_settings,
     evaluation_flops,
+    heldout_windows_per_domain,
     plan_rows,
     plan_totals,
     step_settings,
@@ -191,12 +193,12 @@ def test_start_up_and_evaluation_are_in_a_flops_priced_run_and_imports_count_onc
     rows = plan_rows(expand(load_sweep(write_sweep(tmp_path, {"grid": {"seed": [0, 1]}}))))
     row = rows[0]
     # The micro preset (2 layers, 4 heads of 8, seq_len 16) under EvalConfig's defaults, tokens at each context length:
-    # held-out 5 domains x 64 windows x 16 = 5120 and probes 5 x 16 rows x 16 = 1280, at 16; long-context on 16
-    # documents of 8 x 16 + 1 tokens: 7 windows of 16 each (1792) at 16, 3 of 32 (1536) at 32, one of 64 (1024) at 64,
-    # one of 128 (2048) at 128; BLiMP 67 x 20 pairs x 2 x 16 = 42880 at 16; in-context, 64 examples each: induction
-    # 16, MQAR 4 x 4 = 16, needles 8 and 16 tokens.
-    tokens_by_context = {16: 5120 + 1280 + 1792 + 42880 + 64 * 16 + 64 * 16 + 64 * 16, 32: 1536, 64: 1024, 128: 2048,
-                         8: 64 * 8}
+    # held-out 5 domains x 64 windows x 16 = 5120, W8A8 5 x 8 x 16 = 640 and probes 5 x 16 x 16 = 1280, at 16;
+    # long-context on 16 documents of 8 x 16 + 1 tokens: 7 windows of 16 each (1792) at 16, 3 of 32 (1536) at 32, one
+    # of 64 (1024) at 64, one of 128 (2048) at 128; BLiMP 67 x 20 pairs x 2 x 16 = 42880 at 16; in-context, 64 examples
+    # each: induction 16, MQAR 4 x 4 = 16, needles 8 and 16 tokens.
+    tokens_by_context = {16: 5120 + 640 + 1280 + 1792 + 42880 + 64 * 16 + 64 * 16 + 64 * 16, 32: 1536, 64: 1024,
+                         128: 2048, 8: 64 * 8}
     attention = 4 * 2 * 4 * 8  # 4 x n_layers x n_heads x head_dim, a token a unit of context
     assert row["eval_flops"] == sum(tokens * (2 * row["active_params"] + attention * context)
                                     for context, tokens in tokens_by_context.items())
@@ -275,6 +277,52 @@ def test_measured_runs_count_for_the_device_they_timed(tmp_path, monkeypatch):
     assert estimate_lines([h100])[1].startswith("  measured on NVIDIA H100 80GB HBM3 (1 of 1 runs): ")
 
 
+def test_an_eval_budget_is_priced_by_the_windows_it_reads():
+    from gatelab.config import EvalConfig
+    from gatelab.data.budget import MEASURED_CHARS_PER_TOKEN
+
+    def windows(heldout_tokens=None, **evaluation):
+        return heldout_windows_per_domain(EvalConfig(**evaluation), 255, 512, heldout_tokens)
+
+    assert windows() == 64 and windows(max_windows_per_domain=10) == 10
+    assert windows(budget={"tokens": 100_000}) == 100_000 // 256 == 390
+    assert windows(budget={"bytes": 1_000_000}) == round(1e6 / MEASURED_CHARS_PER_TOKEN[512]["all"]) // 256 == 1899
+    assert windows(50_000, budget={"bytes": 1_000_000}) == round(50_000 / 256) == 195  # no more than the split holds
+    assert windows(50_000, budget={"documents": 3}) == 195  # documents' lengths are not known: the split, a bound
+    assert windows(budget={"documents": 3}) == 64  # nor the split's, where the corpus is not counted
+    assert windows(50_000) == 64 and windows(100, budget={"tokens": 10}) == 1  # never none
+
+
+def test_runs_measured_with_other_evaluation_settings_give_their_step_and_set_up_but_not_their_evaluation(tmp_path):
+    """An eval.budget of a million bytes reads about 30 times the default windows: a same-shape run that evaluated
+    otherwise cannot price this one's evaluation."""
+    [spec] = expand(load_sweep(write_sweep(tmp_path, {})))
+    budgeted = spec.experiment.model_copy(update={"eval": spec.experiment.eval.model_copy(
+        update={"budget": {"bytes": 1_000_000}})})
+    shape = step_shape(flatten(spec.experiment))
+    assert step_shape(flatten(budgeted)) == shape and eval_settings(flatten(budgeted)) != eval_settings(
+        flatten(spec.experiment))
+
+    def run(step_s, overhead_s, setup_s, experiment):
+        return MeasuredRun(shape, "baseline", step_s, overhead_s, setup_s=setup_s,
+                           evaluation=eval_settings(flatten(experiment)))
+
+    steps = spec.experiment.train.max_steps
+    measured = [run(0.5, 30.0, 4.0, budgeted), run(0.7, 50.0, 8.0, budgeted)]
+    [row] = plan_rows([spec], measured=measured)
+    assert (row["basis"], row["measured_step_s"], row["measured_overhead_s"]) == ("measured", pytest.approx(0.6), None)
+    assert (row["setup_s"], row["setup_basis"]) == (6.0, "measured")
+    assert row["eval_s"] == pytest.approx(row["eval_flops"] / CPU_EVAL_FLOPS + EVAL_FIXED_S)
+    assert row["seconds"] == pytest.approx(0.6 * steps + 6.0 + row["eval_s"])
+    lines = estimate_lines([row])
+    assert " of set-up and evaluation a run" not in lines[1] and "evaluate unlike the runs measured" in lines[2]
+    assert lines[3].startswith("  around training (1 of 1 runs): 6 s of set-up (measured) and ")
+    measured.append(run(0.6, 12.0, 2.0, spec.experiment))  # one that evaluated alike: its figure, whole
+    [row] = plan_rows([spec], measured=measured)
+    assert (row["measured_overhead_s"], row["setup_s"], row["eval_s"]) == (12.0, None, None)
+    assert row["seconds"] == pytest.approx(0.6 * steps + 12.0)
+
+
 def test_runs_of_other_shapes_on_this_device_price_a_run_at_their_measured_flop_rate(tmp_path, monkeypatch):
     _gpu(monkeypatch, "NVIDIA H200")
     [spec] = expand(load_sweep(write_sweep(tmp_path, {})))
@@ -341,6 +389,7 @@ def test_the_store_gives_this_machines_runs_and_its_gpus_runs_from_any_machine(t
     for run in found:
         assert run.flops_per_step == pytest.approx(row["flops"] / experiment.train.max_steps)  # rebuilt from params
         assert (run.settings, run.setup_s, run.import_s) == (step_settings(flatten(experiment)), 4.0, 7.0)
+        assert run.evaluation == eval_settings(flatten(experiment))  # eval.* and data.domains, as recorded
 
 
 def test_pricing_many_runs_says_how_far_it_is(tmp_path, monkeypatch, capsys):

@@ -195,9 +195,10 @@ def test_lightnings_data_loader_worker_advice_is_dropped(monkeypatch, verbose):
 
 def _measured(experiment, variant: str, step_s: float, overhead_s: float):
     from gatelab.config import flatten
-    from gatelab.sweep.plan import MeasuredRun, step_shape
+    from gatelab.sweep.plan import MeasuredRun, eval_settings, step_shape
 
-    return MeasuredRun(step_shape(flatten(experiment)), variant, step_s, overhead_s)
+    return MeasuredRun(step_shape(flatten(experiment)), variant, step_s, overhead_s,
+                       evaluation=eval_settings(flatten(experiment)))
 
 
 def test_a_run_of_the_same_shape_measured_here_prices_the_plan(tmp_path):
