@@ -60,6 +60,9 @@ def open_storage(storage: str, tracking_uris: Collection[str] = (), read_only: b
 
 
 SCHEMA_RACE_TRIES = 5
+# The SQLSTATEs of two creates of one table at once on PostgreSQL: unique_violation (pg_type's name index, the one
+# seen), duplicate_table, duplicate_object. Any other (42501, no privilege) is answered at once.
+SCHEMA_RACE_STATES = frozenset({"23505", "42P07", "42710"})
 
 
 def _rdb_storage(storage: str, url, read_only: bool) -> RDBStorage:
@@ -71,9 +74,19 @@ def _rdb_storage(storage: str, url, read_only: bool) -> RDBStorage:
     for attempt in range(SCHEMA_RACE_TRIES - 1):
         try:
             return RDBStorage(storage, engine_kwargs=_engine_kwargs(url), skip_table_creation=read_only)
-        except (IntegrityError, ProgrammingError):  # a permanent one (no privilege) comes back the same each time
+        except (IntegrityError, ProgrammingError) as error:
+            if not _schema_race(error):
+                raise
             time.sleep(0.2 + random.random() * (attempt + 1))
     return RDBStorage(storage, engine_kwargs=_engine_kwargs(url), skip_table_creation=read_only)  # its error is said
+
+
+def _schema_race(error: Exception) -> bool:
+    """Whether a failed open may be the schema race: a PostgreSQL state in SCHEMA_RACE_STATES, or a driver's error
+    that names no state (MySQL's: tried again, as before)."""
+    driver_error = getattr(error, "orig", None)
+    state = getattr(driver_error, "sqlstate", None) or getattr(driver_error, "pgcode", None)
+    return state is None or state in SCHEMA_RACE_STATES
 
 
 def _named(storage: str) -> str:

@@ -272,3 +272,28 @@ def test_workers_opening_a_new_postgresql_ledger_at_once_all_get_it(fresh_databa
     for ledger in opened[:2]:
         ledger.enqueue_missing(specs)
     assert [state.status for state in ledger_states(fresh_database, None, "race", specs)] == ["pending"] * 3
+
+
+def test_a_ledger_database_without_the_right_to_create_tables_is_answered_at_once(fresh_database, monkeypatch):
+    """"permission denied for schema public" is no race to wait out: it is said after one try, not after the schema
+    race's retries (about 5 s of them)."""
+    import uuid
+
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    from gatelab.sweep import ledger_storage
+
+    role = f"gatelab_no_create_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(fresh_database, autocommit=True) as connection:
+        connection.execute(f'CREATE ROLE "{role}" LOGIN')  # PostgreSQL 15 grants no CREATE on schema public to it
+    try:
+        url = make_url(fresh_database).set(username=role).render_as_string(hide_password=False)
+        opened, open_storage = [], ledger_storage.RDBStorage
+        monkeypatch.setattr(ledger_storage, "RDBStorage", lambda *a, **k: opened.append(a) or open_storage(*a, **k))
+        with pytest.raises(GatelabError, match="permission denied for schema public"):
+            SweepLedger(url, "denied")
+        assert len(opened) == 1
+    finally:
+        with psycopg.connect(POSTGRES_URL, autocommit=True) as connection:
+            connection.execute(f'DROP ROLE IF EXISTS "{role}"')
