@@ -116,10 +116,9 @@ def evaluation_flops(experiment: ExperimentConfig, model: ModelConfig, active: i
 
     The parts, as `gatelab.train.evaluate` runs them: the held-out windows (`heldout_windows_per_domain`), the W8A8
     pass on up to W8A8_WINDOWS_PER_DOMAIN of them a domain, the probes on the first eval.batch_size of them a domain,
-    the long-context windows at each of
-    eval.long_context_multipliers, BLiMP, and the in-context suite (induction at seq_len, MQAR, needles at a quarter,
-    half and all of seq_len). Counted from the config, not tokenized: within a few tens of percent, as the estimate
-    needs; the long-context part assumes all its documents are there.
+    the long-context windows at each of eval.long_context_multipliers, BLiMP, and the in-context suite (induction at
+    seq_len, MQAR, needles at a quarter, half and all of seq_len). Counted from the config, not tokenized: within a few
+    tens of percent, as the estimate needs; the long-context part assumes all its documents are there.
     """
     evaluation, data, seq_len = experiment.eval, experiment.data, experiment.data.seq_len
     text = data.task == "text"
