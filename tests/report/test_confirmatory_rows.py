@@ -68,7 +68,7 @@ def test_every_committed_confirmatory_row_was_declared_before_its_first_run(comm
     claims = load_claims(REPO / CLAIMS)
     confirmatory = [c for c in claims if c.section == "confirmatory"]
     with_runs = [c for c in confirmatory if first_run_started(committed_store, c) is not None]
-    assert len(confirmatory) == 9 and len(with_runs) >= 7  # repro-matched-confirm's two rows wait for their runs
+    assert len(confirmatory) == 9 and len(with_runs) == 9
     assert declared_late(REPO, CLAIMS, claims, committed_store) == {}
 
 
