@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import inspect
 import os
+import platform
 import re
 import shutil
+import socket
 import sys
 import time
 from pathlib import Path
@@ -120,6 +122,25 @@ def cpu_info() -> str:
         return Path("/proc/cpuinfo").read_text()
     except OSError:
         return ""
+
+
+def cpu_model() -> str:
+    """The CPU's model name ("Intel(R) Xeon(R) Processor"), or what the platform says where /proc/cpuinfo has none."""
+    names = re.findall(r"^model name\s*:\s*(.+)$", cpu_info(), re.M)
+    return names[0].strip() if names else platform.processor() or platform.machine() or "unknown CPU"
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity: a container's or a Slurm task's share, not the host's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def machine_name() -> str:
+    """This machine as a run's host tag records it: the host name, the CPU model and the usable cores. A host name alone
+    does not tell machines apart (containers and VMs are often all "vm" or "localhost"), and `time/step_s` from two
+    CPUs under one name would be compared as one machine's."""
+    name = f"{socket.gethostname()} ({cpu_model()}, {usable_cores()} cores)"
+    return name.replace("'", "")  # the plan's MLflow search quotes it
 
 
 def cpu_has_fast_bf16() -> bool:

@@ -32,7 +32,7 @@ VERBOSE_ENV = "GATELAB_VERBOSE"
 EVERY_ENV = "GATELAB_PROGRESS_EVERY"
 DEFAULT_EVERY_S = 30.0
 DONE = ("finished", "diverged", "failed")  # ledger states that no worker will train again
-HOST_TAG = "gatelab.host"  # on each MLflow run: the machine whose `time/step_s` it recorded, for `gatelab sweep plan`
+HOST_TAG = "gatelab.host"  # on each MLflow run: the machine whose `time/step_s` it recorded (`host.machine_name`)
 # ... and the device it trained on (`gatelab.devices.device_name`: "NVIDIA H200", "cpu"): one host may hold several
 # kinds
 DEVICE_TAG = "gatelab.device"

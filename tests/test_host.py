@@ -64,3 +64,20 @@ def test_a_wheel_install_run_from_a_checkout_finds_the_checkout_s_sweeps_and_pre
     assert host.repo_root() == checkout.resolve()
     monkeypatch.chdir(tmp_path)  # not a checkout: the folder above the package, as before
     assert host.repo_root() == site_packages.resolve()
+
+
+def test_two_machines_under_one_host_name_are_told_apart(monkeypatch):
+    """repro-matched-confirm ran on an AMD EPYC and on Intel Xeons, every run tagged host "vm": their step times were
+    one machine's to the table's step-time ratio and to `sweep plan`. The host tag now names the CPU and the cores."""
+    monkeypatch.setattr(host.socket, "gethostname", lambda: "vm")
+    monkeypatch.setattr(host.os, "sched_getaffinity", lambda _pid: {0, 1}, raising=False)
+    names = {}
+    for model in ("AMD EPYC 9R14", "Intel(R) Xeon(R) Processor", "Intel(R) Xeon(R) Processor"):
+        monkeypatch.setattr(host, "cpu_info", lambda model=model: f"model name\t: {model}\n")
+        names[model] = host.machine_name()
+    assert names == {"AMD EPYC 9R14": "vm (AMD EPYC 9R14, 2 cores)",
+                     "Intel(R) Xeon(R) Processor": "vm (Intel(R) Xeon(R) Processor, 2 cores)"}
+    monkeypatch.setattr(host.os, "sched_getaffinity", lambda _pid: set(range(16)), raising=False)
+    assert host.machine_name() == "vm (Intel(R) Xeon(R) Processor, 16 cores)"  # another share of the machine
+    monkeypatch.setattr(host, "cpu_info", lambda: "model name\t: O'Brien CPU\n")
+    assert "'" not in host.machine_name()  # it is quoted in the plan's MLflow search

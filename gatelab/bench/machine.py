@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import platform
-import re
 
 import torch
 
@@ -13,9 +11,7 @@ from gatelab.devices import device_name, evaluation_device, gpu_peak
 
 
 def machine_facts() -> dict:
-    names = re.findall(r"^model name\s*:\s*(.+)$", host.cpu_info(), re.M)
-    cpu = names[0] if names else platform.processor() or platform.machine()
-    facts = {"cpu": cpu, "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+    facts = {"cpu": host.cpu_model(), "cores": host.usable_cores(),
              "torch_threads": torch.get_num_threads(), "fast_bf16_cpu": host.cpu_has_fast_bf16(),
              "torch": torch.__version__, "python": platform.python_version(),
              "gpu": device_name(bench_device()) if bench_device().type == "cuda" else None}

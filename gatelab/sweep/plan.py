@@ -39,7 +39,6 @@ A run of this device counts when its device tag names the device a run of the ex
 from __future__ import annotations
 
 import ast
-import socket
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -57,6 +56,7 @@ from gatelab.data.corpora import HELDOUT_FRACTION
 from gatelab.devices import device_name, evaluation_device, gpu_peak
 from gatelab.errors import GatelabError, redact
 from gatelab.eval.quantization import W8A8_WINDOWS_PER_DOMAIN
+from gatelab.host import machine_name
 from gatelab.metrics import EVAL_S, IMPORT_S, SETUP_S, STEP_S, WALL_STEP_S
 from gatelab.model.params import added_parameters, resolve_model
 from gatelab.progress import DEVICE_TAG, HOST_TAG
@@ -316,7 +316,7 @@ def measured_runs(uri: str, host: str | None = None, devices: Sequence[str | Non
     if missing_local_store(uri):
         return []
     finished = f"tags.`{tracking.STATUS_TAG}` = 'finished'"
-    queries = [f"tags.`{HOST_TAG}` = '{host or socket.gethostname()}' AND {finished}"]
+    queries = [f"tags.`{HOST_TAG}` = '{host or machine_name()}' AND {finished}"]
     queries += [f"tags.`{DEVICE_TAG}` = '{device}' AND {finished}" for device in sorted({d for d in devices if d})
                 if device not in ("cpu", "mps") and "'" not in device]
     runs: dict[str, Any] = {}

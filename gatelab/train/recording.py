@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +19,7 @@ from gatelab.data.datasets import TokenCorpus
 from gatelab.data.identity import spec_hash
 from gatelab.devices import device_name, evaluation_device
 from gatelab.errors import redact
+from gatelab.host import machine_name
 from gatelab.metrics import DIVERGED_STEP, EVAL_S, PRUNED_STEP, SPIKE, TRAIN_LOSS
 from gatelab.model import count_parameters
 from gatelab.progress import DEVICE_TAG, HOST_TAG, format_duration
@@ -61,7 +61,7 @@ def open_run(tracked: TrackedRun, experiment: ExperimentConfig, model_config: Mo
     checkpoint (`cut_off_before_a_checkpoint`)."""
     device = trainer.strategy.root_device
     tags = {tracking.VARIANT_TAG: experiment.variant, tracking.SEED_TAG: str(experiment.seed),
-            tracking.EXPERIMENT_TAG: experiment.name, HOST_TAG: socket.gethostname(), DEVICE_TAG: device_name(device),
+            tracking.EXPERIMENT_TAG: experiment.name, HOST_TAG: machine_name(), DEVICE_TAG: device_name(device),
             **SpikeRule.from_config(experiment.train).describe(), **(extra_tags or {})}
     params = None if resuming else start_params(experiment, model_config, str(trainer.precision))
     continuing = params is not None and cut_off_before_a_checkpoint(tracked, params, set_aside)

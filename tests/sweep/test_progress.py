@@ -267,6 +267,32 @@ def test_measured_runs_are_read_back_from_the_store_for_this_machine_only(tmp_pa
     assert found.shape == step_shape(flatten(experiment))  # what plan_rows compares each cell with
 
 
+def test_a_run_tagged_with_the_host_name_alone_is_not_this_machines(tmp_path):
+    """Runs recorded before the host tag named the CPU say only the host name, which other machines share (every VM
+    here is "vm"): the plan prices this machine's cells by runs tagged with this machine's CPU and cores only."""
+    import socket
+
+    from gatelab import tracking
+    from gatelab.config import flatten
+    from gatelab.host import machine_name
+    from gatelab.progress import HOST_TAG
+    from gatelab.sweep.plan import STEP_SHAPE, measured_runs
+    from gatelab.sweep.spec import expand, load_sweep
+
+    experiment = expand(load_sweep(write_sweep(tmp_path, {})))[0].experiment
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracking.prepare_store(uri)
+    client = tracking.client(uri)
+    experiment_id = client.create_experiment(experiment.name)
+    params = {key: str(value) for key, value in flatten(experiment).items()}
+    for host, step_s in ((machine_name(), 0.8), (socket.gethostname(), 0.1)):
+        run = client.create_run(experiment_id, tags={HOST_TAG: host, tracking.STATUS_TAG: "finished"})
+        for key in ("variant", *STEP_SHAPE):
+            client.log_param(run.info.run_id, key, params[key])
+        client.log_metric(run.info.run_id, "time/step_s", step_s)
+    assert [found.seconds_per_step for found in measured_runs(uri)] == [0.8]
+
+
 def test_verbose_reaches_every_worker_through_its_command_line(monkeypatch):
     from typer.testing import CliRunner
 

@@ -12,6 +12,7 @@ import time
 import mlflow
 import pytest
 
+from gatelab import host
 from tests.helpers import (
     BLIMP,
     MlflowServer,
@@ -55,6 +56,7 @@ def test_a_run_records_every_metric_and_artifact(tmp_path):
     assert row["params.model.n_layers"] == "2" and row["params.train.lr"] == "0.003"
     assert row["params.resolved.train.precision"] == "32-true"  # the precision it trained in
     assert row["tags.gatelab.device"] == "cpu"  # where it trained, for `gatelab sweep plan`
+    assert row["tags.gatelab.host"] == host.machine_name()  # the machine: host name, CPU model, usable cores
     expected = ["train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s", "train/spikes", "ppl/scripture",
                 "ppl/speeches", "ppl/avg", "bpb/scripture", "bpb/speeches", "bpb/avg", "long_ppl/x1", "long_ppl/x2",
                 "long_ppl_beyond_train/x2", "icl/induction", "icl/mqar", "probe/f_attn",
