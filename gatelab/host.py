@@ -130,16 +130,19 @@ def cpu_model() -> str:
     return names[0].strip() if names else platform.processor() or platform.machine() or "unknown CPU"
 
 
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity: a container's or a Slurm task's share, not the host's count)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+def available_cores() -> list[int]:
+    """The cores this process may run on: its affinity mask (taskset, Slurm, a container), not os.cpu_count()."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity API (macOS): every core
+        return list(range(os.cpu_count() or 1))
 
 
 def machine_name() -> str:
-    """This machine as a run's host tag records it: the host name, the CPU model and the usable cores. A host name alone
-    does not tell machines apart (containers and VMs are often all "vm" or "localhost"), and `time/step_s` from two
-    CPUs under one name would be compared as one machine's."""
-    name = f"{socket.gethostname()} ({cpu_model()}, {usable_cores()} cores)"
+    """This machine as a run's host tag records it: the host name, the CPU model and the available cores. A host name
+    alone does not tell machines apart (containers and VMs are often all "vm" or "localhost"), and `time/step_s` from
+    two CPUs under one name would be compared as one machine's."""
+    name = f"{socket.gethostname()} ({cpu_model()}, {len(available_cores())} cores)"
     return name.replace("'", "")  # the plan's MLflow search quotes it
 
 

@@ -11,7 +11,7 @@ from gatelab.devices import device_name, evaluation_device, gpu_peak
 
 
 def machine_facts() -> dict:
-    facts = {"cpu": host.cpu_model(), "cores": host.usable_cores(),
+    facts = {"cpu": host.cpu_model(), "cores": len(host.available_cores()),
              "torch_threads": torch.get_num_threads(), "fast_bf16_cpu": host.cpu_has_fast_bf16(),
              "torch": torch.__version__, "python": platform.python_version(),
              "gpu": device_name(bench_device()) if bench_device().type == "cuda" else None}

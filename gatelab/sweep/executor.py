@@ -23,6 +23,7 @@ from pathlib import Path
 
 from gatelab import host
 from gatelab.errors import GatelabError
+from gatelab.host import available_cores
 from gatelab.interrupts import Interrupted, raise_on_signals
 from gatelab.progress import is_verbose
 from gatelab.sweep.next_commands import LAUNCHER_SAYS_ENV, USER_COMMAND_ENV, user_command
@@ -51,14 +52,6 @@ def worker_command(sweep: Path, *, experiment: Path | None, workspace: Workspace
     if is_verbose():  # the environment reaches local workers anyway; a Slurm job's may not
         command += ["--verbose"]
     return command
-
-
-def available_cores() -> list[int]:
-    """The cores this process may run on: its affinity mask (taskset, Slurm, a container), not os.cpu_count()."""
-    try:
-        return sorted(os.sched_getaffinity(0))
-    except AttributeError:  # no affinity API (macOS): every core
-        return list(range(os.cpu_count() or 1))
 
 
 def split_cores(cores: Sequence[int], parts: int) -> list[list[int]]:

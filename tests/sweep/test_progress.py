@@ -240,28 +240,39 @@ def test_without_measurements_the_estimate_says_it_is_a_rough_guess_from_flops(t
     assert lines[2].startswith("  around training (2 of 2 runs): ")  # start-up and evaluation are in it
 
 
-def test_measured_runs_are_read_back_from_the_store_for_this_machine_only(tmp_path):
-    """The params, tags and metrics a real run records are the ones the plan looks for."""
+def _timed_runs(tmp_path, runs: list[tuple[str, str, float]]):
+    """A store holding one run of the default sweep's first cell per (host tag, status, time/step_s), with the params
+    and metrics a real run records; returns its URI and the cell's experiment."""
     from gatelab import tracking
     from gatelab.config import flatten
     from gatelab.progress import HOST_TAG
-    from gatelab.sweep.plan import STEP_SHAPE, measured_runs, step_shape
+    from gatelab.sweep.plan import STEP_SHAPE
     from gatelab.sweep.spec import expand, load_sweep
 
     experiment = expand(load_sweep(write_sweep(tmp_path, {})))[0].experiment
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    assert measured_runs(uri) == []  # no store: nothing, and none made
-    assert not (tmp_path / "mlflow.db").exists()
     tracking.prepare_store(uri)
     client = tracking.client(uri)
     experiment_id = client.create_experiment(experiment.name)
     params = {key: str(value) for key, value in flatten(experiment).items()}  # as TrackedRun.log_start logs them
-    for host, status, step_s in (("here", "finished", 0.8), ("elsewhere", "finished", 0.1), ("here", "failed", 5.0)):
+    for host, status, step_s in runs:
         run = client.create_run(experiment_id, tags={HOST_TAG: host, tracking.STATUS_TAG: status})
         for key in ("variant", *STEP_SHAPE):
             client.log_param(run.info.run_id, key, params[key])
         for name, value in (("time/step_s", step_s), ("time/setup_s", 4.0), ("time/eval_s", 6.0)):
             client.log_metric(run.info.run_id, name, value)
+    return uri, experiment
+
+
+def test_measured_runs_are_read_back_from_the_store_for_this_machine_only(tmp_path):
+    """The params, tags and metrics a real run records are the ones the plan looks for."""
+    from gatelab.config import flatten
+    from gatelab.sweep.plan import measured_runs, step_shape
+
+    assert measured_runs(f"sqlite:///{tmp_path / 'mlflow.db'}") == []  # no store: nothing, and none made
+    assert not (tmp_path / "mlflow.db").exists()
+    uri, experiment = _timed_runs(tmp_path, [("here", "finished", 0.8), ("elsewhere", "finished", 0.1),
+                                             ("here", "failed", 5.0)])
     [found] = measured_runs(uri, host="here")
     assert (found.seconds_per_step, found.overhead_s, found.variant) == (0.8, 10.0, "baseline")
     assert found.shape == step_shape(flatten(experiment))  # what plan_rows compares each cell with
@@ -272,24 +283,10 @@ def test_a_run_tagged_with_the_host_name_alone_is_not_this_machines(tmp_path):
     here is "vm"): the plan prices this machine's cells by runs tagged with this machine's CPU and cores only."""
     import socket
 
-    from gatelab import tracking
-    from gatelab.config import flatten
     from gatelab.host import machine_name
-    from gatelab.progress import HOST_TAG
-    from gatelab.sweep.plan import STEP_SHAPE, measured_runs
-    from gatelab.sweep.spec import expand, load_sweep
+    from gatelab.sweep.plan import measured_runs
 
-    experiment = expand(load_sweep(write_sweep(tmp_path, {})))[0].experiment
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    tracking.prepare_store(uri)
-    client = tracking.client(uri)
-    experiment_id = client.create_experiment(experiment.name)
-    params = {key: str(value) for key, value in flatten(experiment).items()}
-    for host, step_s in ((machine_name(), 0.8), (socket.gethostname(), 0.1)):
-        run = client.create_run(experiment_id, tags={HOST_TAG: host, tracking.STATUS_TAG: "finished"})
-        for key in ("variant", *STEP_SHAPE):
-            client.log_param(run.info.run_id, key, params[key])
-        client.log_metric(run.info.run_id, "time/step_s", step_s)
+    uri, _ = _timed_runs(tmp_path, [(machine_name(), "finished", 0.8), (socket.gethostname(), "finished", 0.1)])
     assert [found.seconds_per_step for found in measured_runs(uri)] == [0.8]
 
 
